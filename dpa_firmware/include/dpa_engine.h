@@ -1,0 +1,32 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Entry points of the firmware, called by whatever runs it: the emulator's threads, or
+ * the FlexIO event handler on a DPA. The state lives in device memory the loader sized
+ * with dpa_engine_state_size(); the firmware allocates nothing itself.
+ */
+#ifndef DPA_ENGINE_H
+#define DPA_ENGINE_H
+
+#include <stdint.h>
+
+struct dpa_hal;
+
+struct dpa_engine_params {
+	uint32_t abi_version;   /* OFFLOAD_ABI_VERSION of the loader */
+	uint32_t world_rank;
+	uint32_t world_size;
+	uint32_t num_threads;
+	uint32_t sq_entries;    /* power of two */
+	uint32_t cq_entries;    /* power of two */
+	uint64_t chunk_size;    /* RDMA write piece, bytes */
+	uint32_t chunks_per_pass; /* writes one thread posts per op before moving on */
+	uint32_t resv;
+};
+
+uint64_t dpa_engine_state_size(void);
+/* Returns 0, or -EINVAL when params are out of range. */
+int dpa_engine_init(void *state, const struct dpa_engine_params *params);
+/* One bounded, non-blocking pass for the calling thread; returns how much it advanced. */
+int dpa_progress(void *state, struct dpa_hal *hal);
+
+#endif /* DPA_ENGINE_H */

@@ -1,0 +1,71 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The few hardware primitives the firmware uses. Two bindings implement it: emulator/
+ * (threads, shared memory and process_vm_writev on an ordinary host) and
+ * dpa_firmware/hal/flexio/ (FlexIO device API on a BlueField-3 DPA). The firmware sees
+ * only this header, so it is the same source in both worlds.
+ *
+ * Model (FlexIO / DOCA DPA): each progress thread owns a send queue per peer and one
+ * completion queue; work is posted, then its completion is polled. A post may complete
+ * immediately (the emulator copies synchronously) but the firmware must not assume so.
+ * Functions return 0 or a negative errno; completions carry an enum offload_status.
+ * A post returns DPA_HAL_EAGAIN when the queue is full: poll completions, try again later.
+ */
+#ifndef DPA_HAL_H
+#define DPA_HAL_H
+
+#include <stdint.h>
+
+struct dpa_hal;   /* one per progress thread; opaque to the firmware */
+
+#define DPA_HAL_EAGAIN (-11)
+
+struct dpa_hal_cqe {
+	uint64_t wr_id;
+	int32_t status;   /* OFFLOAD_OK or an error status (e.g. OFFLOAD_ERR_REMOTE_ACCESS) */
+	uint32_t bytes;
+};
+
+/* Host-memory windows the host set up for this DPA process. */
+enum dpa_hal_window {
+	DPA_HAL_WIN_RING = 0,   /* struct offload_ring_hdr, then the SQ, then the CQ */
+	DPA_HAL_WIN_STATS = 1,  /* struct offload_thread_stats[num_threads] */
+	DPA_HAL_WIN_AUX = 2,    /* host memory named by a command's aux_addr */
+	DPA_HAL_WIN_CTRL = 3,   /* this rank's struct offload_ctrl, written by peers */
+};
+
+uint32_t dpa_hal_thread_index(const struct dpa_hal *hal);
+uint32_t dpa_hal_num_threads(const struct dpa_hal *hal);
+
+/* A device-side pointer to [offset, offset+len) of a window, or NULL if out of range. */
+void *dpa_hal_window_ptr(struct dpa_hal *hal, enum dpa_hal_window win,
+			 uint64_t offset, uint64_t len);
+
+/* RDMA WRITE/READ between local memory (lkey) and a peer's registered memory (rkey). */
+int dpa_hal_rdma_write(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint32_t lkey,
+		       uint64_t raddr, uint32_t rkey, uint64_t len, uint64_t wr_id);
+int dpa_hal_rdma_read(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint32_t lkey,
+		      uint64_t raddr, uint32_t rkey, uint64_t len, uint64_t wr_id);
+/* Small inline write (descriptors): data is copied at post time. */
+int dpa_hal_rdma_write_inline(struct dpa_hal *hal, uint32_t peer, const void *data,
+			      uint32_t len, uint64_t raddr, uint32_t rkey, uint64_t wr_id);
+/* Remote 64-bit atomic add on a signal word; wakes the peer's progress threads. */
+int dpa_hal_rdma_signal_add(struct dpa_hal *hal, uint32_t peer, uint64_t raddr,
+			    uint32_t rkey, uint64_t value, uint64_t wr_id);
+
+/* Poll up to max completions of this thread's posted work; returns how many. */
+int dpa_hal_poll_cq(struct dpa_hal *hal, struct dpa_hal_cqe *out, int max);
+
+/*
+ * Scheduling. event_snapshot() before looking for work; if none was found, idle() waits
+ * (spin, then yield, then sleep) until a doorbell, a remote signal or notify() moves the
+ * event counter past the snapshot. notify() wakes sibling threads; host_notify() wakes
+ * host threads waiting on the completion ring.
+ */
+uint32_t dpa_hal_event_snapshot(struct dpa_hal *hal);
+void dpa_hal_idle(struct dpa_hal *hal, uint32_t snapshot);
+void dpa_hal_notify(struct dpa_hal *hal);
+void dpa_hal_host_notify(struct dpa_hal *hal);
+uint64_t dpa_hal_time_ns(struct dpa_hal *hal);
+
+#endif /* DPA_HAL_H */

@@ -1,0 +1,170 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The host <-> DPA contract. Shared unchanged by host/, emulator/ and dpa_firmware/.
+ *
+ * Rules (liburing style): fixed-width types only, new fields only append or take reserved
+ * space, every size and offset that the other side depends on is asserted below.
+ *
+ * Command ring: an array of 64-byte struct offload_cmd in host memory. The host owns
+ * sq_tail (producer), the DPA owns sq_head (consumer); both are free-running 32-bit
+ * counters masked with (entries - 1). Completion ring: struct offload_cqe, the DPA owns
+ * cq_tail, the host owns cq_head. Each index sits on its own 64-byte line.
+ */
+#ifndef OFFLOAD_ABI_H
+#define OFFLOAD_ABI_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define OFFLOAD_ABI_VERSION 1u
+
+#define OFFLOAD_MAX_RANKS   64u   /* ranks in one job (team members index peer tables) */
+#define OFFLOAD_MAX_TEAMS   16u   /* teams alive at once, world included */
+#define OFFLOAD_OP_WINDOW   8u    /* ops in flight per team; slot = seq % window */
+#define OFFLOAD_MAX_THREADS 64u   /* DPA progress threads per rank */
+#define OFFLOAD_WORLD_TEAM  0u
+
+/* One status space for completions and for C calls that report an op's fate. */
+enum offload_status {
+	OFFLOAD_OK = 0,
+	OFFLOAD_IN_PROGRESS = 1,
+	OFFLOAD_ERR_INVALID = -1,       /* malformed command: opcode, team, sizes, counts */
+	OFFLOAD_ERR_REMOTE_ACCESS = -2, /* rkey unknown/revoked, out of bounds, wrong access */
+	OFFLOAD_ERR_PEER = -3,          /* a peer failed; detail names it */
+	OFFLOAD_ERR_TIMEOUT = -4,
+	OFFLOAD_ERR_NO_SPACE = -5,      /* destination smaller than what arrives */
+	OFFLOAD_ERR_CANCELED = -6,
+	OFFLOAD_ERR_UNSUPPORTED = -7,
+	OFFLOAD_ERR_INTERNAL = -8,
+	OFFLOAD_ERR_PEER_OP = -9,       /* a peer reported that its part of this op failed */
+};
+
+enum offload_opcode {
+	OFFLOAD_OP_NOP = 0,
+	OFFLOAD_OP_TEAM_CREATE = 1, /* aux_addr: struct offload_team_desc in host memory */
+	OFFLOAD_OP_BARRIER = 2,
+	OFFLOAD_OP_ALLTOALL = 3,    /* count: bytes per peer */
+	OFFLOAD_OP_MAX = 4,
+};
+
+/* Memory access rights, carried by registrations (rkeys/lkeys). */
+#define OFFLOAD_ACCESS_LOCAL_READ   (1u << 0)
+#define OFFLOAD_ACCESS_LOCAL_WRITE  (1u << 1)
+#define OFFLOAD_ACCESS_REMOTE_READ  (1u << 2)
+#define OFFLOAD_ACCESS_REMOTE_WRITE (1u << 3)
+#define OFFLOAD_ACCESS_REMOTE_ATOMIC (1u << 4)
+
+/* The 64-byte command slot. Unused fields must be zero. */
+struct offload_cmd {
+	uint8_t opcode;
+	uint8_t flags;      /* reserved, zero */
+	uint16_t team;
+	uint32_t tag;       /* chosen by the host, echoed in the completion */
+	uint64_t src_addr;
+	uint64_t dst_addr;
+	uint64_t count;     /* bytes; meaning per opcode */
+	uint32_t src_key;   /* lkey of src */
+	uint32_t dst_key;   /* rkey of dst, published to peers */
+	uint64_t dst_len;   /* capacity of dst in bytes: the firmware never writes past it */
+	uint64_t aux_addr;
+	uint32_t aux_key;
+	uint32_t root;
+};
+
+/* A completion record. detail: the failing peer rank for OFFLOAD_ERR_PEER/REMOTE_ACCESS. */
+struct offload_cqe {
+	uint32_t tag;
+	int32_t status;
+	uint32_t detail;
+	uint32_t resv;
+	uint64_t result0;   /* bytes received, or bytes needed on OFFLOAD_ERR_NO_SPACE */
+	uint64_t result1;   /* bytes available on OFFLOAD_ERR_NO_SPACE */
+};
+
+struct offload_ring_hdr {
+	uint32_t sq_tail;   /* host producer */
+	uint32_t resv0[15];
+	uint32_t sq_head;   /* DPA consumer */
+	uint32_t resv1[15];
+	uint32_t cq_tail;   /* DPA producer; the host sleeps on it */
+	uint32_t cq_waiters;/* host threads asleep on cq_tail: the DPA wakes them only if non-zero */
+	uint32_t resv2[14];
+	uint32_t cq_head;   /* host consumer */
+	uint32_t sq_entries;
+	uint32_t cq_entries;
+	uint32_t resv3[13];
+};
+
+/* A team member as the firmware sees it: where its control region lives. */
+struct offload_peer {
+	uint64_t ctrl_addr;
+	uint32_t ctrl_key;
+	uint32_t world_rank;
+};
+
+struct offload_team_desc {
+	uint32_t team_id;
+	uint32_t size;
+	uint32_t my_rank;
+	uint32_t resv;
+	struct offload_peer peers[OFFLOAD_MAX_RANKS];
+};
+
+/*
+ * The receiver's "ready" for one op: where the sender may write, published by the
+ * receiver into the sender's control region before any byte moves. seq is written last
+ * (after addr/key/len) and is the op's team sequence number.
+ */
+struct offload_ready {
+	uint64_t addr;
+	uint64_t len;
+	uint32_t key;
+	uint32_t resv;
+	uint64_t seq;
+};
+
+/*
+ * Per-team control words of one rank, written remotely by peers. done[slot][src] is a
+ * signal counter: low 32 bits count completed signals from src on that slot, high 32
+ * bits count those that carried an error.
+ */
+struct offload_ctrl_team {
+	struct offload_ready ready[OFFLOAD_OP_WINDOW][OFFLOAD_MAX_RANKS];
+	uint64_t done[OFFLOAD_OP_WINDOW][OFFLOAD_MAX_RANKS];
+};
+
+struct offload_ctrl {
+	struct offload_ctrl_team teams[OFFLOAD_MAX_TEAMS];
+};
+
+#define OFFLOAD_SIGNAL_OK    1ull
+#define OFFLOAD_SIGNAL_ERROR ((1ull << 32) | 1ull)
+
+/* Counters the firmware keeps per progress thread, in a host-readable window. */
+struct offload_thread_stats {
+	uint64_t ops_completed;
+	uint64_t bytes_written;
+	uint64_t writes;
+	uint64_t signals;
+	uint64_t reads;
+	uint64_t errors;
+	uint64_t progress_calls;
+	uint64_t idle_calls;
+};
+
+_Static_assert(sizeof(struct offload_cmd) == 64, "command slot is 64 bytes");
+_Static_assert(offsetof(struct offload_cmd, tag) == 4, "tag offset");
+_Static_assert(offsetof(struct offload_cmd, count) == 24, "count offset");
+_Static_assert(offsetof(struct offload_cmd, dst_len) == 40, "dst_len offset");
+_Static_assert(offsetof(struct offload_cmd, root) == 60, "root offset");
+_Static_assert(sizeof(struct offload_cqe) == 32, "completion record is 32 bytes");
+_Static_assert(sizeof(struct offload_ring_hdr) == 256, "ring header is four cache lines");
+_Static_assert(offsetof(struct offload_ring_hdr, sq_head) == 64, "sq_head on its own line");
+_Static_assert(offsetof(struct offload_ring_hdr, cq_tail) == 128, "cq_tail on its own line");
+_Static_assert(offsetof(struct offload_ring_hdr, cq_head) == 192, "cq_head on its own line");
+_Static_assert(sizeof(struct offload_peer) == 16, "peer entry");
+_Static_assert(sizeof(struct offload_team_desc) == 16 + 16 * OFFLOAD_MAX_RANKS, "team desc");
+_Static_assert(sizeof(struct offload_ready) == 32, "ready descriptor");
+_Static_assert(sizeof(struct offload_thread_stats) == 64, "stats are one cache line");
+
+#endif /* OFFLOAD_ABI_H */

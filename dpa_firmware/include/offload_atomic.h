@@ -1,0 +1,33 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Every memory-ordering primitive used across the host/DPA boundary and between DPA
+ * threads. Callers say at each use which store a load pairs with and who owns the word.
+ * GCC/Clang __atomic builtins: available in gcc, clang and dpacc alike.
+ */
+#ifndef OFFLOAD_ATOMIC_H
+#define OFFLOAD_ATOMIC_H
+
+#include <stdint.h>
+
+#define off_load_acquire(p)      __atomic_load_n((p), __ATOMIC_ACQUIRE)
+#define off_store_release(p, v)  __atomic_store_n((p), (v), __ATOMIC_RELEASE)
+#define off_read_once(p)         __atomic_load_n((p), __ATOMIC_RELAXED)
+#define off_write_once(p, v)     __atomic_store_n((p), (v), __ATOMIC_RELAXED)
+#define off_fetch_add(p, v)      __atomic_fetch_add((p), (v), __ATOMIC_ACQ_REL)
+#define off_fetch_sub(p, v)      __atomic_fetch_sub((p), (v), __ATOMIC_ACQ_REL)
+#define off_cas(p, expp, v)      __atomic_compare_exchange_n((p), (expp), (v), 0, \
+					__ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)
+#define off_fence()              __atomic_thread_fence(__ATOMIC_SEQ_CST)
+
+/* A test-and-set lock for short critical sections between DPA threads (no sleeping). */
+static inline int off_trylock(uint32_t *lock)
+{
+	return __atomic_exchange_n(lock, 1u, __ATOMIC_ACQUIRE) == 0;
+}
+
+static inline void off_unlock(uint32_t *lock)
+{
+	__atomic_store_n(lock, 0u, __ATOMIC_RELEASE);
+}
+
+#endif /* OFFLOAD_ATOMIC_H */

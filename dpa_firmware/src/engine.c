@@ -1,0 +1,375 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The progress engine: command intake from the ring, the op table, completion routing
+ * and the completion ring. Algorithms live one per file and only advance their items.
+ *
+ * Threads: any thread may take the intake lock (trylock, never waits). Items of an op are
+ * striped over threads (item i belongs to thread i % num_threads), so an item's state and
+ * its completions are touched by one thread only. An op slot is reused by intake only when
+ * its state is FREE and no thread is inside it (users == 0).
+ */
+#include "engine_internal.h"
+
+#define DPA_INTAKE_BUDGET 16
+#define DPA_POLL_BUDGET   256
+#define EINVAL_ 22
+
+static const struct dpa_algo *const dpa_algos[OFFLOAD_OP_MAX] = {
+	[OFFLOAD_OP_BARRIER] = &dpa_algo_barrier_dissemination,
+	[OFFLOAD_OP_ALLTOALL] = &dpa_algo_alltoall_pairwise,
+};
+
+uint64_t dpa_engine_state_size(void)
+{
+	return sizeof(struct dpa_engine);
+}
+
+static int is_pow2(uint32_t v)
+{
+	return v && !(v & (v - 1));
+}
+
+int dpa_engine_init(void *state, const struct dpa_engine_params *p)
+{
+	struct dpa_engine *eng = state;
+	uint8_t *bytes = state;
+
+	if (p->abi_version != OFFLOAD_ABI_VERSION || p->world_size == 0 ||
+	    p->world_size > OFFLOAD_MAX_RANKS || p->world_rank >= p->world_size ||
+	    p->num_threads == 0 || p->num_threads > OFFLOAD_MAX_THREADS ||
+	    !is_pow2(p->sq_entries) || !is_pow2(p->cq_entries) || p->chunk_size == 0 ||
+	    p->chunks_per_pass == 0)
+		return -EINVAL_;
+	for (uint64_t i = 0; i < sizeof(*eng); i++)
+		bytes[i] = 0;
+	eng->params = *p;
+	for (uint32_t i = 0; i < OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW; i++)
+		eng->ops[i].index = i;
+	return 0;
+}
+
+struct offload_thread_stats *dpa_stats(struct dpa_hal *hal)
+{
+	uint32_t t = dpa_hal_thread_index(hal);
+
+	return dpa_hal_window_ptr(hal, DPA_HAL_WIN_STATS, t * sizeof(struct offload_thread_stats),
+				  sizeof(struct offload_thread_stats));
+}
+
+struct offload_ctrl_team *dpa_my_ctrl(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t team)
+{
+	(void)eng;
+	return dpa_hal_window_ptr(hal, DPA_HAL_WIN_CTRL, dpa_ctrl_team_off(team),
+				  sizeof(struct offload_ctrl_team));
+}
+
+uint64_t dpa_peer_ctrl_addr(const struct dpa_team *team, uint32_t peer, uint64_t offset)
+{
+	return team->peers[peer].ctrl_addr + offset;
+}
+
+void dpa_op_fail(struct dpa_op *op, int32_t status, uint32_t world_rank)
+{
+	int32_t ok = OFFLOAD_OK;
+
+	if (off_cas(&op->status, &ok, status))
+		op->fail_rank = world_rank;
+}
+
+int dpa_signal_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		    uint32_t peer, int error)
+{
+	struct dpa_team *team = &eng->teams[op->team_id];
+	uint64_t raddr = dpa_peer_ctrl_addr(team, peer,
+					    dpa_ctrl_done_off(op->team_id, op->slot, team->my_rank));
+	int rc = dpa_hal_rdma_signal_add(hal, team->peers[peer].world_rank, raddr,
+					 team->peers[peer].ctrl_key,
+					 error ? OFFLOAD_SIGNAL_ERROR : OFFLOAD_SIGNAL_OK,
+					 dpa_wr_id(op, peer, DPA_WR_CTRL));
+
+	if (rc == 0)
+		dpa_stats(hal)->signals++;
+	else if (rc != DPA_HAL_EAGAIN)
+		dpa_op_fail(op, OFFLOAD_ERR_INTERNAL, team->peers[peer].world_rank);
+	return rc;
+}
+
+void dpa_expect_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_item *it, uint32_t src)
+{
+	struct dpa_team *team = &eng->teams[op->team_id];
+
+	it->expect_lo = ++team->expect_lo[op->slot][src];
+	it->errs_seen = team->errs_seen[op->slot][src];
+}
+
+int dpa_check_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		   struct dpa_item *it, uint32_t src)
+{
+	struct dpa_team *team = &eng->teams[op->team_id];
+	struct offload_ctrl_team *ctrl = dpa_my_ctrl(eng, hal, op->team_id);
+	/* Pairs with the peer's signal add, which follows its data writes on the same QP. */
+	uint64_t v = off_load_acquire(&ctrl->done[op->slot][src]);
+	uint32_t lo = (uint32_t)v, errs = (uint32_t)(v >> 32);
+
+	if ((int32_t)(lo - it->expect_lo) < 0)
+		return 0;
+	if (errs != it->errs_seen) {
+		team->errs_seen[op->slot][src] = errs;
+		dpa_op_fail(op, OFFLOAD_ERR_PEER_OP, team->peers[src].world_rank);
+	}
+	return 1;
+}
+
+static int write_cqe(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cqe *cqe)
+{
+	struct offload_ring_hdr *ring = dpa_hal_window_ptr(hal, DPA_HAL_WIN_RING, 0, sizeof(*ring));
+	uint64_t cq_off = sizeof(*ring) + (uint64_t)eng->params.sq_entries * sizeof(struct offload_cmd);
+	struct offload_cqe *cq = dpa_hal_window_ptr(hal, DPA_HAL_WIN_RING, cq_off,
+						    (uint64_t)eng->params.cq_entries * sizeof(*cq));
+	uint32_t tail, head;
+
+	if (!off_trylock(&eng->cq_lock))
+		return 0;
+	tail = ring->cq_tail;                     /* ours: only written under cq_lock */
+	head = off_load_acquire(&ring->cq_head);  /* host-owned; pairs with its release */
+	if (tail - head >= eng->params.cq_entries) {
+		off_unlock(&eng->cq_lock);
+		return 0;
+	}
+	cq[tail & (eng->params.cq_entries - 1)] = *cqe;
+	off_store_release(&ring->cq_tail, tail + 1);  /* pairs with the host's acquire */
+	off_unlock(&eng->cq_lock);
+	/* The host checks cq_tail after announcing itself in cq_waiters; order both sides. */
+	off_fence();
+	if (off_read_once(&ring->cq_waiters))
+		dpa_hal_host_notify(hal);
+	return 1;
+}
+
+static int complete_now(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd,
+			int32_t status, uint32_t detail)
+{
+	struct offload_cqe cqe = { .tag = cmd->tag, .status = status, .detail = detail };
+
+	return write_cqe(eng, hal, &cqe);
+}
+
+static int try_complete_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
+{
+	struct dpa_team *team = &eng->teams[op->team_id];
+	struct offload_cqe cqe = {
+		.tag = op->cmd.tag,
+		.status = off_load_acquire(&op->status),
+		.detail = op->fail_rank,
+	};
+
+	if (op->cmd.opcode == OFFLOAD_OP_ALLTOALL)
+		cqe.result0 = op->cmd.count * team->size;
+	if (!write_cqe(eng, hal, &cqe))
+		return 0;
+	dpa_stats(hal)->ops_completed++;
+	if (cqe.status != OFFLOAD_OK)
+		dpa_stats(hal)->errors++;
+	__atomic_store_n(&op->state, DPA_OP_FREE, __ATOMIC_SEQ_CST);
+	return 1;
+}
+
+static int32_t validate_team_desc(struct dpa_engine *eng, const struct offload_team_desc *d)
+{
+	if (d->team_id >= OFFLOAD_MAX_TEAMS || d->size == 0 || d->size > OFFLOAD_MAX_RANKS ||
+	    d->my_rank >= d->size)
+		return OFFLOAD_ERR_INVALID;
+	if (d->peers[d->my_rank].world_rank != eng->params.world_rank)
+		return OFFLOAD_ERR_INVALID;
+	for (uint32_t i = 0; i < d->size; i++)
+		if (d->peers[i].world_rank >= eng->params.world_size)
+			return OFFLOAD_ERR_INVALID;
+	return OFFLOAD_OK;
+}
+
+static int32_t team_create(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd)
+{
+	const struct offload_team_desc *d =
+		dpa_hal_window_ptr(hal, DPA_HAL_WIN_AUX, cmd->aux_addr, sizeof(*d));
+	struct dpa_team *team;
+	int32_t st;
+
+	if (!d)
+		return OFFLOAD_ERR_INVALID;
+	st = validate_team_desc(eng, d);
+	if (st)
+		return st;
+	team = &eng->teams[d->team_id];
+	if (team->active)
+		return OFFLOAD_ERR_INVALID;
+	team->size = d->size;
+	team->my_rank = d->my_rank;
+	team->next_seq = 1;
+	for (uint32_t i = 0; i < d->size; i++)
+		team->peers[i] = d->peers[i];
+	team->active = 1;
+	return OFFLOAD_OK;
+}
+
+/* Checks that depend only on the command; the algorithm's start() checks the rest. */
+static int32_t validate_collective(struct dpa_engine *eng, const struct offload_cmd *cmd)
+{
+	if (cmd->team >= OFFLOAD_MAX_TEAMS || !eng->teams[cmd->team].active)
+		return OFFLOAD_ERR_INVALID;
+	if (cmd->opcode >= OFFLOAD_OP_MAX || !dpa_algos[cmd->opcode] || cmd->flags)
+		return OFFLOAD_ERR_INVALID;
+	return OFFLOAD_OK;
+}
+
+/* Returns 1 if the command was consumed, 0 if it must wait for a free op slot. */
+static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd)
+{
+	struct dpa_team *team;
+	struct dpa_op *op;
+	uint32_t slot;
+	int32_t st;
+	int n;
+
+	if (cmd->opcode == OFFLOAD_OP_NOP)
+		return complete_now(eng, hal, cmd, OFFLOAD_OK, 0);
+	if (cmd->opcode == OFFLOAD_OP_TEAM_CREATE)
+		return complete_now(eng, hal, cmd, team_create(eng, hal, cmd), 0);
+	st = validate_collective(eng, cmd);
+	if (st)
+		return complete_now(eng, hal, cmd, st, 0);
+	team = &eng->teams[cmd->team];
+	slot = team->next_seq % OFFLOAD_OP_WINDOW;
+	op = &eng->ops[cmd->team * OFFLOAD_OP_WINDOW + slot];
+	if (__atomic_load_n(&op->state, __ATOMIC_SEQ_CST) != DPA_OP_FREE ||
+	    __atomic_load_n(&op->users, __ATOMIC_SEQ_CST) != 0)
+		return 0;
+	op->cmd = *cmd;
+	op->team_id = cmd->team;
+	op->slot = slot;
+	op->seq = team->next_seq;
+	op->status = OFFLOAD_OK;
+	op->fail_rank = 0;
+	op->algo = dpa_algos[cmd->opcode];
+	for (uint32_t i = 0; i < team->size; i++)
+		op->items[i] = (struct dpa_item){ 0 };
+	n = op->algo->start(eng, op);
+	if (n < 0)
+		return complete_now(eng, hal, cmd, n, 0);
+	team->next_seq++;
+	op->nitems = (uint32_t)n;
+	op->remaining = (uint32_t)n;
+	/* Publish: threads that see ACTIVE see every field above. */
+	__atomic_store_n(&op->state, DPA_OP_ACTIVE, __ATOMIC_SEQ_CST);
+	return 1;
+}
+
+static int intake(struct dpa_engine *eng, struct dpa_hal *hal)
+{
+	struct offload_ring_hdr *ring = dpa_hal_window_ptr(hal, DPA_HAL_WIN_RING, 0, sizeof(*ring));
+	struct offload_cmd *sq = dpa_hal_window_ptr(hal, DPA_HAL_WIN_RING, sizeof(*ring),
+			(uint64_t)eng->params.sq_entries * sizeof(*sq));
+	uint32_t head = ring->sq_head;                 /* ours: written only under intake_lock */
+	uint32_t tail = off_load_acquire(&ring->sq_tail); /* pairs with the host's release */
+	int taken = 0;
+
+	while (head != tail && taken < DPA_INTAKE_BUDGET) {
+		struct offload_cmd cmd = sq[head & (eng->params.sq_entries - 1)];
+
+		if (!intake_one(eng, hal, &cmd))
+			break;
+		head++;
+		taken++;
+	}
+	if (taken) {
+		off_store_release(&ring->sq_head, head);  /* the host reuses slots before head */
+		dpa_hal_notify(hal);
+	}
+	return taken;
+}
+
+static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
+{
+	struct dpa_hal_cqe cqes[DPA_POLL_BUDGET];
+	int n = dpa_hal_poll_cq(hal, cqes, DPA_POLL_BUDGET);
+
+	for (int i = 0; i < n; i++) {
+		uint32_t opi = (uint32_t)(cqes[i].wr_id >> 32);
+		uint32_t item = (uint32_t)(cqes[i].wr_id >> 8) & 0xffffffu;
+		uint32_t kind = (uint32_t)cqes[i].wr_id & 0xffu;
+		struct dpa_op *op;
+		struct dpa_team *team;
+
+		if (opi >= OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW || item >= OFFLOAD_MAX_RANKS)
+			continue;
+		op = &eng->ops[opi];
+		team = &eng->teams[op->team_id];
+		if (kind == DPA_WR_DATA) {
+			op->items[item].inflight--;
+			op->items[item].acked += cqes[i].bytes;
+		}
+		if (cqes[i].status != OFFLOAD_OK) {
+			/* DATA wr_ids carry the item, CTRL ones the team peer. */
+			uint32_t peer = kind == DPA_WR_DATA ?
+				(team->my_rank + item) % team->size : item;
+
+			dpa_op_fail(op, cqes[i].status, team->peers[peer % team->size].world_rank);
+			if (kind == DPA_WR_DATA)
+				op->items[item].flags |= DPA_ITEM_FAILED;
+		}
+	}
+	return n;
+}
+
+static int progress_ops(struct dpa_engine *eng, struct dpa_hal *hal)
+{
+	uint32_t me = dpa_hal_thread_index(hal), nthreads = dpa_hal_num_threads(hal);
+	int work = 0;
+
+	for (uint32_t o = 0; o < OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW; o++) {
+		struct dpa_op *op = &eng->ops[o];
+
+		if (off_read_once(&op->state) != DPA_OP_ACTIVE)
+			continue;
+		__atomic_fetch_add(&op->users, 1, __ATOMIC_SEQ_CST);
+		if (__atomic_load_n(&op->state, __ATOMIC_SEQ_CST) == DPA_OP_ACTIVE) {
+			for (uint32_t i = me; i < op->nitems; i += nthreads) {
+				struct dpa_item *it = &op->items[i];
+
+				if (it->flags & DPA_ITEM_FINISHED)
+					continue;
+				work += op->algo->progress(eng, op, i, hal);
+				if (it->flags & DPA_ITEM_FINISHED)
+					off_fetch_sub(&op->remaining, 1);
+			}
+			/*
+			 * Whoever sees the last item finished writes the completion; a completion
+			 * that found the ring full is retried by whoever passes by next.
+			 */
+			if (off_load_acquire(&op->remaining) == 0 && off_trylock(&op->completing)) {
+				if (__atomic_load_n(&op->state, __ATOMIC_SEQ_CST) == DPA_OP_ACTIVE &&
+				    off_load_acquire(&op->remaining) == 0)
+					work += try_complete_op(eng, op, hal);
+				off_unlock(&op->completing);
+			}
+		}
+		__atomic_fetch_sub(&op->users, 1, __ATOMIC_SEQ_CST);
+	}
+	return work;
+}
+
+int dpa_progress(void *state, struct dpa_hal *hal)
+{
+	struct dpa_engine *eng = state;
+	struct offload_thread_stats *stats = dpa_stats(hal);
+	int work = poll_completions(eng, hal);
+
+	stats->progress_calls++;
+	if (off_trylock(&eng->intake_lock)) {
+		work += intake(eng, hal);
+		off_unlock(&eng->intake_lock);
+	}
+	work += progress_ops(eng, hal);
+	if (!work)
+		stats->idle_calls++;
+	return work;
+}

@@ -1,0 +1,130 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* Firmware-private state shared by the engine and the algorithm files. */
+#ifndef DPA_ENGINE_INTERNAL_H
+#define DPA_ENGINE_INTERNAL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dpa_engine.h"
+#include "dpa_hal.h"
+#include "offload_atomic.h"
+#include "offload_abi.h"
+
+enum dpa_op_state {
+	DPA_OP_FREE = 0,
+	DPA_OP_ACTIVE = 1,
+};
+
+/* Per-peer step of an op; item i is owned by thread i % num_threads (peers striped). */
+struct dpa_item {
+	uint32_t flags;
+	uint32_t inflight;     /* posted writes not yet completed */
+	uint64_t posted;       /* bytes posted */
+	uint64_t acked;        /* bytes completed */
+	uint64_t raddr;        /* the receiver's ready: where to write */
+	uint32_t rkey;
+	uint32_t expect_lo;    /* done-counter value that means "src finished" */
+	uint32_t errs_seen;    /* done-counter error count before this op */
+	uint32_t round;        /* barrier round */
+};
+
+#define DPA_ITEM_STARTED   (1u << 0)
+#define DPA_ITEM_READY_OUT (1u << 1)  /* our ready descriptor is posted to the source */
+#define DPA_ITEM_READY_IN  (1u << 2)  /* the destination's ready arrived */
+#define DPA_ITEM_SIGNALED  (1u << 3)  /* done signal posted to the destination */
+#define DPA_ITEM_RECVD     (1u << 4)  /* the source's done signal arrived */
+#define DPA_ITEM_WAITING   (1u << 5)  /* barrier: signal sent, waiting for this round */
+#define DPA_ITEM_FINISHED  (1u << 6)
+#define DPA_ITEM_FAILED    (1u << 7)  /* a data write failed: the done signal carries an error */
+
+struct dpa_team {
+	uint32_t active;
+	uint32_t size;
+	uint32_t my_rank;
+	uint32_t next_seq;     /* sequence of the next op; starts at 1 */
+	struct offload_peer peers[OFFLOAD_MAX_RANKS];
+	/* Done-counter bookkeeping per slot and source; touched only by the item owning it. */
+	uint32_t expect_lo[OFFLOAD_OP_WINDOW][OFFLOAD_MAX_RANKS];
+	uint32_t errs_seen[OFFLOAD_OP_WINDOW][OFFLOAD_MAX_RANKS];
+};
+
+struct dpa_engine;
+struct dpa_op;
+
+struct dpa_algo {
+	const char *name;
+	/* Called once at intake; returns the number of items (or a negative status). */
+	int (*start)(struct dpa_engine *eng, struct dpa_op *op);
+	/* Advance item i; returns >0 if it did work. Must not block. */
+	int (*progress)(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal);
+};
+
+struct dpa_op {
+	uint32_t state;        /* enum dpa_op_state; release-stored after the fields below */
+	uint32_t users;        /* threads inside progress of this op: intake may not reuse it */
+	uint32_t remaining;    /* items not finished */
+	uint32_t completing;   /* lock: one thread writes the completion */
+	int32_t status;        /* first error, set by CAS from OFFLOAD_OK */
+	uint32_t fail_rank;    /* world rank named by the first error */
+	uint32_t seq;
+	uint32_t slot;
+	uint32_t team_id;
+	uint32_t nitems;
+	uint32_t index;        /* position in the engine's op table, for wr_ids */
+	const struct dpa_algo *algo;
+	struct offload_cmd cmd;
+	struct dpa_item items[OFFLOAD_MAX_RANKS];
+};
+
+struct dpa_engine {
+	struct dpa_engine_params params;
+	uint32_t intake_lock;
+	uint32_t cq_lock;
+	struct dpa_team teams[OFFLOAD_MAX_TEAMS];
+	struct dpa_op ops[OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW];
+};
+
+/* Algorithm registry entries, one per file. */
+extern const struct dpa_algo dpa_algo_alltoall_pairwise;
+extern const struct dpa_algo dpa_algo_barrier_dissemination;
+
+/* Helpers for algorithms (engine.c). */
+void dpa_op_fail(struct dpa_op *op, int32_t status, uint32_t world_rank);
+struct offload_ctrl_team *dpa_my_ctrl(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t team);
+uint64_t dpa_peer_ctrl_addr(const struct dpa_team *team, uint32_t peer, uint64_t offset);
+int dpa_signal_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		    uint32_t peer, int error);
+/* Returns 1 if peer's done signal for this item arrived, 0 if not yet; fails the op on error. */
+int dpa_check_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		   struct dpa_item *it, uint32_t src);
+void dpa_expect_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_item *it, uint32_t src);
+struct offload_thread_stats *dpa_stats(struct dpa_hal *hal);
+
+static inline uint64_t dpa_wr_id(const struct dpa_op *op, uint32_t item, uint32_t kind)
+{
+	return ((uint64_t)op->index << 32) | ((uint64_t)item << 8) | kind;
+}
+
+#define DPA_WR_DATA   1u
+#define DPA_WR_CTRL   2u
+
+/* Offsets of one rank's control words inside struct offload_ctrl. */
+static inline uint64_t dpa_ctrl_team_off(uint32_t team)
+{
+	return (uint64_t)team * sizeof(struct offload_ctrl_team);
+}
+
+static inline uint64_t dpa_ctrl_ready_off(uint32_t team, uint32_t slot, uint32_t src)
+{
+	return dpa_ctrl_team_off(team) + offsetof(struct offload_ctrl_team, ready) +
+	       ((uint64_t)slot * OFFLOAD_MAX_RANKS + src) * sizeof(struct offload_ready);
+}
+
+static inline uint64_t dpa_ctrl_done_off(uint32_t team, uint32_t slot, uint32_t src)
+{
+	return dpa_ctrl_team_off(team) + offsetof(struct offload_ctrl_team, done) +
+	       ((uint64_t)slot * OFFLOAD_MAX_RANKS + src) * sizeof(uint64_t);
+}
+
+#endif /* DPA_ENGINE_INTERNAL_H */

@@ -1,0 +1,340 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The emulated DPU as a host device: open/close, memory registration, ctx.empty()
+ * segments, and the DPA thread pool that runs the firmware's dpa_progress().
+ *
+ * Adaptive polling: a thread with nothing to do spins for spin_us, then yields for
+ * yield_us, then sleeps on its rank's event word (a futex in the job segment) until a
+ * doorbell, a remote signal or a sibling's notify bumps it. Sleepers announce themselves
+ * in `sleepers` so wakers only make the futex syscall when someone sleeps.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "dpa_engine.h"
+#include "emu_internal.h"
+#include "offload_atomic.h"
+
+#define EMU_SLEEP_SLICE_NS 50000000ll  /* re-check the stop flag at least this often */
+
+uint64_t emu_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static long futex(uint32_t *word, int op, uint32_t val, const struct timespec *ts)
+{
+	return syscall(SYS_futex, word, op, val, ts, NULL, 0);
+}
+
+static struct timespec ns_to_ts(int64_t ns)
+{
+	struct timespec ts = { .tv_sec = ns / 1000000000ll, .tv_nsec = ns % 1000000000ll };
+
+	return ts;
+}
+
+void emu_wake_rank(struct emu_device *dev, uint32_t rank)
+{
+	struct emu_rank *r = &dev->ranks[rank];
+
+	off_fetch_add(&r->event, 1);
+	/* Pairs with the sleeper's increment of sleepers before its futex wait. */
+	off_fence();
+	if (off_read_once(&r->sleepers))
+		futex(&r->event, FUTEX_WAKE, INT_MAX, NULL);  /* shared: peers wake us too */
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield");
+#endif
+}
+
+uint32_t dpa_hal_event_snapshot(struct dpa_hal *hal)
+{
+	return off_load_acquire(&hal->dev->ranks[hal->dev->attr.rank].event);
+}
+
+void dpa_hal_idle(struct dpa_hal *hal, uint32_t snapshot)
+{
+	struct emu_device *dev = hal->dev;
+	struct emu_rank *r = &dev->ranks[dev->attr.rank];
+	uint64_t start = emu_now_ns();
+	uint64_t spin_end = start + (uint64_t)dev->attr.spin_us * 1000u;
+	uint64_t yield_end = spin_end + (uint64_t)dev->attr.yield_us * 1000u;
+	struct timespec slice = ns_to_ts(EMU_SLEEP_SLICE_NS);
+
+	while (off_load_acquire(&r->event) == snapshot && !off_read_once(&dev->stop)) {
+		uint64_t now = emu_now_ns();
+
+		if (now < spin_end) {
+			for (int i = 0; i < 64; i++)
+				cpu_relax();
+		} else if (now < yield_end) {
+			sched_yield();
+		} else {
+			off_fetch_add(&r->sleepers, 1);
+			off_fence();
+			if (off_load_acquire(&r->event) == snapshot && !off_read_once(&dev->stop))
+				futex(&r->event, FUTEX_WAIT, snapshot, &slice);
+			off_fetch_sub(&r->sleepers, 1);
+			return;
+		}
+	}
+}
+
+void dpa_hal_notify(struct dpa_hal *hal)
+{
+	emu_wake_rank(hal->dev, hal->dev->attr.rank);
+}
+
+void dpa_hal_host_notify(struct dpa_hal *hal)
+{
+	struct offload_ring_hdr *ring = hal->dev->win.ring;
+
+	futex(&ring->cq_tail, FUTEX_WAKE_PRIVATE, INT_MAX, NULL);
+}
+
+uint64_t dpa_hal_time_ns(struct dpa_hal *hal)
+{
+	(void)hal;
+	return emu_now_ns();
+}
+
+static void *progress_thread(void *arg)
+{
+	struct dpa_hal *hal = arg;
+	struct emu_device *dev = hal->dev;
+	char name[16];
+
+	snprintf(name, sizeof(name), "dpa-r%u-t%u", dev->attr.rank, hal->index);
+	pthread_setname_np(pthread_self(), name);
+	while (!off_read_once(&dev->stop)) {
+		uint32_t snap = dpa_hal_event_snapshot(hal);
+
+		if (dpa_progress(dev->fw_state, hal) == 0)
+			dpa_hal_idle(hal, snap);
+	}
+	return NULL;
+}
+
+static void stop_threads(struct emu_device *dev)
+{
+	off_store_release(&dev->stop, 1);
+	if (dev->ranks)
+		emu_wake_rank(dev, dev->attr.rank);
+	for (uint32_t i = 0; i < dev->nthreads_started; i++)
+		pthread_join(dev->threads[i], NULL);
+	dev->nthreads_started = 0;
+}
+
+static void emu_close(struct host_device *hd)
+{
+	struct emu_device *dev = to_emu(hd);
+
+	stop_threads(dev);
+	emu_job_close(dev);
+	free(dev->threads);
+	free(dev->hals);
+	free(dev->fw_state);
+	pthread_mutex_destroy(&dev->mr_lock);
+	pthread_mutex_destroy(&dev->map_lock);
+	free(dev);
+}
+
+static int emu_open(const struct host_device_attr *attr, struct host_device **out)
+{
+	struct emu_device *dev;
+	int rc;
+
+	if (!attr->job || strlen(attr->job) >= sizeof(dev->job) - 1 || strchr(attr->job, '/') ||
+	    attr->size == 0 || attr->size > OFFLOAD_MAX_RANKS || attr->rank >= attr->size ||
+	    attr->num_threads == 0 || attr->num_threads > OFFLOAD_MAX_THREADS)
+		return -EINVAL;
+	dev = calloc(1, sizeof(*dev));
+	if (!dev)
+		return -ENOMEM;
+	dev->attr = *attr;
+	strcpy(dev->job, attr->job);
+	dev->attr.job = dev->job;
+	pthread_mutex_init(&dev->mr_lock, NULL);
+	pthread_mutex_init(&dev->map_lock, NULL);
+	rc = emu_job_open(dev);
+	if (rc)
+		goto err;
+	rc = emu_job_barrier(dev, attr->bootstrap_timeout_ns);
+	if (rc)
+		goto err;
+	*out = (struct host_device *)dev;
+	return 0;
+err:
+	emu_close((struct host_device *)dev);
+	return rc;
+}
+
+static int emu_start(struct host_device *hd, const struct dpa_engine_params *params,
+		     const struct host_fw_windows *win)
+{
+	struct emu_device *dev = to_emu(hd);
+	uint32_t n = dev->attr.num_threads;
+	int rc;
+
+	dev->win = *win;
+	dev->fw_state = aligned_alloc(64, (dpa_engine_state_size() + 63) & ~63ull);
+	dev->hals = calloc(n, sizeof(*dev->hals));
+	dev->threads = calloc(n, sizeof(*dev->threads));
+	if (!dev->fw_state || !dev->hals || !dev->threads)
+		return -ENOMEM;
+	rc = dpa_engine_init(dev->fw_state, params);
+	if (rc)
+		return rc;
+	for (uint32_t i = 0; i < n; i++) {
+		dev->hals[i].dev = dev;
+		dev->hals[i].index = i;
+		rc = pthread_create(&dev->threads[i], NULL, progress_thread, &dev->hals[i]);
+		if (rc) {
+			stop_threads(dev);
+			return -rc;
+		}
+		dev->nthreads_started++;
+	}
+	return 0;
+}
+
+static int emu_reg(struct host_device *hd, const void *addr, uint64_t len, uint32_t access,
+		   uint32_t *key)
+{
+	return emu_mr_reg(to_emu(hd), (uint64_t)(uintptr_t)addr, len, access, EMU_MR_PRIVATE, 0, 0, key);
+}
+
+static int emu_dereg(struct host_device *hd, uint32_t key)
+{
+	return emu_mr_dereg(to_emu(hd), key);
+}
+
+static int emu_alloc_shared(struct host_device *hd, uint64_t len, void **addr, uint32_t *key)
+{
+	struct emu_device *dev = to_emu(hd);
+	uint64_t maplen = (len + 4095) & ~4095ull;
+	uint32_t serial;
+	char name[160];
+	void *ptr;
+	int fd, rc;
+
+	if (maplen == 0)
+		maplen = 4096;
+	pthread_mutex_lock(&dev->mr_lock);
+	serial = ++dev->next_serial;
+	pthread_mutex_unlock(&dev->mr_lock);
+	emu_shared_name(dev, dev->attr.rank, serial, name, sizeof(name));
+	fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+	if (fd < 0)
+		return -errno;
+	if (ftruncate(fd, (off_t)maplen) < 0) {
+		rc = -errno;
+		goto err_unlink;
+	}
+	ptr = mmap(NULL, maplen, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (ptr == MAP_FAILED) {
+		rc = -errno;
+		goto err_unlink;
+	}
+	rc = emu_mr_reg(dev, (uint64_t)(uintptr_t)ptr, maplen,
+			OFFLOAD_ACCESS_LOCAL_READ | OFFLOAD_ACCESS_LOCAL_WRITE |
+			OFFLOAD_ACCESS_REMOTE_READ | OFFLOAD_ACCESS_REMOTE_WRITE,
+			EMU_MR_SHARED, serial, 0, key);
+	if (rc) {
+		munmap(ptr, maplen);
+		goto err_unlink;
+	}
+	close(fd);
+	*addr = ptr;
+	return 0;
+err_unlink:
+	close(fd);
+	shm_unlink(name);
+	return rc;
+}
+
+static int emu_free_shared(struct host_device *hd, void *addr, uint64_t len)
+{
+	struct emu_device *dev = to_emu(hd);
+	struct emu_mr *table = &dev->mrs[(uint64_t)dev->attr.rank * EMU_MAX_MRS];
+	uint64_t maplen = len ? (len + 4095) & ~4095ull : 4096;
+	char name[160];
+
+	for (uint32_t i = 0; i < EMU_MAX_MRS; i++) {
+		uint32_t key = off_load_acquire(&table[i].key);
+
+		if (!key || table[i].kind != EMU_MR_SHARED || table[i].addr != (uintptr_t)addr)
+			continue;
+		emu_shared_name(dev, dev->attr.rank, table[i].serial, name, sizeof(name));
+		emu_mr_dereg(dev, key);
+		shm_unlink(name);
+		break;
+	}
+	return munmap(addr, maplen) ? -errno : 0;
+}
+
+static void emu_doorbell(struct host_device *hd)
+{
+	struct emu_device *dev = to_emu(hd);
+
+	emu_wake_rank(dev, dev->attr.rank);
+}
+
+static int emu_peer_ctrl(struct host_device *hd, uint32_t rank, struct offload_peer *out)
+{
+	struct emu_device *dev = to_emu(hd);
+
+	if (rank >= dev->attr.size || off_load_acquire(&dev->ranks[rank].state) != EMU_RANK_ALIVE)
+		return -ENOENT;
+	out->ctrl_addr = dev->ranks[rank].ctrl_addr;
+	out->ctrl_key = dev->ranks[rank].ctrl_key;
+	out->world_rank = rank;
+	return 0;
+}
+
+static int emu_wait_completion(struct host_device *hd, uint32_t *word, uint32_t seen,
+			       int64_t timeout_ns)
+{
+	struct timespec ts = ns_to_ts(timeout_ns);
+
+	(void)hd;
+	if (futex(word, FUTEX_WAIT_PRIVATE, seen, timeout_ns >= 0 ? &ts : NULL) < 0 &&
+	    errno == ETIMEDOUT)
+		return -ETIMEDOUT;
+	return 0;
+}
+
+const struct host_device_ops emu_device_ops = {
+	.name = "emulator",
+	.alloc_shared = emu_alloc_shared,
+	.close = emu_close,
+	.doorbell = emu_doorbell,
+	.free_shared = emu_free_shared,
+	.mr_dereg = emu_dereg,
+	.mr_reg = emu_reg,
+	.open = emu_open,
+	.peer_ctrl = emu_peer_ctrl,
+	.start = emu_start,
+	.wait_completion = emu_wait_completion,
+};

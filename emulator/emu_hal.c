@@ -1,0 +1,205 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * dpa_hal.h on an ordinary host. RDMA is executed at post time, in one copy with no
+ * bounce buffer: memcpy when the target is mapped here (job segment, ctx.empty() segments,
+ * our own memory), else one process_vm_writev/readv into the target process. Every
+ * access is checked against the target's registration first; a failed check becomes an
+ * error completion and nothing is written.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <string.h>
+#include <sys/uio.h>
+
+#include "emu_internal.h"
+#include "offload_atomic.h"
+
+uint32_t dpa_hal_thread_index(const struct dpa_hal *hal)
+{
+	return hal->index;
+}
+
+uint32_t dpa_hal_num_threads(const struct dpa_hal *hal)
+{
+	return hal->dev->attr.num_threads;
+}
+
+void *dpa_hal_window_ptr(struct dpa_hal *hal, enum dpa_hal_window win, uint64_t offset,
+			 uint64_t len)
+{
+	struct emu_device *dev = hal->dev;
+
+	switch (win) {
+	case DPA_HAL_WIN_RING:
+		if (offset > dev->win.ring_len || len > dev->win.ring_len - offset)
+			return NULL;
+		return (uint8_t *)dev->win.ring + offset;
+	case DPA_HAL_WIN_STATS:
+		if (offset > dev->win.stats_len || len > dev->win.stats_len - offset)
+			return NULL;
+		return (uint8_t *)dev->win.stats + offset;
+	case DPA_HAL_WIN_AUX:
+		/* The aux window spans host memory; its offset is the host address. */
+		return offset ? (void *)(uintptr_t)offset : NULL;
+	case DPA_HAL_WIN_CTRL:
+		if (offset > sizeof(struct offload_ctrl) || len > sizeof(struct offload_ctrl) - offset)
+			return NULL;
+		return (uint8_t *)&dev->ctrls[dev->attr.rank] + offset;
+	}
+	return NULL;
+}
+
+static int push_cqe(struct dpa_hal *hal, uint64_t wr_id, int32_t status, uint64_t bytes)
+{
+	struct dpa_hal_cqe *c = &hal->cq[hal->cq_tail & (EMU_CQ_DEPTH - 1)];
+
+	c->wr_id = wr_id;
+	c->status = status;
+	c->bytes = (uint32_t)bytes;
+	hal->cq_tail++;
+	return 0;
+}
+
+static int cq_full(const struct dpa_hal *hal)
+{
+	return hal->cq_tail - hal->cq_head >= EMU_CQ_DEPTH;
+}
+
+/* process_vm_* may move less than asked; finish the transfer or report why not. */
+static int32_t vm_copy(int32_t pid, int to_remote, void *local, uint64_t raddr, uint64_t len)
+{
+	while (len) {
+		struct iovec l = { .iov_base = local, .iov_len = len };
+		struct iovec r = { .iov_base = (void *)(uintptr_t)raddr, .iov_len = len };
+		ssize_t n = to_remote ? process_vm_writev(pid, &l, 1, &r, 1, 0) :
+					process_vm_readv(pid, &l, 1, &r, 1, 0);
+
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return errno == ESRCH ? OFFLOAD_ERR_PEER : OFFLOAD_ERR_REMOTE_ACCESS;
+		}
+		if (n == 0)
+			return OFFLOAD_ERR_REMOTE_ACCESS;
+		local = (uint8_t *)local + n;
+		raddr += (uint64_t)n;
+		len -= (uint64_t)n;
+	}
+	return OFFLOAD_OK;
+}
+
+static int32_t do_write(struct emu_device *dev, uint32_t peer, const void *src, uint64_t raddr,
+			uint32_t rkey, uint64_t len)
+{
+	uint8_t *ptr;
+	int32_t pid, st;
+
+	if (!len)
+		return OFFLOAD_OK;
+	st = emu_mr_resolve(dev, peer, rkey, raddr, len, OFFLOAD_ACCESS_REMOTE_WRITE, &ptr, &pid);
+	if (st)
+		return st;
+	if (!ptr)
+		return vm_copy(pid, 1, (void *)(uintptr_t)src, raddr, len);
+	if (len == sizeof(uint64_t) && !((uintptr_t)ptr & 7)) {
+		/* Aligned 8-byte writes land atomically: flags and sequence words are read
+		 * with load-acquire on the other side. */
+		uint64_t v;
+
+		memcpy(&v, src, sizeof(v));
+		off_store_release((uint64_t *)(void *)ptr, v);
+		return OFFLOAD_OK;
+	}
+	memcpy(ptr, src, len);
+	/* Later writes on this queue must not become visible before this one. */
+	__atomic_thread_fence(__ATOMIC_RELEASE);
+	return OFFLOAD_OK;
+}
+
+static int32_t check_local(struct emu_device *dev, uint64_t laddr, uint32_t lkey, uint64_t len,
+			   uint32_t access)
+{
+	uint8_t *ptr;
+	int32_t pid;
+
+	if (!len)
+		return OFFLOAD_OK;
+	return emu_mr_resolve(dev, dev->attr.rank, lkey, laddr, len, access, &ptr, &pid);
+}
+
+int dpa_hal_rdma_write(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint32_t lkey,
+		       uint64_t raddr, uint32_t rkey, uint64_t len, uint64_t wr_id)
+{
+	int32_t st;
+
+	if (cq_full(hal))
+		return DPA_HAL_EAGAIN;
+	st = check_local(hal->dev, laddr, lkey, len, OFFLOAD_ACCESS_LOCAL_READ);
+	if (!st)
+		st = do_write(hal->dev, peer, (const void *)(uintptr_t)laddr, raddr, rkey, len);
+	return push_cqe(hal, wr_id, st, st ? 0 : len);
+}
+
+int dpa_hal_rdma_write_inline(struct dpa_hal *hal, uint32_t peer, const void *data,
+			      uint32_t len, uint64_t raddr, uint32_t rkey, uint64_t wr_id)
+{
+	int32_t st;
+
+	if (cq_full(hal))
+		return DPA_HAL_EAGAIN;
+	st = do_write(hal->dev, peer, data, raddr, rkey, len);
+	return push_cqe(hal, wr_id, st, st ? 0 : len);
+}
+
+int dpa_hal_rdma_read(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint32_t lkey,
+		      uint64_t raddr, uint32_t rkey, uint64_t len, uint64_t wr_id)
+{
+	struct emu_device *dev = hal->dev;
+	uint8_t *ptr;
+	int32_t pid, st;
+
+	if (cq_full(hal))
+		return DPA_HAL_EAGAIN;
+	st = check_local(dev, laddr, lkey, len, OFFLOAD_ACCESS_LOCAL_WRITE);
+	if (!st && len)
+		st = emu_mr_resolve(dev, peer, rkey, raddr, len, OFFLOAD_ACCESS_REMOTE_READ, &ptr, &pid);
+	if (!st && len) {
+		if (ptr)
+			memcpy((void *)(uintptr_t)laddr, ptr, len);
+		else
+			st = vm_copy(pid, 0, (void *)(uintptr_t)laddr, raddr, len);
+	}
+	return push_cqe(hal, wr_id, st, st ? 0 : len);
+}
+
+int dpa_hal_rdma_signal_add(struct dpa_hal *hal, uint32_t peer, uint64_t raddr, uint32_t rkey,
+			    uint64_t value, uint64_t wr_id)
+{
+	struct emu_device *dev = hal->dev;
+	uint8_t *ptr;
+	int32_t pid, st;
+
+	if (cq_full(hal))
+		return DPA_HAL_EAGAIN;
+	st = emu_mr_resolve(dev, peer, rkey, raddr, sizeof(uint64_t), OFFLOAD_ACCESS_REMOTE_ATOMIC,
+			    &ptr, &pid);
+	/* Atomics need the word mapped here: signal words always live in shared memory. */
+	if (!st && (!ptr || ((uintptr_t)ptr & 7)))
+		st = OFFLOAD_ERR_REMOTE_ACCESS;
+	if (!st) {
+		/* Pairs with the receiver's load-acquire of the counter: data written
+		 * before the signal is visible once the signal is. */
+		off_fetch_add((uint64_t *)(void *)ptr, value);
+		emu_wake_rank(dev, peer);
+	}
+	return push_cqe(hal, wr_id, st, 0);
+}
+
+int dpa_hal_poll_cq(struct dpa_hal *hal, struct dpa_hal_cqe *out, int max)
+{
+	int n = 0;
+
+	while (n < max && hal->cq_head != hal->cq_tail)
+		out[n++] = hal->cq[hal->cq_head++ & (EMU_CQ_DEPTH - 1)];
+	return n;
+}

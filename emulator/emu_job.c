@@ -1,0 +1,308 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The job segment (one per job, mode 0600, unique name from the launcher) and what lives
+ * in it: the rank table, each rank's memory-registration table and control region.
+ * Also the mapping of peers' ctx.empty() segments, and the registration checks every
+ * emulated RDMA access goes through.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "emu_internal.h"
+#include "offload_atomic.h"
+
+static uint64_t align_up(uint64_t v, uint64_t a)
+{
+	return (v + a - 1) & ~(a - 1);
+}
+
+static uint64_t ranks_off(void)
+{
+	return align_up(sizeof(struct emu_job_hdr), 64);
+}
+
+static uint64_t mrs_off(uint32_t n)
+{
+	return align_up(ranks_off() + n * sizeof(struct emu_rank), 4096);
+}
+
+static uint64_t ctrls_off(uint32_t n)
+{
+	return align_up(mrs_off(n) + (uint64_t)n * EMU_MAX_MRS * sizeof(struct emu_mr), 4096);
+}
+
+static uint64_t job_len(uint32_t n)
+{
+	return align_up(ctrls_off(n) + (uint64_t)n * sizeof(struct offload_ctrl), 4096);
+}
+
+static int claim_u32(uint32_t *word, uint32_t want)
+{
+	uint32_t zero = 0;
+
+	/* First writer wins; everyone else must agree with it. */
+	if (off_cas(word, &zero, want))
+		return 0;
+	return zero == want ? 0 : -EINVAL;
+}
+
+/* Is a rank's pid still a live process? (Used to refuse stealing a live rank.) */
+static int pid_alive(int32_t pid)
+{
+	return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
+}
+
+int emu_job_open(struct emu_device *dev)
+{
+	uint32_t n = dev->attr.size, me = dev->attr.rank;
+	char name[128];
+	struct emu_rank *self;
+	int32_t pid = getpid(), old = 0;
+	int fd, rc;
+
+	snprintf(name, sizeof(name), "/%s", dev->job);
+	fd = shm_open(name, O_RDWR | O_CREAT, 0600);
+	if (fd < 0)
+		return -errno;
+	dev->job_len = job_len(n);
+	/* Every rank truncates to the same size: idempotent, and fresh pages read as zero. */
+	if (ftruncate(fd, (off_t)dev->job_len) < 0) {
+		rc = -errno;
+		close(fd);
+		return rc;
+	}
+	dev->job_map = mmap(NULL, dev->job_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (dev->job_map == MAP_FAILED) {
+		dev->job_map = NULL;
+		return -errno;
+	}
+	dev->hdr = (struct emu_job_hdr *)dev->job_map;
+	dev->ranks = (struct emu_rank *)(dev->job_map + ranks_off());
+	dev->mrs = (struct emu_mr *)(dev->job_map + mrs_off(n));
+	dev->ctrls = (struct offload_ctrl *)(dev->job_map + ctrls_off(n));
+	if (claim_u32(&dev->hdr->magic, EMU_MAGIC) || claim_u32(&dev->hdr->abi, OFFLOAD_ABI_VERSION) ||
+	    claim_u32(&dev->hdr->nranks, n))
+		return -EPROTO;  /* another job, or ranks started with different sizes */
+	self = &dev->ranks[me];
+	if (!off_cas(&self->pid, &old, pid) && pid_alive(old))
+		return -EADDRINUSE;  /* two processes claim the same rank */
+	off_store_release(&self->pid, pid);
+	if (getrandom(&dev->rng, sizeof(dev->rng), 0) != sizeof(dev->rng))
+		dev->rng = (uint64_t)pid * 0x9e3779b97f4a7c15ull ^ emu_now_ns();
+	rc = emu_mr_reg(dev, (uint64_t)(uintptr_t)&dev->ctrls[me], sizeof(struct offload_ctrl),
+			OFFLOAD_ACCESS_REMOTE_WRITE | OFFLOAD_ACCESS_REMOTE_ATOMIC |
+			OFFLOAD_ACCESS_LOCAL_READ | OFFLOAD_ACCESS_LOCAL_WRITE,
+			EMU_MR_JOB, 0, ctrls_off(n) + me * sizeof(struct offload_ctrl),
+			&self->ctrl_key);
+	if (rc)
+		return rc;
+	self->ctrl_addr = (uint64_t)(uintptr_t)&dev->ctrls[me];
+	off_store_release(&self->state, EMU_RANK_ALIVE);
+	dev->joined = 1;
+	off_fetch_add(&dev->hdr->arrived, 1);
+	return 0;
+}
+
+int emu_job_barrier(struct emu_device *dev, int64_t timeout_ns)
+{
+	uint64_t deadline = emu_now_ns() + (uint64_t)timeout_ns;
+	struct timespec pause = { 0, 1000000 };
+
+	while (off_load_acquire(&dev->hdr->arrived) < dev->attr.size) {
+		if (emu_now_ns() > deadline)
+			return -ETIMEDOUT;
+		nanosleep(&pause, NULL);
+	}
+	return 0;
+}
+
+void emu_shared_name(const struct emu_device *dev, uint32_t rank, uint32_t serial,
+		     char *out, uint64_t outlen)
+{
+	snprintf(out, outlen, "/%s-r%u-s%u", dev->job, rank, serial);
+}
+
+void emu_unmap_peers(struct emu_device *dev)
+{
+	pthread_mutex_lock(&dev->map_lock);
+	for (uint32_t i = 0; i < dev->nmaps; i++)
+		munmap(dev->maps[i].ptr, dev->maps[i].len);
+	dev->nmaps = 0;
+	pthread_mutex_unlock(&dev->map_lock);
+}
+
+void emu_job_close(struct emu_device *dev)
+{
+	struct emu_mr *mine;
+	char name[160];
+
+	if (!dev->job_map)
+		return;
+	mine = &dev->mrs[(uint64_t)dev->attr.rank * EMU_MAX_MRS];
+	/* Revoke everything we registered: peers' later accesses fail cleanly. */
+	for (uint32_t i = 0; i < EMU_MAX_MRS; i++) {
+		uint32_t key = off_load_acquire(&mine[i].key);
+
+		if (!key)
+			continue;
+		if (mine[i].kind == EMU_MR_SHARED) {
+			emu_shared_name(dev, dev->attr.rank, mine[i].serial, name, sizeof(name));
+			shm_unlink(name);
+		}
+		off_store_release(&mine[i].key, 0);
+	}
+	emu_unmap_peers(dev);
+	/* The last rank to leave removes the job segment (the launcher sweeps it too). */
+	if (dev->joined) {
+		off_store_release(&dev->ranks[dev->attr.rank].state, EMU_RANK_CLOSED);
+		dev->joined = 0;
+		if (off_fetch_add(&dev->hdr->closed, 1) + 1 == dev->attr.size) {
+			snprintf(name, sizeof(name), "/%s", dev->job);
+			shm_unlink(name);
+		}
+	}
+	munmap(dev->job_map, dev->job_len);
+	dev->job_map = NULL;
+}
+
+static uint32_t next_random(struct emu_device *dev)
+{
+	/* xorshift64*: rkeys must be unguessable, not cryptographic. */
+	uint64_t x = dev->rng;
+
+	x ^= x >> 12;
+	x ^= x << 25;
+	x ^= x >> 27;
+	dev->rng = x;
+	return (uint32_t)((x * 0x2545f4914f6cdd1dull) >> 32);
+}
+
+int emu_mr_reg(struct emu_device *dev, uint64_t addr, uint64_t len, uint32_t access,
+	       uint32_t kind, uint32_t serial, uint64_t shm_offset, uint32_t *key)
+{
+	struct emu_mr *table = &dev->mrs[(uint64_t)dev->attr.rank * EMU_MAX_MRS];
+	uint32_t k;
+
+	if (addr + len < addr)
+		return -EINVAL;
+	pthread_mutex_lock(&dev->mr_lock);
+	for (uint32_t i = 0; i < EMU_MAX_MRS; i++) {
+		struct emu_mr *mr = &table[i];
+
+		if (off_read_once(&mr->key))
+			continue;
+		do {
+			k = (next_random(dev) << EMU_KEY_BITS) | i;
+		} while ((k >> EMU_KEY_BITS) == 0);
+		mr->access = access;
+		mr->addr = addr;
+		mr->len = len;
+		mr->kind = kind;
+		mr->serial = serial;
+		mr->shm_offset = shm_offset;
+		off_store_release(&mr->key, k);  /* publishes the fields above to peers */
+		pthread_mutex_unlock(&dev->mr_lock);
+		*key = k;
+		return 0;
+	}
+	pthread_mutex_unlock(&dev->mr_lock);
+	return -ENOSPC;
+}
+
+int emu_mr_dereg(struct emu_device *dev, uint32_t key)
+{
+	struct emu_mr *mr = &dev->mrs[(uint64_t)dev->attr.rank * EMU_MAX_MRS +
+				      (key & (EMU_MAX_MRS - 1))];
+	uint32_t k = key;
+
+	if (!key || !off_cas(&mr->key, &k, 0))
+		return -ENOENT;
+	return 0;
+}
+
+static uint8_t *map_shared(struct emu_device *dev, uint32_t rank, uint32_t serial, uint64_t len)
+{
+	char name[160];
+	uint8_t *ptr = NULL;
+	int fd;
+
+	pthread_mutex_lock(&dev->map_lock);
+	for (uint32_t i = 0; i < dev->nmaps; i++) {
+		if (dev->maps[i].rank == rank && dev->maps[i].serial == serial &&
+		    dev->maps[i].len >= len) {
+			ptr = dev->maps[i].ptr;
+			goto out;
+		}
+	}
+	if (dev->nmaps == EMU_MAX_MAPS)
+		goto out;
+	emu_shared_name(dev, rank, serial, name, sizeof(name));
+	fd = shm_open(name, O_RDWR, 0600);
+	if (fd < 0)
+		goto out;
+	ptr = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (ptr == MAP_FAILED) {
+		ptr = NULL;
+		goto out;
+	}
+	dev->maps[dev->nmaps++] = (struct emu_map){ .rank = rank, .serial = serial,
+						    .ptr = ptr, .len = len };
+out:
+	pthread_mutex_unlock(&dev->map_lock);
+	return ptr;
+}
+
+int32_t emu_mr_resolve(struct emu_device *dev, uint32_t rank, uint32_t key, uint64_t addr,
+		       uint64_t len, uint32_t access, uint8_t **ptr, int32_t *pid)
+{
+	struct emu_mr *mr, snap;
+	uint8_t *base;
+
+	if (rank >= dev->attr.size)
+		return OFFLOAD_ERR_REMOTE_ACCESS;
+	if (off_load_acquire(&dev->ranks[rank].state) != EMU_RANK_ALIVE)
+		return OFFLOAD_ERR_PEER;
+	mr = &dev->mrs[(uint64_t)rank * EMU_MAX_MRS + (key & (EMU_MAX_MRS - 1))];
+	if (!key || off_load_acquire(&mr->key) != key)
+		return OFFLOAD_ERR_REMOTE_ACCESS;
+	snap = *mr;
+	/* The owner clears key before rewriting fields: a stable key means a stable snapshot. */
+	__atomic_thread_fence(__ATOMIC_ACQUIRE);
+	if (off_read_once(&mr->key) != key)
+		return OFFLOAD_ERR_REMOTE_ACCESS;
+	if ((snap.access & access) != access || addr < snap.addr || len > snap.len ||
+	    addr - snap.addr > snap.len - len)
+		return OFFLOAD_ERR_REMOTE_ACCESS;
+	*pid = off_read_once(&dev->ranks[rank].pid);
+	*ptr = NULL;
+	switch (snap.kind) {
+	case EMU_MR_JOB:
+		if (snap.shm_offset + snap.len > dev->job_len)
+			return OFFLOAD_ERR_REMOTE_ACCESS;
+		*ptr = dev->job_map + snap.shm_offset + (addr - snap.addr);
+		break;
+	case EMU_MR_SHARED:
+		base = rank == dev->attr.rank ? (uint8_t *)(uintptr_t)snap.addr :
+			map_shared(dev, rank, snap.serial, snap.len);
+		if (!base)
+			return OFFLOAD_ERR_REMOTE_ACCESS;
+		*ptr = base + (addr - snap.addr);
+		break;
+	default:
+		if (rank == dev->attr.rank)
+			*ptr = (uint8_t *)(uintptr_t)addr;
+		break;
+	}
+	return OFFLOAD_OK;
+}

@@ -1,0 +1,55 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * What host/ needs from a device, as one ops table (rdma-core provider style). The
+ * emulator fills it today (emulator/emu_device.c); the FlexIO backend fills it on a card.
+ * Every op returns 0 or a negative errno.
+ */
+#ifndef HOST_DEVICE_H
+#define HOST_DEVICE_H
+
+#include <stdint.h>
+
+#include "dpa_engine.h"
+#include "offload_abi.h"
+
+struct host_device;
+
+struct host_device_attr {
+	const char *job;          /* job name: names the job's shared resources */
+	uint32_t rank;
+	uint32_t size;
+	uint32_t num_threads;     /* DPA progress threads */
+	uint32_t spin_us;         /* adaptive polling: busy-poll, then yield, then sleep */
+	uint32_t yield_us;
+	int64_t bootstrap_timeout_ns;
+};
+
+/* Host memory the firmware reaches through windows. */
+struct host_fw_windows {
+	void *ring;
+	uint64_t ring_len;
+	void *stats;
+	uint64_t stats_len;
+};
+
+struct host_device_ops {
+	const char *name;
+	int (*alloc_shared)(struct host_device *dev, uint64_t len, void **addr, uint32_t *key);
+	void (*close)(struct host_device *dev);
+	void (*doorbell)(struct host_device *dev);
+	int (*free_shared)(struct host_device *dev, void *addr, uint64_t len);
+	int (*mr_dereg)(struct host_device *dev, uint32_t key);
+	int (*mr_reg)(struct host_device *dev, const void *addr, uint64_t len, uint32_t access,
+		      uint32_t *key);
+	int (*open)(const struct host_device_attr *attr, struct host_device **out);
+	int (*peer_ctrl)(struct host_device *dev, uint32_t rank, struct offload_peer *out);
+	int (*start)(struct host_device *dev, const struct dpa_engine_params *params,
+		     const struct host_fw_windows *win);
+	/* Sleep until *word != seen, a wake, or the timeout (ns); spurious returns are fine. */
+	int (*wait_completion)(struct host_device *dev, uint32_t *word, uint32_t seen,
+			       int64_t timeout_ns);
+};
+
+extern const struct host_device_ops emu_device_ops;
+
+#endif /* HOST_DEVICE_H */

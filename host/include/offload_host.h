@@ -1,0 +1,84 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The host ring API: what offload_lib's cffi binding calls. host/ moves commands and
+ * completions and registers memory; it never knows an algorithm.
+ *
+ * Everything between the cffi markers is read verbatim by offload_lib/_build.py, so it
+ * stays plain declarations with fixed-width types. Functions return 0 or a negative errno.
+ */
+#ifndef OFFLOAD_HOST_H
+#define OFFLOAD_HOST_H
+
+#include <stdint.h>
+
+/* cffi:begin */
+struct host_ctx;
+
+struct host_ctx_params {
+	const char *job;            /* job name shared by all ranks */
+	const char *backend;        /* "emulator" (the FlexIO backend plugs in the same way) */
+	uint32_t rank;
+	uint32_t size;
+	uint32_t num_threads;
+	uint32_t ring_entries;      /* command ring slots, power of two */
+	uint64_t chunk_size;
+	uint32_t spin_us;
+	uint32_t yield_us;
+	int64_t bootstrap_timeout_ns;
+};
+
+/* One command as the host builds it; translated into the 64-byte ABI slot at post. */
+struct host_op {
+	uint32_t opcode;
+	uint32_t team;
+	uint64_t src_addr;
+	uint64_t dst_addr;
+	uint64_t count;
+	uint32_t src_key;
+	uint32_t dst_key;
+	uint64_t dst_len;
+	uint64_t aux_addr;
+	uint32_t aux_key;
+	uint32_t root;
+	uint32_t release_keys[2];   /* registrations to drop when the op completes (0 = none) */
+};
+
+struct host_completion {
+	int32_t status;             /* enum offload_status */
+	uint32_t detail;            /* the peer rank an error names */
+	uint64_t result0;
+	uint64_t result1;
+};
+
+int host_ctx_open(const struct host_ctx_params *params, struct host_ctx **out);
+void host_ctx_close(struct host_ctx *ctx);
+uint32_t host_num_threads(const struct host_ctx *ctx);
+
+int host_team_create(struct host_ctx *ctx, uint32_t team_id, uint32_t nmembers,
+		     const uint32_t *world_ranks, int64_t timeout_ns);
+
+/* Post: 0 and *tag, -EAGAIN if the ring stays full past timeout_ns (0 = don't block),
+ * -EBUSY if too many requests completed without being waited for. */
+int host_post(struct host_ctx *ctx, const struct host_op *op, int64_t timeout_ns, uint32_t *tag);
+/* 0 with *out filled once the op completed, -ETIMEDOUT otherwise (timeout_ns < 0: forever). */
+int host_wait(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, struct host_completion *out);
+/* 1 and *out if complete, 0 if not yet. */
+int host_test(struct host_ctx *ctx, uint32_t tag, struct host_completion *out);
+/* Forget a request nobody will wait for; its completion is dropped when it arrives. */
+void host_abandon(struct host_ctx *ctx, uint32_t tag);
+
+/* A key for [addr, addr+len): the covering ctx.empty() allocation's (owned = 0) or a new
+ * registration the caller must release (owned = 1). */
+int host_mr_acquire(struct host_ctx *ctx, const void *addr, uint64_t len, uint32_t access,
+		    uint32_t *key, int *owned);
+int host_mr_release(struct host_ctx *ctx, uint32_t key);
+
+int host_alloc_shared(struct host_ctx *ctx, uint64_t len, void **addr, uint32_t *key);
+/* ctx may be NULL after close: the mapping is then just released. */
+int host_free_shared(struct host_ctx *ctx, void *addr, uint64_t len);
+
+/* Copies per-thread firmware counters (8 uint64 per thread); returns the thread count. */
+int host_stats(struct host_ctx *ctx, uint64_t *out, uint32_t max_threads);
+/* cffi:end */
+
+#endif /* OFFLOAD_HOST_H */

@@ -1,0 +1,428 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The host side of the ring: owns the command ring, the completion ring and the request
+ * table, rings the doorbell, and sleeps on the completion ring while the DPA works.
+ *
+ * Locking: ctx->lock guards posting (sq_tail, tags) and reaping (cq_head, tag table).
+ * It is never held while sleeping.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <time.h>
+
+#include "host_device.h"
+#include "offload_abi.h"
+#include "offload_atomic.h"
+#include "offload_host.h"
+
+#define HOST_TAGS        4096u         /* requests alive (posted, not yet waited for) */
+#define HOST_SPIN_NS     20000ll       /* spin before sleeping: keeps small ops fast */
+#define HOST_SLEEP_MAX   100000000ll   /* re-check at least every 100 ms */
+#define HOST_MAX_SHARED  256u
+
+enum host_tag_state {
+	TAG_FREE = 0,
+	TAG_PENDING,
+	TAG_DONE,
+	TAG_ABANDONED,
+};
+
+struct host_tag {
+	uint32_t tag;
+	uint32_t state;
+	uint32_t release_keys[2];
+	struct host_completion done;
+};
+
+struct host_shared {
+	uint8_t *addr;
+	uint64_t len;
+	uint32_t key;
+};
+
+struct host_ctx {
+	const struct host_device_ops *ops;
+	struct host_device *dev;
+	uint32_t rank;
+	uint32_t size;
+	uint32_t num_threads;
+	void *ring_mem;
+	uint64_t ring_len;
+	struct offload_ring_hdr *ring;
+	struct offload_cmd *sq;
+	struct offload_cqe *cq;
+	uint32_t sq_entries;
+	uint32_t cq_entries;
+	struct offload_thread_stats *stats;
+	pthread_mutex_t lock;
+	uint32_t next_tag;
+	uint32_t inflight;            /* posted and not reaped: bounded by cq_entries */
+	struct host_tag tags[HOST_TAGS];
+	struct host_shared shared[HOST_MAX_SHARED];
+};
+
+static int64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec;
+}
+
+static const struct host_device_ops *find_backend(const char *name)
+{
+	if (!name || !strcmp(name, "emulator"))
+		return &emu_device_ops;
+	return NULL;
+}
+
+uint32_t host_num_threads(const struct host_ctx *ctx)
+{
+	return ctx->num_threads;
+}
+
+static int map_rings(struct host_ctx *ctx, uint32_t entries)
+{
+	ctx->sq_entries = entries;
+	ctx->cq_entries = entries * 2;
+	ctx->ring_len = sizeof(struct offload_ring_hdr) + entries * sizeof(struct offload_cmd) +
+			ctx->cq_entries * sizeof(struct offload_cqe);
+	/* Page-aligned and zeroed: on hardware this is what the DPA window maps. */
+	ctx->ring_mem = mmap(NULL, ctx->ring_len, PROT_READ | PROT_WRITE,
+			     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	if (ctx->ring_mem == MAP_FAILED) {
+		ctx->ring_mem = NULL;
+		return -ENOMEM;
+	}
+	ctx->ring = ctx->ring_mem;
+	ctx->ring->sq_entries = ctx->sq_entries;
+	ctx->ring->cq_entries = ctx->cq_entries;
+	ctx->sq = (struct offload_cmd *)(ctx->ring + 1);
+	ctx->cq = (struct offload_cqe *)(ctx->sq + entries);
+	return 0;
+}
+
+int host_ctx_open(const struct host_ctx_params *p, struct host_ctx **out)
+{
+	struct host_device_attr attr = {
+		.job = p->job, .rank = p->rank, .size = p->size, .num_threads = p->num_threads,
+		.spin_us = p->spin_us, .yield_us = p->yield_us,
+		.bootstrap_timeout_ns = p->bootstrap_timeout_ns,
+	};
+	struct dpa_engine_params params = {
+		.abi_version = OFFLOAD_ABI_VERSION, .world_rank = p->rank, .world_size = p->size,
+		.num_threads = p->num_threads, .chunk_size = p->chunk_size, .chunks_per_pass = 4,
+	};
+	struct host_fw_windows win;
+	struct host_ctx *ctx;
+	int rc;
+
+	if (p->ring_entries < 8 || (p->ring_entries & (p->ring_entries - 1)) ||
+	    p->ring_entries * 2 > HOST_TAGS || !p->chunk_size)
+		return -EINVAL;
+	ctx = calloc(1, sizeof(*ctx));
+	if (!ctx)
+		return -ENOMEM;
+	pthread_mutex_init(&ctx->lock, NULL);
+	ctx->ops = find_backend(p->backend);
+	ctx->rank = p->rank;
+	ctx->size = p->size;
+	ctx->num_threads = p->num_threads;
+	ctx->next_tag = 1;
+	rc = ctx->ops ? map_rings(ctx, p->ring_entries) : -ENODEV;
+	if (rc)
+		goto err;
+	ctx->stats = calloc(p->num_threads, sizeof(*ctx->stats));
+	if (!ctx->stats) {
+		rc = -ENOMEM;
+		goto err;
+	}
+	rc = ctx->ops->open(&attr, &ctx->dev);
+	if (rc)
+		goto err;
+	params.sq_entries = ctx->sq_entries;
+	params.cq_entries = ctx->cq_entries;
+	win = (struct host_fw_windows){ .ring = ctx->ring_mem, .ring_len = ctx->ring_len,
+		.stats = ctx->stats, .stats_len = p->num_threads * sizeof(*ctx->stats) };
+	rc = ctx->ops->start(ctx->dev, &params, &win);
+	if (rc)
+		goto err;
+	*out = ctx;
+	return 0;
+err:
+	host_ctx_close(ctx);
+	return rc;
+}
+
+void host_ctx_close(struct host_ctx *ctx)
+{
+	if (!ctx)
+		return;
+	/* The device revokes every registration and unlinks ctx.empty() segments; their
+	 * mappings stay until the arrays holding them are freed (host_free_shared(NULL)). */
+	if (ctx->dev)
+		ctx->ops->close(ctx->dev);
+	if (ctx->ring_mem)
+		munmap(ctx->ring_mem, ctx->ring_len);
+	free(ctx->stats);
+	pthread_mutex_destroy(&ctx->lock);
+	free(ctx);
+}
+
+/* Drain the completion ring into the tag table. Called with ctx->lock held. */
+static void reap_locked(struct host_ctx *ctx)
+{
+	uint32_t head = ctx->ring->cq_head;                 /* ours */
+	uint32_t tail = off_load_acquire(&ctx->ring->cq_tail); /* pairs with the DPA's release */
+
+	while (head != tail) {
+		const struct offload_cqe *c = &ctx->cq[head & (ctx->cq_entries - 1)];
+		struct host_tag *t = &ctx->tags[c->tag % HOST_TAGS];
+
+		if (t->tag == c->tag && (t->state == TAG_PENDING || t->state == TAG_ABANDONED)) {
+			for (int i = 0; i < 2; i++)
+				if (t->release_keys[i])
+					ctx->ops->mr_dereg(ctx->dev, t->release_keys[i]);
+			t->done = (struct host_completion){ .status = c->status, .detail = c->detail,
+				.result0 = c->result0, .result1 = c->result1 };
+			t->state = t->state == TAG_ABANDONED ? TAG_FREE : TAG_DONE;
+			ctx->inflight--;
+		}
+		head++;
+	}
+	off_store_release(&ctx->ring->cq_head, head);  /* the DPA may reuse those entries */
+}
+
+static int post_locked(struct host_ctx *ctx, const struct host_op *op, uint32_t *tag_out)
+{
+	uint32_t tail = ctx->ring->sq_tail;  /* ours */
+	uint32_t tag = ctx->next_tag;
+	struct host_tag *t = &ctx->tags[tag % HOST_TAGS];
+	struct offload_cmd *slot;
+
+	reap_locked(ctx);
+	if (t->state != TAG_FREE)
+		return -EBUSY;
+	if (tail - off_load_acquire(&ctx->ring->sq_head) >= ctx->sq_entries ||
+	    ctx->inflight >= ctx->cq_entries)
+		return -EAGAIN;
+	slot = &ctx->sq[tail & (ctx->sq_entries - 1)];
+	*slot = (struct offload_cmd){
+		.opcode = (uint8_t)op->opcode, .team = (uint16_t)op->team, .tag = tag,
+		.src_addr = op->src_addr, .dst_addr = op->dst_addr, .count = op->count,
+		.src_key = op->src_key, .dst_key = op->dst_key, .dst_len = op->dst_len,
+		.aux_addr = op->aux_addr, .aux_key = op->aux_key, .root = op->root,
+	};
+	*t = (struct host_tag){ .tag = tag, .state = TAG_PENDING,
+		.release_keys = { op->release_keys[0], op->release_keys[1] } };
+	ctx->inflight++;
+	ctx->next_tag = tag + 1 ? tag + 1 : 1;  /* tag 0 is never used */
+	off_store_release(&ctx->ring->sq_tail, tail + 1);  /* pairs with the DPA's acquire */
+	*tag_out = tag;
+	return 0;
+}
+
+int host_post(struct host_ctx *ctx, const struct host_op *op, int64_t timeout_ns, uint32_t *tag)
+{
+	int64_t deadline = now_ns() + (timeout_ns > 0 ? timeout_ns : 0);
+	struct timespec pause = { 0, 20000 };
+	int rc;
+
+	if (op->opcode == OFFLOAD_OP_NOP || op->opcode >= OFFLOAD_OP_MAX)
+		return -EINVAL;
+	for (;;) {
+		pthread_mutex_lock(&ctx->lock);
+		rc = post_locked(ctx, op, tag);
+		pthread_mutex_unlock(&ctx->lock);
+		if (rc != -EAGAIN)
+			break;
+		/* Ring full: the DPA frees slots at intake; wait for it, bounded. */
+		ctx->ops->doorbell(ctx->dev);
+		if (now_ns() >= deadline)
+			return -EAGAIN;
+		nanosleep(&pause, NULL);
+	}
+	if (!rc)
+		ctx->ops->doorbell(ctx->dev);
+	return rc;
+}
+
+/* 1: done (out filled, tag freed); 0: pending; -ENOENT: unknown tag. */
+static int take_locked(struct host_ctx *ctx, uint32_t tag, struct host_completion *out)
+{
+	struct host_tag *t = &ctx->tags[tag % HOST_TAGS];
+
+	if (t->tag != tag || t->state == TAG_FREE || t->state == TAG_ABANDONED)
+		return -ENOENT;
+	reap_locked(ctx);
+	if (t->state != TAG_DONE)
+		return 0;
+	*out = t->done;
+	t->state = TAG_FREE;
+	return 1;
+}
+
+int host_test(struct host_ctx *ctx, uint32_t tag, struct host_completion *out)
+{
+	int rc;
+
+	pthread_mutex_lock(&ctx->lock);
+	rc = take_locked(ctx, tag, out);
+	pthread_mutex_unlock(&ctx->lock);
+	return rc;
+}
+
+int host_wait(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, struct host_completion *out)
+{
+	int64_t start = now_ns();
+	int64_t deadline = timeout_ns < 0 ? INT64_MAX : start + timeout_ns;
+
+	for (;;) {
+		uint32_t seen = off_load_acquire(&ctx->ring->cq_tail);
+		int64_t now, left;
+		int rc = host_test(ctx, tag, out);
+
+		if (rc)
+			return rc < 0 ? rc : 0;
+		now = now_ns();
+		if (now >= deadline)
+			return -ETIMEDOUT;
+		if (now - start < HOST_SPIN_NS)
+			continue;
+		left = deadline - now < HOST_SLEEP_MAX ? deadline - now : HOST_SLEEP_MAX;
+		off_fetch_add(&ctx->ring->cq_waiters, 1);
+		/* Pairs with the DPA's fence between publishing cq_tail and reading cq_waiters. */
+		off_fence();
+		if (off_load_acquire(&ctx->ring->cq_tail) == seen)
+			ctx->ops->wait_completion(ctx->dev, &ctx->ring->cq_tail, seen, left);
+		off_fetch_sub(&ctx->ring->cq_waiters, 1);
+	}
+}
+
+void host_abandon(struct host_ctx *ctx, uint32_t tag)
+{
+	struct host_tag *t = &ctx->tags[tag % HOST_TAGS];
+
+	pthread_mutex_lock(&ctx->lock);
+	reap_locked(ctx);
+	if (t->tag == tag && t->state == TAG_PENDING)
+		t->state = TAG_ABANDONED;
+	else if (t->tag == tag && t->state == TAG_DONE)
+		t->state = TAG_FREE;
+	pthread_mutex_unlock(&ctx->lock);
+}
+
+int host_team_create(struct host_ctx *ctx, uint32_t team_id, uint32_t nmembers,
+		     const uint32_t *world_ranks, int64_t timeout_ns)
+{
+	struct offload_team_desc *desc;
+	struct host_completion done;
+	struct host_op op = { .opcode = OFFLOAD_OP_TEAM_CREATE, .team = team_id };
+	uint32_t tag, me = nmembers;
+	int rc;
+
+	if (team_id >= OFFLOAD_MAX_TEAMS || nmembers == 0 || nmembers > OFFLOAD_MAX_RANKS)
+		return -EINVAL;
+	desc = calloc(1, sizeof(*desc));
+	if (!desc)
+		return -ENOMEM;
+	desc->team_id = team_id;
+	desc->size = nmembers;
+	for (uint32_t i = 0; i < nmembers; i++) {
+		if (world_ranks[i] == ctx->rank)
+			me = i;
+		rc = ctx->ops->peer_ctrl(ctx->dev, world_ranks[i], &desc->peers[i]);
+		if (rc)
+			goto out;
+	}
+	rc = -EINVAL;
+	if (me == nmembers)
+		goto out;
+	desc->my_rank = me;
+	op.aux_addr = (uint64_t)(uintptr_t)desc;
+	rc = host_post(ctx, &op, timeout_ns, &tag);
+	if (rc)
+		goto out;
+	rc = host_wait(ctx, tag, timeout_ns, &done);
+	if (rc == -ETIMEDOUT) {
+		/* The firmware may still read desc: leak it rather than free under its feet. */
+		host_abandon(ctx, tag);
+		return rc;
+	}
+	if (!rc && done.status)
+		rc = -EINVAL;
+out:
+	free(desc);
+	return rc;
+}
+
+int host_mr_acquire(struct host_ctx *ctx, const void *addr, uint64_t len, uint32_t access,
+		    uint32_t *key, int *owned)
+{
+	const uint8_t *p = addr;
+
+	pthread_mutex_lock(&ctx->lock);
+	for (uint32_t i = 0; i < HOST_MAX_SHARED; i++) {
+		struct host_shared *s = &ctx->shared[i];
+
+		if (s->addr && p >= s->addr && len <= s->len && (uint64_t)(p - s->addr) <= s->len - len) {
+			*key = s->key;
+			*owned = 0;
+			pthread_mutex_unlock(&ctx->lock);
+			return 0;
+		}
+	}
+	pthread_mutex_unlock(&ctx->lock);
+	*owned = 1;
+	return ctx->ops->mr_reg(ctx->dev, addr, len ? len : 1, access, key);
+}
+
+int host_mr_release(struct host_ctx *ctx, uint32_t key)
+{
+	return ctx->ops->mr_dereg(ctx->dev, key);
+}
+
+int host_alloc_shared(struct host_ctx *ctx, uint64_t len, void **addr, uint32_t *key)
+{
+	int rc;
+
+	pthread_mutex_lock(&ctx->lock);
+	for (uint32_t i = 0; i < HOST_MAX_SHARED; i++) {
+		struct host_shared *s = &ctx->shared[i];
+
+		if (s->addr)
+			continue;
+		rc = ctx->ops->alloc_shared(ctx->dev, len, addr, key);
+		if (!rc)
+			*s = (struct host_shared){ .addr = *addr, .len = len, .key = *key };
+		pthread_mutex_unlock(&ctx->lock);
+		return rc;
+	}
+	pthread_mutex_unlock(&ctx->lock);
+	return -ENOSPC;
+}
+
+int host_free_shared(struct host_ctx *ctx, void *addr, uint64_t len)
+{
+	if (!ctx)  /* the context is closed: its device already revoked and unlinked it */
+		return munmap(addr, len ? (len + 4095) & ~4095ull : 4096) ? -errno : 0;
+	pthread_mutex_lock(&ctx->lock);
+	for (uint32_t i = 0; i < HOST_MAX_SHARED; i++)
+		if (ctx->shared[i].addr == addr)
+			ctx->shared[i] = (struct host_shared){ 0 };
+	pthread_mutex_unlock(&ctx->lock);
+	return ctx->ops->free_shared(ctx->dev, addr, len);
+}
+
+int host_stats(struct host_ctx *ctx, uint64_t *out, uint32_t max_threads)
+{
+	uint32_t n = ctx->num_threads < max_threads ? ctx->num_threads : max_threads;
+
+	/* Racy snapshot by design: the counters are monotonic and only for reporting. */
+	memcpy(out, ctx->stats, n * sizeof(*ctx->stats));
+	return (int)ctx->num_threads;
+}

@@ -1,0 +1,54 @@
+"""dpa-offload: collectives offloaded to a DPU's Data Path Accelerator (or its emulator).
+
+    import offload_lib as ol
+    with ol.init() as ctx:
+        ctx.world.alltoall(src, dst).wait()
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Mapping
+
+from offload_lib.errors import (
+    ConfigError,
+    InvalidArgument,
+    OffloadError,
+    PeerFailure,
+    RemoteAccessError,
+    Timeout,
+)
+
+__all__ = [
+    "init", "Context", "Team", "Request", "PersistentRequest",
+    "OffloadError", "InvalidArgument", "PeerFailure", "Timeout", "RemoteAccessError", "ConfigError",
+]
+
+
+def init(config: str | os.PathLike[str] | Mapping[str, Any] | None = None) -> "Context":
+    """Bootstrap this rank and open its DPA. Under `dpa-offload run` or mpirun all ranks
+    must call it; alone, it makes a one-rank world."""
+    from offload_lib.bootstrap import discover
+    from offload_lib.config import load_config
+    from offload_lib.context import Context
+    from offload_lib.discovery import select_backend
+    from offload_lib.launcher import cleanup_stale_segments
+
+    cfg = load_config(config)
+    backend, _reason = select_backend(cfg)
+    world = discover()
+    if world.rank == 0:
+        cleanup_stale_segments()
+    return Context(cfg, world, backend)
+
+
+def __getattr__(name: str) -> Any:
+    # The native classes load lazily so that config/launcher work before the build.
+    if name in ("Context", "Team"):
+        from offload_lib import context
+
+        return getattr(context, name)
+    if name in ("Request", "PersistentRequest"):
+        from offload_lib import request
+
+        return getattr(request, name)
+    raise AttributeError(f"module 'offload_lib' has no attribute {name!r}")

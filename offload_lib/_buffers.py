@@ -1,0 +1,89 @@
+"""Turn user buffers into (address, size, dtype) without copying.
+
+Accepted: anything with ``__array_interface__`` (numpy), torch CPU tensors (``data_ptr``),
+and any object exporting the buffer protocol (bytearray, memoryview, array.array, ...).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from offload_lib._native import ffi
+from offload_lib.errors import InvalidArgument
+
+
+@dataclass(frozen=True, slots=True)
+class Buffer:
+    addr: int
+    nbytes: int
+    itemsize: int
+    dtype: str
+    obj: Any  # keeps the memory alive while an op uses it
+
+    @property
+    def count(self) -> int:
+        return self.nbytes // self.itemsize if self.itemsize else 0
+
+    def overlaps(self, other: Buffer) -> bool:
+        return (
+            self.nbytes > 0
+            and other.nbytes > 0
+            and self.addr < other.addr + other.nbytes
+            and other.addr < self.addr + self.nbytes
+        )
+
+
+def _from_ndarray(a: np.ndarray, writable: bool, name: str) -> Buffer:
+    if not a.flags.c_contiguous:
+        raise InvalidArgument(f"{name} is not C-contiguous: pass np.ascontiguousarray({name})")
+    if writable and not a.flags.writeable:
+        raise InvalidArgument(f"{name} is read-only: the collective writes into it")
+    return Buffer(a.ctypes.data, a.nbytes, a.itemsize, a.dtype.name, a)
+
+
+def _from_torch(t: Any, writable: bool, name: str) -> Buffer:
+    if t.device.type != "cpu":
+        raise InvalidArgument(
+            f"{name} is a torch tensor on {t.device}: only CPU tensors are supported by this build"
+        )
+    if not t.is_contiguous():
+        raise InvalidArgument(f"{name} is not contiguous: pass {name}.contiguous()")
+    if writable and t.requires_grad and t.is_leaf:
+        raise InvalidArgument(f"{name} requires grad: pass a tensor created under torch.no_grad()")
+    itemsize = t.element_size()
+    return Buffer(t.data_ptr(), t.numel() * itemsize, itemsize, str(t.dtype).removeprefix("torch."), t)
+
+
+def _from_buffer_protocol(obj: Any, writable: bool, name: str) -> Buffer:
+    try:
+        view = memoryview(obj)
+    except TypeError:
+        raise InvalidArgument(
+            f"{name} ({type(obj).__name__}) does not expose memory: pass a numpy array, "
+            "a torch CPU tensor or an object with the buffer protocol"
+        ) from None
+    if not view.c_contiguous:
+        raise InvalidArgument(f"{name} is not C-contiguous")
+    if writable and view.readonly:
+        raise InvalidArgument(f"{name} is read-only: the collective writes into it")
+    try:
+        dtype = np.dtype(view.format).name
+    except TypeError:
+        dtype = f"raw{view.itemsize}"
+    addr = int(ffi.cast("uintptr_t", ffi.from_buffer(view))) if view.nbytes else 0
+    return Buffer(addr, view.nbytes, view.itemsize, dtype, view)
+
+
+def as_buffer(obj: Any, *, writable: bool, name: str) -> Buffer:
+    """Describe ``obj``'s memory; raise InvalidArgument saying what to pass instead."""
+    if isinstance(obj, np.ndarray):
+        return _from_ndarray(obj, writable, name)
+    if hasattr(obj, "__cuda_array_interface__"):
+        raise InvalidArgument(f"{name} is a GPU array: GPU buffers are not supported by this build")
+    if hasattr(obj, "__array_interface__") and not hasattr(obj, "data_ptr"):
+        return _from_ndarray(np.asarray(obj), writable, name)
+    if hasattr(obj, "data_ptr") and hasattr(obj, "is_contiguous"):
+        return _from_torch(obj, writable, name)
+    return _from_buffer_protocol(obj, writable, name)

@@ -1,0 +1,68 @@
+"""Who am I, how many are we, and what is the job called.
+
+Under ``dpa-offload run``: from OFFLOAD_RANK / OFFLOAD_SIZE / OFFLOAD_JOB. Under mpirun:
+from mpi4py's COMM_WORLD (rank 0 names the job, everyone learns it). Otherwise: one rank.
+"""
+from __future__ import annotations
+
+import os
+import socket
+from dataclasses import dataclass
+from typing import Any
+
+from offload_lib.errors import InvalidArgument, OffloadError
+from offload_lib.launcher import new_job_name
+
+_MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "HYDRA_CONTROL_FD")
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int
+    size: int
+    job: str
+    launcher: str  # "dpa-offload", "mpi" or "single"
+    comm: Any = None  # the mpi4py communicator when launched by mpirun
+
+
+def _from_env(env: dict[str, str]) -> World:
+    try:
+        rank, size = int(env["OFFLOAD_RANK"]), int(env["OFFLOAD_SIZE"])
+    except ValueError:
+        raise InvalidArgument(
+            f"OFFLOAD_RANK={env.get('OFFLOAD_RANK')!r} / OFFLOAD_SIZE={env.get('OFFLOAD_SIZE')!r} "
+            "must be integers (they are set by `dpa-offload run`)"
+        ) from None
+    job = env.get("OFFLOAD_JOB", "")
+    if not (0 <= rank < size) or not job:
+        raise InvalidArgument(
+            f"inconsistent launch environment: OFFLOAD_RANK={rank}, OFFLOAD_SIZE={size}, "
+            f"OFFLOAD_JOB={job!r}; start ranks with `dpa-offload run -n N -- ...`"
+        )
+    return World(rank, size, job, "dpa-offload")
+
+
+def _from_mpi() -> World | None:
+    try:
+        from mpi4py import MPI
+    except ImportError:
+        return None
+    comm = MPI.COMM_WORLD
+    job = comm.bcast(new_job_name() if comm.rank == 0 else None, root=0)
+    hosts = comm.allgather(socket.gethostname())
+    if len(set(hosts)) > 1:
+        raise OffloadError(
+            f"the emulator runs every rank on one machine, but the job spans {sorted(set(hosts))}"
+        )
+    return World(comm.rank, comm.size, job, "mpi", comm)
+
+
+def discover(env: dict[str, str] | None = None) -> World:
+    env = dict(os.environ) if env is None else env
+    if "OFFLOAD_RANK" in env or "OFFLOAD_SIZE" in env:
+        return _from_env(env)
+    if any(k in env for k in _MPI_ENV):
+        world = _from_mpi()
+        if world is not None:
+            return world
+    return World(0, 1, new_job_name(), "single")

@@ -1,0 +1,190 @@
+"""The ``dpa-offload`` command: ``run``, ``info`` and ``bench``."""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import os
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from offload_lib.errors import OffloadError
+
+__all__ = ["main"]
+
+PROG = "dpa-offload"
+
+
+def _version() -> str:
+    from importlib import metadata
+
+    try:
+        candidates = metadata.packages_distributions().get("offload_lib", [])
+    except Exception:
+        candidates = []
+    for dist in [*candidates, "dpa-offload", "offload_lib", "offload-lib"]:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            continue
+    return "0+unknown"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 1, got {text!r}")
+    return n
+
+
+def _seconds(minimum_exclusive: bool) -> Callable[[str], float]:
+    what = "> 0" if minimum_exclusive else ">= 0"
+
+    def parse(text: str) -> float:
+        try:
+            x = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected seconds {what}, got {text!r}") from None
+        if x < 0 or (minimum_exclusive and x == 0) or x != x:
+            raise argparse.ArgumentTypeError(f"expected seconds {what}, got {text!r}")
+        return x
+
+    return parse
+
+
+# ---------------------------------------------------------------------------------------------
+# run
+
+
+def _cmd_run(args: argparse.Namespace) -> int:
+    from offload_lib.config import load_config
+    from offload_lib.launcher import launch
+
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        args.parser.error("give the command to run after '--', "
+                          "e.g. dpa-offload run -n 2 -- python script.py")
+    env = dict(os.environ)
+    if args.config is not None:
+        env["OFFLOAD_CONFIG"] = os.path.abspath(args.config)
+    try:
+        # Fail once here rather than N times in the ranks.
+        load_config(args.config, env)
+    except OffloadError as e:
+        print(f"{PROG} run: {e}", file=sys.stderr)
+        return 2
+    try:
+        return launch(args.nprocs, cmd, env=env, grace=args.grace, timeout=args.timeout)
+    except KeyboardInterrupt:
+        return 130
+
+
+# ---------------------------------------------------------------------------------------------
+# info
+
+
+def _format_info(info: dict[str, Any]) -> str:
+    lines = [f"backend: {info.get('backend')} \N{EM DASH} {info.get('reason')}"]
+    if "requested" in info:
+        lines.append(f"requested: {info['requested']}")
+    devices = info.get("devices") or []
+    lines.append("devices: " + ("none" if not devices else ""))
+    for dev in devices:
+        if isinstance(dev, dict):
+            extra = " ".join(f"{k}={v}" for k, v in dev.items() if k != "name")
+            lines.append(f"  {dev.get('name', '?')}  {extra}".rstrip())
+        else:
+            lines.append(f"  {dev}")
+    for key, value in (info.get("details") or {}).items():
+        lines.append(f"{key}: {'-' if value in (None, {}, []) else value}")
+    return "\n".join(line.rstrip() for line in lines)
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    from offload_lib import discovery
+    from offload_lib.config import load_config
+
+    try:
+        info = discovery.describe(load_config(args.config))
+    except OffloadError as e:
+        print(f"{PROG} info: {e}", file=sys.stderr)
+        return 2
+    print(json.dumps(info, indent=2, default=str) if args.json else _format_info(info))
+    # "none": the configured backend is not available here.
+    return 1 if info.get("backend") == "none" else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# bench
+
+
+def _cmd_bench(argv: Sequence[str]) -> int:
+    try:
+        bench = importlib.import_module("offload_lib.bench")
+    except ImportError as e:
+        if isinstance(e, ModuleNotFoundError) and e.name == "offload_lib.bench":
+            print(f"{PROG} bench: the benchmark module offload_lib.bench is not part of this "
+                  "installation", file=sys.stderr)
+        else:
+            print(f"{PROG} bench: cannot load offload_lib.bench: {e}", file=sys.stderr)
+        return 2
+    rc = bench.main(list(argv))
+    return int(rc or 0)
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG, description="Offload collectives to a (possibly emulated) DPU.")
+    parser.add_argument("--version", action="store_true", help="print the version and exit")
+    sub = parser.add_subparsers(dest="command", metavar="{run,info,bench}")
+
+    run = sub.add_parser(
+        "run", help="start N local ranks of a program",
+        usage=f"{PROG} run -n N [--config FILE] [--timeout S] [--grace S] -- cmd [args ...]")
+    run.add_argument("-n", "--nprocs", type=_positive_int, required=True, metavar="N",
+                     help="number of ranks")
+    run.add_argument("--config", metavar="FILE",
+                     help="YAML config file (passed to the ranks as OFFLOAD_CONFIG)")
+    run.add_argument("--timeout", type=_seconds(True), metavar="S",
+                     help="stop all ranks after S seconds (exit code 124)")
+    run.add_argument("--grace", type=_seconds(False), default=3.0, metavar="S",
+                     help="seconds the other ranks get to exit after one fails (default 3)")
+    run.add_argument("cmd", nargs=argparse.REMAINDER, help="the program and its arguments")
+    run.set_defaults(func=_cmd_run, parser=run)
+
+    info = sub.add_parser("info", help="show the hardware found and the backend chosen")
+    info.add_argument("--json", action="store_true", help="print the result as JSON")
+    info.add_argument("--config", metavar="FILE", help="YAML config file")
+    info.set_defaults(func=_cmd_info)
+
+    bench = sub.add_parser("bench", add_help=False,
+                           help="collective benchmarks (see 'dpa-offload bench -h')")
+    bench.add_argument("args", nargs=argparse.REMAINDER)
+    bench.set_defaults(func=lambda a: _cmd_bench(a.args))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # bench owns all of its options, including -h and ones that look like ours.
+    if argv[:1] == ["bench"]:
+        return _cmd_bench(argv[1:])
+    parser = _parser()
+    args = parser.parse_args(argv)
+    if args.version:
+        print(f"{PROG} {_version()}")
+        return 0
+    if args.command is None:
+        parser.error("choose a command: run, info or bench")
+    return int(args.func(args))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,312 @@
+"""Tunables of offload_lib: one table, one frozen Config, one loader.
+
+Precedence, lowest first: the table's defaults, then a YAML file (``config`` as a path, or the
+``OFFLOAD_CONFIG`` env var when ``config`` is None) or a mapping, then ``OFFLOAD_<KEY>`` env vars.
+"""
+from __future__ import annotations
+
+import difflib
+import math
+import os
+import re
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
+from typing import Any
+
+import yaml
+
+from offload_lib.errors import ConfigError
+
+__all__ = ["Config", "Tunable", "TUNABLES", "RESERVED_ENV", "load_config", "describe"]
+
+ENV_PREFIX = "OFFLOAD_"
+# Set by the launcher / bootstrap, never config keys.
+RESERVED_ENV = frozenset(
+    {"OFFLOAD_CONFIG", "OFFLOAD_RANK", "OFFLOAD_SIZE", "OFFLOAD_JOB", "OFFLOAD_LOCAL_RANK"}
+)
+
+KiB = 1024
+MiB = 1024 * KiB
+GiB = 1024 * MiB
+
+Validator = Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class Tunable:
+    name: str
+    type: type
+    default: Any
+    description: str
+    # Returns the normalised value or raises ValueError whose text says what is allowed.
+    validator: Validator
+
+
+# ---------------------------------------------------------------------------------------------
+# validators
+
+
+def _as_int(value: Any, allowed: str) -> int:
+    # bool is an int subclass; "dpa_threads: yes" must not become 1.
+    if isinstance(value, bool):
+        raise ValueError(allowed)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return int(value.strip(), 10)
+        except ValueError:
+            raise ValueError(allowed) from None
+    raise ValueError(allowed)
+
+
+def _int_range(lo: int, hi: int) -> Validator:
+    allowed = f"an integer from {lo} to {hi}"
+
+    def check(value: Any) -> int:
+        n = _as_int(value, allowed)
+        if not lo <= n <= hi:
+            raise ValueError(allowed)
+        return n
+
+    return check
+
+
+def _pow2_range(lo: int, hi: int) -> Validator:
+    allowed = f"a power of two from {lo} to {hi}"
+
+    def check(value: Any) -> int:
+        n = _as_int(value, allowed)
+        if not lo <= n <= hi or n & (n - 1):
+            raise ValueError(allowed)
+        return n
+
+    return check
+
+
+_SIZE_RE = re.compile(r"(\d+)\s*(?:([kmg])(?:i?b)?|b)?", re.IGNORECASE)
+_SIZE_UNITS = {"": 1, "k": KiB, "m": MiB, "g": GiB}
+_SIZE_HINT = "a size in bytes, e.g. 262144, 256K, 1M or 64KiB"
+
+
+def parse_size(value: Any) -> int:
+    """Bytes from an int or a string like "4096", "256K", "1M", "64KiB" (units are binary)."""
+    if isinstance(value, str):
+        m = _SIZE_RE.fullmatch(value.strip())
+        if m:
+            return int(m.group(1)) * _SIZE_UNITS[(m.group(2) or "").lower()]
+        raise ValueError(_SIZE_HINT)
+    return _as_int(value, _SIZE_HINT)
+
+
+def _fmt_size(n: int) -> str:
+    for unit, scale in (("GiB", GiB), ("MiB", MiB), ("KiB", KiB)):
+        if n >= scale and n % scale == 0:
+            return f"{n // scale} {unit}"
+    return f"{n} B"
+
+
+def _size_range(lo: int, hi: int) -> Validator:
+    allowed = (f"a size in bytes from {_fmt_size(lo)} to {_fmt_size(hi)} "
+               "(e.g. 262144, 256K, 1M, 64KiB)")
+
+    def check(value: Any) -> int:
+        try:
+            n = parse_size(value)
+        except ValueError:
+            raise ValueError(allowed) from None
+        if not lo <= n <= hi:
+            raise ValueError(allowed)
+        return n
+
+    return check
+
+
+def _seconds(minimum: float, inclusive: bool) -> Validator:
+    allowed = f"a number of seconds {'>=' if inclusive else '>'} {minimum:g}"
+
+    def check(value: Any) -> float:
+        if isinstance(value, bool):
+            raise ValueError(allowed)
+        try:
+            x = float(value.strip()) if isinstance(value, str) else float(value)
+        except (TypeError, ValueError):
+            raise ValueError(allowed) from None
+        # inf/nan would overflow the nanosecond deadlines of the C core.
+        if not math.isfinite(x) or x < minimum or (x == minimum and not inclusive):
+            raise ValueError(allowed)
+        return x
+
+    return check
+
+
+def _choice(*options: str) -> Validator:
+    allowed = "one of " + ", ".join(options)
+
+    def check(value: Any) -> str:
+        if isinstance(value, str) and value.strip().lower() in options:
+            return value.strip().lower()
+        raise ValueError(allowed)
+
+    return check
+
+
+# ---------------------------------------------------------------------------------------------
+# the table
+
+TUNABLES: tuple[Tunable, ...] = (
+    Tunable("backend", str, "auto",
+            "auto (flexio when a DPA is found, else emulator), emulator or flexio",
+            _choice("auto", "emulator", "flexio")),
+    Tunable("dpa_threads", int, 2,
+            "emulated DPA progress threads per rank (1..64)",
+            _int_range(1, 64)),
+    Tunable("chunk_size", int, 256 * KiB,
+            "RDMA write piece size in bytes (4 KiB..64 MiB; K/M/G suffixes allowed)",
+            _size_range(4 * KiB, 64 * MiB)),
+    Tunable("ring_entries", int, 256,
+            "command ring slots (power of two, 8..4096)",
+            _pow2_range(8, 4096)),
+    Tunable("post_timeout", float, 10.0,
+            "seconds a post blocks while the command ring is full (> 0)",
+            _seconds(0.0, inclusive=False)),
+    Tunable("bootstrap_timeout", float, 60.0,
+            "seconds to wait for all ranks to join at init (> 0)",
+            _seconds(0.0, inclusive=False)),
+    Tunable("spin_us", int, 50,
+            "microseconds a progress thread busy-polls before yielding (0..100000)",
+            _int_range(0, 100_000)),
+    Tunable("yield_us", int, 500,
+            "microseconds of yielding before sleeping on a futex (0..1000000)",
+            _int_range(0, 1_000_000)),
+    Tunable("op_timeout", float, 0.0,
+            "seconds an operation may take before it fails with Timeout; 0 = no limit (>= 0)",
+            _seconds(0.0, inclusive=True)),
+)
+
+_TABLE: dict[str, Tunable] = {t.name: t for t in TUNABLES}
+
+
+def _default(name: str) -> Any:
+    return _TABLE[name].default
+
+
+def _check(t: Tunable, value: Any, source: str) -> Any:
+    try:
+        return t.validator(value)
+    except ValueError as e:
+        raise ConfigError(
+            f"bad value for config key '{t.name}' ({source}): {value!r}; expected {e}"
+        ) from None
+
+
+def _unknown_key(key: Any, source: str) -> ConfigError:
+    hint = ""
+    if isinstance(key, str):
+        close = difflib.get_close_matches(key.lower(), _TABLE, n=1)
+        if close:
+            hint = f" (did you mean '{close[0]}'?)"
+    return ConfigError(
+        f"unknown config key {key!r} ({source}){hint}; valid keys: {', '.join(_TABLE)}"
+    )
+
+
+@dataclass(frozen=True)
+class Config:
+    """Validated tunables; build it with :func:`load_config` (or directly, also validated)."""
+
+    backend: str = _default("backend")
+    dpa_threads: int = _default("dpa_threads")
+    chunk_size: int = _default("chunk_size")
+    ring_entries: int = _default("ring_entries")
+    post_timeout: float = _default("post_timeout")
+    bootstrap_timeout: float = _default("bootstrap_timeout")
+    spin_us: int = _default("spin_us")
+    yield_us: int = _default("yield_us")
+    op_timeout: float = _default("op_timeout")
+
+    def __post_init__(self) -> None:
+        for t in TUNABLES:
+            object.__setattr__(self, t.name, _check(t, getattr(self, t.name), "Config()"))
+
+    def as_dict(self) -> dict[str, Any]:
+        return {t.name: getattr(self, t.name) for t in TUNABLES}
+
+
+if [f.name for f in fields(Config)] != list(_TABLE):
+    raise RuntimeError("offload_lib.config: Config fields and TUNABLES are out of sync")
+if RESERVED_ENV & {ENV_PREFIX + name.upper() for name in _TABLE}:
+    raise RuntimeError("offload_lib.config: a config key collides with a reserved env var")
+
+
+# ---------------------------------------------------------------------------------------------
+# loading
+
+
+def _read_yaml(path: str | os.PathLike[str], via: str) -> Mapping[Any, Any]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            data = yaml.safe_load(f)
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {os.fspath(path)}{via}") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read config file {os.fspath(path)}{via}: {e.strerror}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"config file {os.fspath(path)}{via} is not valid YAML: {e}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(
+            f"config file {os.fspath(path)}{via} must hold a mapping of keys to values "
+            f"(e.g. 'dpa_threads: 4'), not a {type(data).__name__}"
+        )
+    return data
+
+
+def load_config(
+    config: str | os.PathLike[str] | Mapping[str, Any] | Config | None = None,
+    env: Mapping[str, str] | None = None,
+) -> Config:
+    """Merge defaults < YAML file or mapping < ``OFFLOAD_<KEY>`` env vars into a Config.
+
+    ``config`` may be a YAML path, a mapping, a Config, or None (then ``OFFLOAD_CONFIG`` names
+    the YAML file, if set). ``env`` defaults to os.environ; an empty env value counts as unset,
+    and OFFLOAD_* variables that are not config keys are ignored.
+    """
+    env = os.environ if env is None else env
+    layer: Mapping[Any, Any] = {}
+    source = "defaults"
+    if config is None:
+        path = env.get("OFFLOAD_CONFIG", "")
+        if path:
+            layer, source = _read_yaml(path, " (from OFFLOAD_CONFIG)"), f"file {path}"
+    elif isinstance(config, Config):
+        layer, source = config.as_dict(), "Config"
+    elif isinstance(config, Mapping):
+        layer, source = config, "config mapping"
+    elif isinstance(config, (str, os.PathLike)):
+        layer, source = _read_yaml(config, ""), f"file {os.fspath(config)}"
+    else:
+        raise ConfigError(
+            f"config must be a YAML file path, a mapping, a Config or None, "
+            f"not {type(config).__name__}"
+        )
+
+    values: dict[str, Any] = {}
+    for key, value in layer.items():
+        if key not in _TABLE:
+            raise _unknown_key(key, source)
+        values[key] = _check(_TABLE[key], value, source)
+
+    for t in TUNABLES:
+        var = ENV_PREFIX + t.name.upper()
+        raw = env.get(var)
+        if raw is not None and raw.strip():
+            values[t.name] = _check(t, raw, f"env {var}")
+
+    return Config(**values)
+
+
+def describe() -> list[tuple[str, str, str]]:
+    """(name, default, description) of every tunable, in table order, for docs and the CLI."""
+    return [(t.name, str(t.default), t.description) for t in TUNABLES]

@@ -1,0 +1,280 @@
+"""Context and Team: the user-facing objects that post collectives to the DPA."""
+from __future__ import annotations
+
+import math
+import threading
+import warnings
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from offload_lib._buffers import Buffer, as_buffer
+from offload_lib._native import ffi, lib
+from offload_lib.bootstrap import World
+from offload_lib.config import Config
+from offload_lib.errors import InvalidArgument, OffloadError, check_rc
+from offload_lib.request import PersistentRequest, Request, Result
+
+# enum offload_opcode (offload_abi.h)
+OP_BARRIER = 2
+OP_ALLTOALL = 3
+
+# access bits (offload_abi.h)
+_LOCAL_READ, _LOCAL_WRITE, _REMOTE_READ, _REMOTE_WRITE = 1, 2, 4, 8
+SRC_ACCESS = _LOCAL_READ | _REMOTE_READ
+DST_ACCESS = _LOCAL_READ | _LOCAL_WRITE | _REMOTE_WRITE
+
+MAX_TEAMS = 16
+MAX_RANKS = 64
+
+_STAT_FIELDS = ("ops_completed", "bytes_written", "writes", "signals", "reads", "errors",
+                "progress_calls", "idle_calls")
+
+
+class Team:
+    """An ordered group of ranks; ops on a team must be called in the same order by all."""
+
+    def __init__(self, ctx: Context, team_id: int, ranks: Sequence[int]) -> None:
+        self._ctx = ctx
+        self.id = team_id
+        self.ranks = tuple(ranks)
+        self.size = len(self.ranks)
+        self.rank = self.ranks.index(ctx.rank)
+
+    def __repr__(self) -> str:
+        return f"<Team id={self.id} rank={self.rank}/{self.size}>"
+
+    # -- all-to-all -------------------------------------------------------------------------
+    def _alltoall_args(self, src: Any, dst: Any) -> tuple[Buffer, Buffer]:
+        s = as_buffer(src, writable=False, name="src")
+        d = as_buffer(dst, writable=True, name="dst")
+        if s.dtype != d.dtype or s.itemsize != d.itemsize:
+            raise InvalidArgument(f"src is {s.dtype} but dst is {d.dtype}: use the same dtype")
+        if s.nbytes != d.nbytes:
+            raise InvalidArgument(
+                f"src has {s.count} elements but dst has {d.count}: all-to-all needs equal sizes"
+            )
+        if s.count % self.size:
+            raise InvalidArgument(
+                f"{s.count} elements do not split evenly over {self.size} ranks: "
+                f"use a multiple of {self.size}"
+            )
+        if s.overlaps(d):
+            raise InvalidArgument("src and dst overlap: in-place all-to-all is not supported")
+        return s, d
+
+    def _alltoall_op(self, s: Buffer, d: Buffer) -> tuple[Any, list[int]]:
+        ctx = self._ctx
+        src_key, src_owned = ctx._register(s, SRC_ACCESS)
+        try:
+            dst_key, dst_owned = ctx._register(d, DST_ACCESS)
+        except BaseException:
+            if src_owned:
+                lib.host_mr_release(ctx._handle(), src_key)
+            raise
+        op = ffi.new("struct host_op *")
+        op.opcode = OP_ALLTOALL
+        op.team = self.id
+        op.src_addr, op.src_key = s.addr, src_key
+        op.dst_addr, op.dst_key, op.dst_len = d.addr, dst_key, d.nbytes
+        op.count = s.nbytes // self.size
+        owned = [k for k, o in ((src_key, src_owned), (dst_key, dst_owned)) if o]
+        return op, owned
+
+    def alltoall(self, src: Any, dst: Any) -> Request:
+        """Post an all-to-all: block j of src goes to rank j, block i of dst comes from rank i."""
+        self._ctx._check_open()
+        s, d = self._alltoall_args(src, dst)
+        op, owned = self._alltoall_op(s, d)
+        for i, key in enumerate(owned):
+            op.release_keys[i] = key
+        return self._ctx._post(op, "alltoall", (s.obj, d.obj), release=owned)
+
+    def alltoall_init(self, src: Any, dst: Any) -> PersistentRequest:
+        """A persistent all-to-all: registered once, then post()/wait() repeatedly."""
+        self._ctx._check_open()
+        s, d = self._alltoall_args(src, dst)
+        op, owned = self._alltoall_op(s, d)
+        return self._ctx._persistent(op, "alltoall", owned, (s.obj, d.obj))
+
+    # -- barrier ----------------------------------------------------------------------------
+    def barrier(self) -> Request:
+        self._ctx._check_open()
+        op = ffi.new("struct host_op *")
+        op.opcode = OP_BARRIER
+        op.team = self.id
+        return self._ctx._post(op, "barrier", ())
+
+
+class Context:
+    """One rank's connection to its (emulated or real) DPA. Close it, or use ``with``."""
+
+    def __init__(self, config: Config, world: World, backend: str) -> None:
+        self.config = config
+        self.rank = world.rank
+        self.size = world.size
+        self.backend = backend
+        self.job = world.job
+        self._world_info = world
+        self._lock = threading.Lock()
+        self._orphans: dict[int, tuple[Any, ...]] = {}
+        self._persistents: weakref.WeakSet[PersistentRequest] = weakref.WeakSet()
+        self._next_team = 1
+        self._ptr: Any = None
+        params = ffi.new("struct host_ctx_params *")
+        job_c = ffi.new("char[]", world.job.encode())
+        backend_c = ffi.new("char[]", backend.encode())
+        params.job, params.backend = job_c, backend_c
+        params.rank, params.size = world.rank, world.size
+        params.num_threads = config.dpa_threads
+        params.ring_entries = config.ring_entries
+        params.chunk_size = config.chunk_size
+        params.spin_us, params.yield_us = config.spin_us, config.yield_us
+        params.bootstrap_timeout_ns = int(config.bootstrap_timeout * 1e9)
+        out = ffi.new("struct host_ctx **")
+        check_rc(lib.host_ctx_open(params, out),
+                 f"opening the {backend} device for rank {world.rank}/{world.size} (job {world.job})")
+        self._ptr = out[0]
+        self.world = self._make_team(0, list(range(self.size)))
+
+    # -- lifecycle --------------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        return self._ptr is None
+
+    def _check_open(self) -> None:
+        if self._ptr is None:
+            raise OffloadError("the context is closed")
+
+    def _handle(self) -> Any:
+        if self._ptr is None:
+            raise OffloadError("the context is closed")
+        return self._ptr
+
+    def close(self) -> None:
+        """Stop the DPA threads and release everything; safe to call twice."""
+        with self._lock:
+            ptr, self._ptr = self._ptr, None
+        if ptr is None:
+            return
+        for p in list(self._persistents):  # children first: they hold registrations
+            p._freed = True
+        lib.host_ctx_close(ptr)
+        self._orphans.clear()
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if getattr(self, "_ptr", None) is not None:
+            warnings.warn(f"{self!r} was not closed", ResourceWarning, stacklevel=2)
+            self.close()
+
+    def __repr__(self) -> str:
+        state = "closed" if self._ptr is None else "open"
+        return f"<Context rank={self.rank}/{self.size} backend={self.backend} {state}>"
+
+    # -- teams ------------------------------------------------------------------------------
+    def _make_team(self, team_id: int, ranks: list[int]) -> Team:
+        arr = ffi.new("uint32_t[]", ranks)
+        check_rc(lib.host_team_create(self._handle(), team_id, len(ranks), arr,
+                                      int(self.config.post_timeout * 1e9)),
+                 f"creating team {team_id}")
+        return Team(self, team_id, ranks)
+
+    def create_team(self, ranks: Sequence[int]) -> Team | None:
+        """Collective over all ranks (same list everywhere); members get a Team, others None."""
+        self._check_open()
+        members = [int(r) for r in ranks]
+        if not members or len(set(members)) != len(members):
+            raise InvalidArgument(f"team ranks {members} must be non-empty and distinct")
+        bad = [r for r in members if not 0 <= r < self.size]
+        if bad:
+            raise InvalidArgument(f"team ranks {bad} are outside the world (size {self.size})")
+        if self._next_team >= MAX_TEAMS:
+            raise OffloadError(f"at most {MAX_TEAMS} teams (world included) can exist")
+        team_id = self._next_team
+        self._next_team += 1
+        return self._make_team(team_id, members) if self.rank in members else None
+
+    # -- memory -----------------------------------------------------------------------------
+    def _register(self, buf: Buffer, access: int) -> tuple[int, bool]:
+        if buf.nbytes == 0:
+            return 0, False
+        key = ffi.new("uint32_t *")
+        owned = ffi.new("int *")
+        check_rc(lib.host_mr_acquire(self._handle(), ffi.cast("void *", buf.addr), buf.nbytes,
+                                     access, key, owned), "registering memory")
+        return int(key[0]), bool(owned[0])
+
+    def empty(self, shape: int | Sequence[int], dtype: Any = np.float64) -> np.ndarray:
+        """A numpy array in registered job-shared memory: peers copy into it directly."""
+        self._check_open()
+        dt = np.dtype(dtype)
+        count = math.prod(shape) if isinstance(shape, (tuple, list)) else int(shape)
+        nbytes = count * dt.itemsize
+        addr = ffi.new("void **")
+        key = ffi.new("uint32_t *")
+        check_rc(lib.host_alloc_shared(self._handle(), nbytes, addr, key), "allocating shared memory")
+        ref = weakref.ref(self)
+
+        def release(ptr: Any) -> None:
+            ctx = ref()
+            handle = None if ctx is None else ctx._ptr
+            lib.host_free_shared(handle if handle is not None else ffi.NULL, ptr, nbytes)
+
+        owner = ffi.gc(addr[0], release)
+        return np.frombuffer(ffi.buffer(owner, nbytes), dtype=dt, count=count).reshape(shape)
+
+    # -- posting ----------------------------------------------------------------------------
+    def _post(self, op: Any, what: str, keep: tuple[Any, ...], result: Result | None = None,
+              release: Sequence[int] = ()) -> Request:
+        tag = ffi.new("uint32_t *")
+        if self._orphans:
+            self._reap_orphans()
+        rc = lib.host_post(self._handle(), op, int(self.config.post_timeout * 1e9), tag)
+        if rc < 0:
+            for key in release:
+                lib.host_mr_release(self._ptr, key)
+        check_rc(rc, f"posting {what}")
+        return Request(self, int(tag[0]), what, keep, result)
+
+    def _persistent(self, op: Any, what: str, keys: list[int], keep: tuple[Any, ...],
+                    result: Result | None = None) -> PersistentRequest:
+        p = PersistentRequest(self, what, op, keys, keep, result)
+        self._persistents.add(p)
+        return p
+
+    def _adopt(self, tag: int, keep: tuple[Any, ...]) -> None:
+        if self._ptr is not None:
+            self._orphans[tag] = keep
+
+    def _reap_orphans(self) -> None:
+        comp = ffi.new("struct host_completion *")
+        for tag in list(self._orphans):
+            if lib.host_test(self._ptr, tag, comp) != 0:
+                del self._orphans[tag]
+
+    # -- introspection ----------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Firmware counters: totals and per DPA thread."""
+        n = lib.host_num_threads(self._handle())
+        raw = ffi.new("uint64_t[]", n * len(_STAT_FIELDS))
+        lib.host_stats(self._ptr, raw, n)
+        per_thread = [
+            {f: int(raw[t * len(_STAT_FIELDS) + i]) for i, f in enumerate(_STAT_FIELDS)}
+            for t in range(n)
+        ]
+        totals = {f: sum(t[f] for t in per_thread) for f in _STAT_FIELDS}
+        return {
+            "backend": self.backend,
+            "bytes": totals["bytes_written"],
+            "chunks": totals["writes"],
+            **totals,
+            "threads": per_thread,
+        }

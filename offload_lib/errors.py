@@ -1,0 +1,99 @@
+"""Exception hierarchy shared by every module of offload_lib.
+
+Native calls return 0 or a negative status; :func:`check_status` is the one place
+that turns a status into an exception.
+"""
+from __future__ import annotations
+
+import errno
+import os
+
+
+class OffloadError(Exception):
+    """Base class of every error raised by offload_lib."""
+
+
+class InvalidArgument(OffloadError, TypeError):
+    """Bad input detected before anything was posted (or answered by the firmware)."""
+
+
+class PeerFailure(OffloadError):
+    """A peer rank died or became unreachable; ``rank`` names it."""
+
+    def __init__(self, message: str, rank: int = -1) -> None:
+        super().__init__(message)
+        self.rank = rank
+
+
+class Timeout(OffloadError):
+    """An operation did not complete within its time bound."""
+
+
+class RemoteAccessError(OffloadError):
+    """A remote read/write was refused: bad rkey, out of bounds or wrong access."""
+
+
+class ConfigError(InvalidArgument):
+    """A configuration key is unknown or has a bad value."""
+
+
+# enum offload_status in dpa_firmware/include/offload_abi.h
+OK = 0
+ERR_INVALID = -1
+ERR_REMOTE_ACCESS = -2
+ERR_PEER = -3
+ERR_TIMEOUT = -4
+ERR_NO_SPACE = -5
+ERR_CANCELED = -6
+ERR_UNSUPPORTED = -7
+ERR_INTERNAL = -8
+ERR_PEER_OP = -9
+
+
+def completion_error(what: str, status: int, detail: int, result0: int, result1: int) -> OffloadError:
+    """The exception for an error completion of ``what`` (an op name)."""
+    if status == ERR_INVALID:
+        return InvalidArgument(
+            f"{what}: the firmware rejected the command (sizes, counts or team do not match"
+            f" across ranks; rank {detail} is involved)"
+        )
+    if status == ERR_REMOTE_ACCESS:
+        return RemoteAccessError(
+            f"{what}: rank {detail} refused a remote access (unknown or revoked key, out of"
+            " bounds, or wrong access rights)"
+        )
+    if status == ERR_PEER:
+        return PeerFailure(f"{what}: rank {detail} failed", rank=detail)
+    if status == ERR_TIMEOUT:
+        return Timeout(f"{what}: the op timed out in the firmware (op_timeout)")
+    if status == ERR_NO_SPACE:
+        return InvalidArgument(
+            f"{what}: destination too small: {result0} bytes arrive but only {result1} fit"
+        )
+    if status == ERR_CANCELED:
+        return OffloadError(f"{what}: canceled")
+    if status == ERR_PEER_OP:
+        return OffloadError(f"{what}: rank {detail} reported that its part of the op failed")
+    return OffloadError(f"{what}: internal error (status {status}, detail {detail})")
+
+
+def check_rc(rc: int, what: str) -> None:
+    """Raise for a negative errno returned by the host C API."""
+    if rc >= 0:
+        return
+    err = -rc
+    if err == errno.ETIMEDOUT:
+        raise Timeout(f"{what}: timed out")
+    if err == errno.EAGAIN:
+        raise Timeout(f"{what}: the command ring stayed full (raise post_timeout or ring_entries)")
+    if err == errno.EBUSY:
+        raise OffloadError(f"{what}: too many requests were never waited for; call wait() on them")
+    if err == errno.EINVAL:
+        raise InvalidArgument(f"{what}: invalid argument")
+    if err == errno.ENOSPC:
+        raise OffloadError(f"{what}: out of registration slots; free buffers or requests")
+    if err == errno.EPROTO:
+        raise OffloadError(f"{what}: the job segment belongs to another job or the ranks disagree on its size")
+    if err == errno.EADDRINUSE:
+        raise OffloadError(f"{what}: another live process already holds this rank")
+    raise OffloadError(f"{what}: {os.strerror(err)}")

@@ -1,0 +1,158 @@
+"""Requests: a posted op's handle. ``test()`` reads its status, ``wait()`` sleeps on it."""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Any, Callable
+
+from offload_lib._native import ffi, lib
+from offload_lib.errors import InvalidArgument, OffloadError, Timeout, check_rc, completion_error
+
+if TYPE_CHECKING:
+    from offload_lib.context import Context
+
+# Sleep in slices so Ctrl-C reaches Python while an op runs for a long time.
+_WAIT_SLICE_S = 0.25
+
+Result = Callable[[Any], Any]
+
+
+class Request:
+    """A one-shot, non-blocking op. Keeps its buffers alive until it completes."""
+
+    __slots__ = ("_ctx", "_tag", "_what", "_keep", "_done", "_value", "_result", "__weakref__")
+
+    def __init__(self, ctx: Context, tag: int, what: str, keep: tuple[Any, ...],
+                 result: Result | None = None) -> None:
+        self._ctx = ctx
+        self._tag = tag
+        self._what = what
+        self._keep = keep
+        self._done = False
+        self._value: Any = None
+        self._result = result
+
+    def __repr__(self) -> str:
+        state = "done" if self._done else "pending"
+        return f"<Request {self._what} tag={self._tag} {state}>"
+
+    def _finish(self, comp: Any) -> None:
+        self._done = True
+        keep, self._keep = self._keep, ()
+        if comp.status != 0:
+            raise completion_error(self._what, comp.status, comp.detail, comp.result0, comp.result1)
+        self._value = self._result(comp) if self._result else None
+        del keep
+
+    def test(self) -> bool:
+        """True once the op completed (raises its error if it failed)."""
+        if self._done:
+            return True
+        comp = ffi.new("struct host_completion *")
+        rc = lib.host_test(self._ctx._handle(), self._tag, comp)
+        check_rc(rc, self._what)
+        if rc == 0:
+            return False
+        self._finish(comp)
+        return True
+
+    def wait(self, timeout: float | None = None) -> Any:
+        """Block until the op completes; raise Timeout after ``timeout`` seconds."""
+        if self._done:
+            return self._value
+        comp = ffi.new("struct host_completion *")
+        deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
+        while True:
+            left = _WAIT_SLICE_S if deadline is None else min(_WAIT_SLICE_S, deadline - time.monotonic())
+            rc = lib.host_wait(self._ctx._handle(), self._tag, max(0, int(left * 1e9)), comp)
+            if rc == 0:
+                self._finish(comp)
+                return self._value
+            if rc != -110:  # -ETIMEDOUT: this slice ended, the op goes on
+                check_rc(rc, self._what)
+            if deadline is not None and time.monotonic() >= deadline:
+                raise Timeout(f"{self._what} did not complete within {timeout} s")
+
+    def __del__(self) -> None:
+        # An unwaited op may still write into its buffers: hand them to the context,
+        # which keeps them alive until the completion arrives.
+        if not self._done and self._keep:
+            try:
+                self._ctx._adopt(self._tag, self._keep)
+            except Exception:
+                pass
+
+
+class PersistentRequest:
+    """An op set up once and posted many times (``*_init``); buffers stay registered."""
+
+    def __init__(self, ctx: Context, what: str, op: Any, keys: list[int], keep: tuple[Any, ...],
+                 result: Result | None = None) -> None:
+        self._ctx = ctx
+        self._what = what
+        self._op = op
+        self._keys = keys
+        self._keep = keep
+        self._result = result
+        self._active: Request | None = None
+        self._freed = False
+
+    def __repr__(self) -> str:
+        state = "freed" if self._freed else ("posted" if self._active else "idle")
+        return f"<PersistentRequest {self._what} {state}>"
+
+    def _check(self) -> None:
+        if self._freed:
+            raise InvalidArgument(f"{self._what}: the persistent request was freed")
+
+    def post(self) -> PersistentRequest:
+        self._check()
+        if self._active is not None:
+            raise InvalidArgument(
+                f"{self._what}: already posted and not complete; call wait() before post()"
+            )
+        self._active = self._ctx._post(self._op, self._what, self._keep, self._result)
+        return self
+
+    def test(self) -> bool:
+        self._check()
+        if self._active is None:
+            return True
+        if not self._active.test():
+            return False
+        self._active = None
+        return True
+
+    def wait(self, timeout: float | None = None) -> Any:
+        self._check()
+        req = self._active
+        if req is None:
+            raise InvalidArgument(f"{self._what}: wait() without a post()")
+        try:
+            return req.wait(timeout)
+        except Timeout:
+            raise
+        except OffloadError:
+            self._active = None
+            raise
+        finally:
+            if req._done:
+                self._active = None
+
+    def free(self) -> None:
+        """Release the registrations; waits for a posted op first."""
+        if self._freed:
+            return
+        if self._active is not None and not self._ctx.closed:
+            self.wait()
+        self._freed = True
+        if not self._ctx.closed:
+            for key in self._keys:
+                lib.host_mr_release(self._ctx._handle(), key)
+        self._keys = []
+        self._keep = ()
+
+    def __enter__(self) -> PersistentRequest:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.free()
