@@ -148,6 +148,10 @@ int dpa_hal_rdma_write_inline(struct dpa_hal *hal, uint32_t peer, const void *da
 	if (cq_full(hal))
 		return DPA_HAL_EAGAIN;
 	st = do_write(hal->dev, peer, data, raddr, rkey, len);
+	/* Inline writes are control messages (write-with-immediate on hardware): they raise
+	 * a completion event that wakes the target's progress threads. */
+	if (!st)
+		emu_wake_rank(hal->dev, peer);
 	return push_cqe(hal, wr_id, st, st ? 0 : len);
 }
 

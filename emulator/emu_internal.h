@@ -21,6 +21,7 @@
 #define EMU_KEY_BITS  10u
 #define EMU_MAX_MAPS  256u
 #define EMU_CQ_DEPTH  8192u
+#define EMU_ADVISED   64u           /* ranges already advised for huge pages */
 
 enum emu_mr_kind {
 	EMU_MR_PRIVATE = 0,   /* ordinary process memory: process_vm_writev/readv */
@@ -99,6 +100,8 @@ struct emu_device {
 	struct emu_map maps[EMU_MAX_MAPS];
 	uint32_t nmaps;
 	uint32_t joined;              /* this rank is published in the job segment */
+	uint64_t advised[EMU_ADVISED][2];
+	uint32_t advised_next;
 	/* firmware */
 	void *fw_state;
 	struct host_fw_windows win;

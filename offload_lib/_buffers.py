@@ -5,8 +5,7 @@ and any object exporting the buffer protocol (bytearray, memoryview, array.array
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -14,17 +13,23 @@ from offload_lib._native import ffi
 from offload_lib.errors import InvalidArgument
 
 
-@dataclass(frozen=True, slots=True)
-class Buffer:
+class Buffer(NamedTuple):
     addr: int
     nbytes: int
     itemsize: int
-    dtype: str
+    dtype: str  # numpy's dtype.str ("<f4"), or a name numpy lacks ("bfloat16")
     obj: Any  # keeps the memory alive while an op uses it
 
     @property
     def count(self) -> int:
         return self.nbytes // self.itemsize if self.itemsize else 0
+
+    @property
+    def dtype_name(self) -> str:
+        try:
+            return np.dtype(self.dtype).name
+        except TypeError:
+            return self.dtype
 
     def overlaps(self, other: Buffer) -> bool:
         return (
@@ -35,12 +40,25 @@ class Buffer:
         )
 
 
+# torch dtypes by the numpy dtype.str they match; bfloat16 has no numpy twin.
+_TORCH_DTYPES = {
+    "float32": "<f4", "float64": "<f8", "float16": "<f2", "int8": "|i1", "uint8": "|u1",
+    "int16": "<i2", "int32": "<i4", "int64": "<i8", "bool": "|b1", "complex64": "<c8",
+    "complex128": "<c16",
+}
+
+
+def _address(obj: Any) -> int:
+    # from_buffer is the cheapest way to an address (~0.3 us against ~1 us for .ctypes).
+    return int(ffi.cast("uintptr_t", ffi.from_buffer(obj)))
+
+
 def _from_ndarray(a: np.ndarray, writable: bool, name: str) -> Buffer:
     if not a.flags.c_contiguous:
         raise InvalidArgument(f"{name} is not C-contiguous: pass np.ascontiguousarray({name})")
     if writable and not a.flags.writeable:
         raise InvalidArgument(f"{name} is read-only: the collective writes into it")
-    return Buffer(a.ctypes.data, a.nbytes, a.itemsize, a.dtype.name, a)
+    return Buffer(_address(a) if a.nbytes else 0, a.nbytes, a.itemsize, a.dtype.str, a)
 
 
 def _from_torch(t: Any, writable: bool, name: str) -> Buffer:
@@ -53,7 +71,8 @@ def _from_torch(t: Any, writable: bool, name: str) -> Buffer:
     if writable and t.requires_grad and t.is_leaf:
         raise InvalidArgument(f"{name} requires grad: pass a tensor created under torch.no_grad()")
     itemsize = t.element_size()
-    return Buffer(t.data_ptr(), t.numel() * itemsize, itemsize, str(t.dtype).removeprefix("torch."), t)
+    name = str(t.dtype).removeprefix("torch.")
+    return Buffer(t.data_ptr(), t.numel() * itemsize, itemsize, _TORCH_DTYPES.get(name, name), t)
 
 
 def _from_buffer_protocol(obj: Any, writable: bool, name: str) -> Buffer:
@@ -69,10 +88,10 @@ def _from_buffer_protocol(obj: Any, writable: bool, name: str) -> Buffer:
     if writable and view.readonly:
         raise InvalidArgument(f"{name} is read-only: the collective writes into it")
     try:
-        dtype = np.dtype(view.format).name
+        dtype = np.dtype(view.format).str
     except TypeError:
         dtype = f"raw{view.itemsize}"
-    addr = int(ffi.cast("uintptr_t", ffi.from_buffer(view))) if view.nbytes else 0
+    addr = _address(view) if view.nbytes else 0
     return Buffer(addr, view.nbytes, view.itemsize, dtype, view)
 
 

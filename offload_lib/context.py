@@ -51,7 +51,9 @@ class Team:
         s = as_buffer(src, writable=False, name="src")
         d = as_buffer(dst, writable=True, name="dst")
         if s.dtype != d.dtype or s.itemsize != d.itemsize:
-            raise InvalidArgument(f"src is {s.dtype} but dst is {d.dtype}: use the same dtype")
+            raise InvalidArgument(
+                f"src is {s.dtype_name} but dst is {d.dtype_name}: use the same dtype"
+            )
         if s.nbytes != d.nbytes:
             raise InvalidArgument(
                 f"src has {s.count} elements but dst has {d.count}: all-to-all needs equal sizes"

@@ -46,7 +46,8 @@ int dpa_hal_rdma_write(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint3
 		       uint64_t raddr, uint32_t rkey, uint64_t len, uint64_t wr_id);
 int dpa_hal_rdma_read(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint32_t lkey,
 		      uint64_t raddr, uint32_t rkey, uint64_t len, uint64_t wr_id);
-/* Small inline write (descriptors): data is copied at post time. */
+/* Small inline write (descriptors): data is copied at post time, and the write carries an
+ * immediate, so it wakes the peer's progress threads like a signal does. */
 int dpa_hal_rdma_write_inline(struct dpa_hal *hal, uint32_t peer, const void *data,
 			      uint32_t len, uint64_t raddr, uint32_t rkey, uint64_t wr_id);
 /* Remote 64-bit atomic add on a signal word; wakes the peer's progress threads. */

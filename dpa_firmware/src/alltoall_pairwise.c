@@ -13,18 +13,6 @@
  */
 #include "engine_internal.h"
 
-static int a2a_start(struct dpa_engine *eng, struct dpa_op *op)
-{
-	const struct dpa_team *team = &eng->teams[op->team_id];
-	const struct offload_cmd *cmd = &op->cmd;
-	uint64_t total;
-
-	if (cmd->count && (__builtin_mul_overflow(cmd->count, team->size, &total) ||
-			   !cmd->src_addr || !cmd->dst_addr || cmd->dst_len < total))
-		return OFFLOAD_ERR_INVALID;
-	return (int)team->size;
-}
-
 static int publish_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 			 uint32_t src)
 {
@@ -108,6 +96,29 @@ static int post_chunks(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal
 	return posted;
 }
 
+static int a2a_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
+{
+	const struct dpa_team *team = &eng->teams[op->team_id];
+	const struct offload_cmd *cmd = &op->cmd;
+	uint32_t n = team->size;
+	uint64_t total;
+
+	if (cmd->count && (__builtin_mul_overflow(cmd->count, n, &total) ||
+			   !cmd->src_addr || !cmd->dst_addr || cmd->dst_len < total))
+		return OFFLOAD_ERR_INVALID;
+	/*
+	 * Publish every ready right here, in pairwise order: senders start as soon as they
+	 * see it, whichever thread later copies our own data. An item whose ready found the
+	 * queue full publishes it from its owner thread.
+	 */
+	for (uint32_t i = 0; i < n; i++) {
+		if (publish_ready(eng, op, hal, (team->my_rank + n - i) % n) == DPA_HAL_EAGAIN)
+			break;
+		op->items[i].flags |= DPA_ITEM_READY_OUT;
+	}
+	return (int)n;
+}
+
 static int a2a_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal)
 {
 	const struct dpa_team *team = &eng->teams[op->team_id];
@@ -120,7 +131,9 @@ static int a2a_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, s
 		dpa_expect_done(eng, op, it, src);
 		it->flags |= DPA_ITEM_STARTED;
 	}
-	if (!(it->flags & DPA_ITEM_READY_OUT) && publish_ready(eng, op, hal, src) != DPA_HAL_EAGAIN) {
+	if (!(it->flags & DPA_ITEM_READY_OUT)) {
+		if (publish_ready(eng, op, hal, src) == DPA_HAL_EAGAIN)
+			return work;
 		it->flags |= DPA_ITEM_READY_OUT;
 		work++;
 	}

@@ -6,9 +6,10 @@
  */
 #include "engine_internal.h"
 
-static int barrier_start(struct dpa_engine *eng, struct dpa_op *op)
+static int barrier_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
 {
 	(void)eng;
+	(void)hal;
 	if (op->cmd.count || op->cmd.src_addr || op->cmd.dst_addr)
 		return OFFLOAD_ERR_INVALID;
 	return 1;

@@ -252,7 +252,7 @@ static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct 
 	op->algo = dpa_algos[cmd->opcode];
 	for (uint32_t i = 0; i < team->size; i++)
 		op->items[i] = (struct dpa_item){ 0 };
-	n = op->algo->start(eng, op);
+	n = op->algo->start(eng, op, hal);
 	if (n < 0)
 		return complete_now(eng, hal, cmd, n, 0);
 	team->next_seq++;

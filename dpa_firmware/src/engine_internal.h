@@ -55,7 +55,7 @@ struct dpa_op;
 struct dpa_algo {
 	const char *name;
 	/* Called once at intake; returns the number of items (or a negative status). */
-	int (*start)(struct dpa_engine *eng, struct dpa_op *op);
+	int (*start)(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal);
 	/* Advance item i; returns >0 if it did work. Must not block. */
 	int (*progress)(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal);
 };

@@ -20,7 +20,7 @@
 #include "offload_host.h"
 
 #define HOST_TAGS        4096u         /* requests alive (posted, not yet waited for) */
-#define HOST_SPIN_NS     20000ll       /* spin before sleeping: keeps small ops fast */
+#define HOST_SPIN_NS     5000ll        /* spin before sleeping: keeps small ops fast */
 #define HOST_SLEEP_MAX   100000000ll   /* re-check at least every 100 ms */
 #define HOST_MAX_SHARED  256u
 

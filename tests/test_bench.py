@@ -1,0 +1,274 @@
+"""offload_lib.bench: parsing, aggregation, the table, and real runs with the launcher and mpirun."""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+
+import numpy as np
+import pytest
+
+from offload_lib import bench, cli
+
+SMALL = ["--sizes", "1K,64K", "--iters", "3", "--warmup", "1"]
+
+
+def data_rows(text: str) -> list[list[str]]:
+    return [line.split() for line in text.splitlines() if line.strip() and not line.startswith("#")]
+
+
+def mpi_missing() -> str | None:
+    if importlib.util.find_spec("mpi4py") is None:
+        return "mpi4py is not installed (pip install dpa-offload[mpi])"
+    if bench.find_mpirun() is None:
+        return "no mpirun next to sys.executable or on PATH"
+    return None
+
+
+# -- parsing ------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_parse_sizes():
+    assert bench.parse_sizes("1K,4K,64K,256K,1M,4M") == [
+        1024, 4096, 65536, 262144, 1 << 20, 4 << 20]
+    assert bench.parse_sizes(" 8, 2k ,1MiB,") == [8, 2048, 1 << 20]
+    assert bench.parse_sizes("0") == [0]
+    for bad in ("", ",", "1Q", "-4", "1.5K"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            bench.parse_sizes(bad)
+
+
+@pytest.mark.timeout(120)
+def test_parse_args_defaults_and_options():
+    a = bench.parse_args(["alltoall"])
+    assert (a.collective, a.nranks, a.iters, a.warmup) == ("alltoall", 4, 20, 5)
+    assert a.sizes == [1024, 4096, 65536, 262144, 1 << 20, 4 << 20]
+    assert (a.buffers, a.dtype, a.compare, a.persistent) == ("numpy", np.float32, None, False)
+    assert (a.json, a.config, a.timeout, a.worker) == (None, None, 600.0, False)
+
+    a = bench.parse_args(["alltoall", "-n", "3", "--sizes", "2K", "--iters", "7", "--warmup", "0",
+                          "--buffers", "shared", "--dtype", "int16", "--compare", "mpi",
+                          "--persistent", "--json", "out.json", "--config", "c.yaml",
+                          "--timeout", "30"])
+    assert (a.nranks, a.sizes, a.iters, a.warmup, a.buffers) == (3, [2048], 7, 0, "shared")
+    assert (a.dtype, a.compare, a.persistent, a.json) == (np.int16, "mpi", True, "out.json")
+    assert (a.config, a.timeout) == ("c.yaml", 30.0)
+    assert bench.parse_args(["alltoall", "--nranks", "5"]).nranks == 5
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("argv", [
+    ["alltoall", "-n", "0"], ["alltoall", "--iters", "0"], ["alltoall", "--warmup", "-1"],
+    ["alltoall", "--buffers", "gpu"], ["alltoall", "--dtype", "object"],
+    ["alltoall", "--dtype", "nope"], ["alltoall", "--compare", "nccl"],
+    ["alltoall", "--timeout", "0"], ["alltoall", "--sizes", "1X"], [],
+])
+def test_bad_options_return_2(argv, capsys):
+    assert bench.main(argv) == 2
+    assert "error" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_help_returns_0(capsys):
+    assert bench.main(["-h"]) == 0
+    assert "--compare" in capsys.readouterr().out
+
+
+# -- registry -----------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_unknown_collective_returns_2(capsys):
+    assert bench.main(["foo", "-n", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown collective 'foo'" in err and "alltoall" in err
+    assert cli.main(["bench", "foo"]) == 2
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("name", ["alltoallv", "broadcast", "allgather", "moe"])
+def test_unimplemented_collectives_return_2(name, capsys):
+    assert name in bench.COLLECTIVES
+    assert bench.main([name, "-n", "2"]) == 2
+    captured = capsys.readouterr()
+    assert "not implemented yet" in captured.err
+    assert captured.out == ""  # no made-up numbers
+
+
+@pytest.mark.timeout(120)
+def test_size_not_a_multiple_of_dtype(capsys):
+    assert bench.main(["alltoall", "-n", "2", "--sizes", "1K,6", "--dtype", "float64"]) == 2
+    assert "[6]" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_bad_config_returns_2(tmp_path, capsys):
+    cfg = tmp_path / "c.yaml"
+    cfg.write_text("dpa_thread: 4\n")
+    assert bench.main(["alltoall", "-n", "2", "--config", str(cfg)]) == 2
+    assert "dpa_threads" in capsys.readouterr().err
+
+
+# -- aggregation and the table -------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_summarize_is_median_of_per_iteration_max():
+    # iteration maxima: 2, 5, 4 -> median 4
+    assert bench.summarize([[1.0, 5.0, 3.0], [2.0, 1.0, 4.0]]) == 4.0
+    assert bench.summarize([[7.0]]) == 7.0
+
+
+@pytest.mark.timeout(120)
+def test_make_row_bandwidths():
+    row = bench.make_row(1 << 20, 1 << 18, 4, 3 / 4, 1e-3, 20e-6)
+    assert row["time_us"] == pytest.approx(1000.0)
+    assert row["algbw"] == pytest.approx(4 * (1 << 20) / 1e-3 / 1e9)
+    assert row["busbw"] == pytest.approx(row["algbw"] * 0.75)
+    assert row["cpu_us"] == pytest.approx(20.0)
+    assert "mpi_time_us" not in row
+
+    row = bench.make_row(1 << 20, 1 << 18, 4, 3 / 4, 1e-3, 20e-6, 2e-3, 1e-3)
+    assert row["mpi_busbw"] == pytest.approx(row["busbw"] / 2)
+    assert row["ratio"] == pytest.approx(2.0)
+    assert row["mpi_cpu_us"] == pytest.approx(1000.0)
+    # one rank: busbw is 0, the ratio still means something
+    assert bench.make_row(1024, 256, 1, 0.0, 1e-5, 0, 2e-5, 0)["ratio"] == pytest.approx(2.0)
+
+
+META = {"command": "dpa-offload bench alltoall -n 4", "date": "2026-11-29T12:00:00+00:00",
+        "host": "box", "cpus": 8, "collective": "alltoall", "nranks": 4, "backend": "emulator",
+        "config": {"dpa_threads": 2, "chunk_size": 262144}, "buffers": "numpy",
+        "dtype": "float32", "persistent": False, "iters": 20, "warmup": 5,
+        "launcher": "dpa-offload", "mpi": "Open MPI v5", "mpi4py": "4.1"}
+
+
+@pytest.mark.timeout(120)
+def test_format_table_offload_only():
+    rows = [bench.make_row(1024, 256, 4, 0.75, 10e-6, 3e-6),
+            bench.make_row(1 << 20, 1 << 18, 4, 0.75, 1e-3, 20e-6)]
+    text = bench.format_table(META, rows)
+    head = [line for line in text.splitlines() if line.startswith("#")]
+    assert head[0] == "# dpa-offload bench alltoall -n 4"
+    for needle in ("2026-11-29", "box (8 CPUs)", "n: 4", "backend: emulator", "dpa_threads: 2",
+                   "chunk_size: 262144", "buffers: numpy"):
+        assert needle in text
+    cols = next(line for line in head if "time_us" in line).lstrip("#").split()
+    assert cols == ["size", "count", "time_us", "algbw", "busbw", "cpu_us"]
+    rows_out = data_rows(text)
+    assert rows_out == [["1024", "256", "10.0", "0.41", "0.31", "3.0"],
+                        ["1048576", "262144", "1000.0", "4.19", "3.15", "20.0"]]
+    assert "mpi" not in " ".join(cols)
+
+
+@pytest.mark.timeout(120)
+def test_format_table_with_mpi():
+    rows = [bench.make_row(65536, 16384, 4, 0.75, 100e-6, 5e-6, 50e-6, 40e-6)]
+    text = bench.format_table(dict(META, launcher="mpi"), rows)
+    cols = next(line for line in text.splitlines() if "time_us" in line).lstrip("#").split()
+    assert cols[-4:] == ["mpi_time_us", "mpi_busbw", "mpi_cpu_us", "ratio"]
+    (row,) = data_rows(text)
+    assert len(row) == len(cols)
+    got = dict(zip(cols, row))
+    assert got["mpi_time_us"] == "50.0" and got["ratio"] == "0.50" and got["mpi_cpu_us"] == "40.0"
+    assert float(got["busbw"]) == pytest.approx(float(got["mpi_busbw"]) / 2, abs=0.01)
+    assert "Open MPI v5" in text
+
+
+@pytest.mark.timeout(120)
+def test_aggregate_uses_slowest_rank_and_rank0_cpu():
+    def rank(times, cpu):
+        return {"results": [{"size": 4096, "count": 1024, "offload_s": times,
+                             "offload_cpu_s": cpu}]}
+
+    per_rank = [rank([1e-3, 3e-3, 2e-3], [1e-6, 2e-6, 3e-6]), rank([4e-3, 1e-3, 1e-3], [9, 9, 9])]
+    (row,) = bench.aggregate(bench.COLLECTIVES["alltoall"], 2, per_rank)
+    assert row["time_us"] == pytest.approx(3000.0)  # maxima 4, 3, 2 ms
+    assert row["cpu_us"] == pytest.approx(2.0)  # rank 0's median
+
+
+# -- data patterns and the correctness check -------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("dtype", ["float32", "float64", "float16", "int8", "uint8", "int64",
+                                   "complex64", "bool"])
+def test_patterns_are_exact_and_poison_differs(dtype):
+    dt = np.dtype(dtype)
+    a = bench.block_pattern(dt, 2, 3, 5000)
+    assert a.dtype == dt and a.size == 5000
+    assert np.array_equal((a.real if dt.kind == "c" else a).astype(np.int64).astype(dt), a)
+    assert not np.any(bench._poison(a) == a)
+    if dt.kind != "b":
+        assert not np.array_equal(a, bench.block_pattern(dt, 3, 2, 5000))
+
+
+class _FakeTeam:
+    rank, size = 1, 2
+
+
+@pytest.mark.timeout(120)
+def test_check_fails_loudly():
+    case = bench._AlltoallCase.__new__(bench._AlltoallCase)
+    case.team, case.count = _FakeTeam(), 4
+    case.expected = np.arange(8, dtype=np.float32)
+    case.dst = case.expected.copy()
+    case.check("offload")
+    case.dst[6] = -1
+    with pytest.raises(bench.WrongResult, match=r"WRONG RESULT on rank 1/2.*rank 1, element 2"):
+        case.check("offload")
+
+
+# -- real runs ------------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_end_to_end_launcher(capsys):
+    assert bench.main(["alltoall", "-n", "2", *SMALL]) == 0
+    out = capsys.readouterr().out
+    rows = data_rows(out)
+    assert [r[:2] for r in rows] == [["1024", "256"], ["65536", "16384"]]
+    assert all(len(r) == 6 and float(r[2]) > 0 for r in rows)
+    assert "n: 2" in out and "backend:" in out and "launcher: dpa-offload" in out
+
+
+@pytest.mark.timeout(120)
+def test_end_to_end_shared_persistent_json(tmp_path, capsys):
+    path = tmp_path / "out.json"
+    argv = ["alltoall", "-n", "3", "--sizes", "4K", "--iters", "2", "--warmup", "0",
+            "--buffers", "shared", "--persistent", "--dtype", "int8", "--json", str(path)]
+    assert bench.main(argv) == 0
+    assert len(data_rows(capsys.readouterr().out)) == 1
+    doc = json.loads(path.read_text())
+    assert doc["meta"]["buffers"] == "shared" and doc["meta"]["persistent"] is True
+    assert [r["count"] for r in doc["rows"]] == [4096]
+    assert len(doc["raw"]) == 3 and len(doc["raw"][0]["results"][0]["offload_s"]) == 2
+
+
+@pytest.mark.timeout(120)
+def test_end_to_end_compare_mpi(capsys):
+    reason = mpi_missing()
+    if reason:
+        pytest.skip(reason)
+    assert bench.main(["alltoall", "-n", "2", *SMALL, "--compare", "mpi"]) == 0
+    out = capsys.readouterr().out
+    rows = data_rows(out)
+    assert [r[:2] for r in rows] == [["1024", "256"], ["65536", "16384"]]
+    assert all(len(r) == 10 and float(r[6]) > 0 for r in rows)
+    assert "launcher: mpi" in out and "mpi_busbw" in out
+
+
+@pytest.mark.timeout(120)
+def test_timeout_stops_the_ranks(capsys):
+    assert bench.main(["alltoall", "-n", "2", "--timeout", "0.05"]) == 1
+    assert "timed out after 0.05 s" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_timeout_stops_mpirun(capsys):
+    reason = mpi_missing()
+    if reason:
+        pytest.skip(reason)
+    assert bench.main(["alltoall", "-n", "2", "--compare", "mpi", "--timeout", "0.05"]) == 1
+    assert "timed out after 0.05 s" in capsys.readouterr().err
