@@ -27,6 +27,7 @@
 #include "offload_atomic.h"
 
 #define EMU_SLEEP_SLICE_NS 50000000ll  /* re-check the stop flag at least this often */
+#define EMU_IDLE_YIELD_US  50u          /* yield phase when no op is in flight */
 
 uint64_t emu_now_ns(void)
 {
@@ -68,18 +69,31 @@ static inline void cpu_relax(void)
 #endif
 }
 
-uint32_t dpa_hal_event_snapshot(struct dpa_hal *hal)
+static uint32_t event_snapshot(struct emu_device *dev)
 {
-	return off_load_acquire(&hal->dev->ranks[hal->dev->attr.rank].event);
+	return off_load_acquire(&dev->ranks[dev->attr.rank].event);
 }
 
-void dpa_hal_idle(struct dpa_hal *hal, uint32_t snapshot)
+/*
+ * Park a thread whose pass found no work until the event counter moves past `snapshot`:
+ * spin, then yield, then sleep on the futex. How long to yield depends on the load:
+ *  - small ops in flight: yield_us; their next event is microseconds away and a wake-up
+ *    from the futex costs tens of microseconds (an IPI to a halted vCPU);
+ *  - a bulk op in flight: no yield; a yielding thread is not "woken", so it does not
+ *    preempt the copy threads when its event arrives and waits out their time slice,
+ *    while a sleeping one is woken with preemption;
+ *  - nothing in flight: a short yield, so that back-to-back ops find the thread awake.
+ */
+static void park(struct emu_device *dev, uint32_t snapshot, enum dpa_engine_load load)
 {
-	struct emu_device *dev = hal->dev;
 	struct emu_rank *r = &dev->ranks[dev->attr.rank];
+	uint32_t yield_us = load == DPA_ENGINE_SMALL ? dev->attr.yield_us :
+			    load == DPA_ENGINE_BULK ? 0 :
+			    (dev->attr.yield_us < EMU_IDLE_YIELD_US ? dev->attr.yield_us :
+								      EMU_IDLE_YIELD_US);
 	uint64_t start = emu_now_ns();
 	uint64_t spin_end = start + (uint64_t)dev->attr.spin_us * 1000u;
-	uint64_t yield_end = spin_end + (uint64_t)dev->attr.yield_us * 1000u;
+	uint64_t yield_end = spin_end + (uint64_t)yield_us * 1000u;
 	struct timespec slice = ns_to_ts(EMU_SLEEP_SLICE_NS);
 
 	while (off_load_acquire(&r->event) == snapshot && !off_read_once(&dev->stop)) {
@@ -128,10 +142,10 @@ static void *progress_thread(void *arg)
 	snprintf(name, sizeof(name), "dpa-r%u-t%u", dev->attr.rank, hal->index);
 	pthread_setname_np(pthread_self(), name);
 	while (!off_read_once(&dev->stop)) {
-		uint32_t snap = dpa_hal_event_snapshot(hal);
+		uint32_t snap = event_snapshot(dev);
 
 		if (dpa_progress(dev->fw_state, hal) == 0)
-			dpa_hal_idle(hal, snap);
+			park(dev, snap, dpa_engine_load(dev->fw_state));
 	}
 	return NULL;
 }

@@ -140,6 +140,16 @@ def _seconds(minimum: float, inclusive: bool) -> Validator:
     return check
 
 
+def _threads(value: Any) -> int | str:
+    allowed = "'auto' or an integer from 1 to 64"
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        return "auto"
+    n = _as_int(value, allowed)
+    if not 1 <= n <= 64:
+        raise ValueError(allowed)
+    return n
+
+
 def _choice(*options: str) -> Validator:
     allowed = "one of " + ", ".join(options)
 
@@ -158,10 +168,11 @@ TUNABLES: tuple[Tunable, ...] = (
     Tunable("backend", str, "auto",
             "auto (flexio when a DPA is found, else emulator), emulator or flexio",
             _choice("auto", "emulator", "flexio")),
-    Tunable("dpa_threads", int, 2,
-            "emulated DPA progress threads per rank (1..64)",
-            _int_range(1, 64)),
-    Tunable("chunk_size", int, 256 * KiB,
+    Tunable("dpa_threads", int, "auto",
+            "DPA progress threads per rank (1..64), or auto: in the emulator as many as the "
+            "cores can run next to the other ranks (cores // ranks, 1..4)",
+            _threads),
+    Tunable("chunk_size", int, 1 * MiB,
             "RDMA write piece size in bytes (4 KiB..64 MiB; K/M/G suffixes allowed)",
             _size_range(4 * KiB, 64 * MiB)),
     Tunable("ring_entries", int, 256,
@@ -173,15 +184,14 @@ TUNABLES: tuple[Tunable, ...] = (
     Tunable("bootstrap_timeout", float, 60.0,
             "seconds to wait for all ranks to join at init (> 0)",
             _seconds(0.0, inclusive=False)),
-    Tunable("spin_us", int, 50,
-            "microseconds a progress thread busy-polls before yielding (0..100000)",
+    Tunable("spin_us", int, 20,
+            "microseconds an idle progress thread busy-polls before yielding (0..100000); "
+            "skipped when the emulated threads outnumber the cores",
             _int_range(0, 100_000)),
-    Tunable("yield_us", int, 500,
-            "microseconds of yielding before sleeping on a futex (0..1000000)",
+    Tunable("yield_us", int, 2000,
+            "microseconds an idle progress thread yields the core before sleeping on a "
+            "futex (0..1000000)",
             _int_range(0, 1_000_000)),
-    Tunable("op_timeout", float, 0.0,
-            "seconds an operation may take before it fails with Timeout; 0 = no limit (>= 0)",
-            _seconds(0.0, inclusive=True)),
 )
 
 _TABLE: dict[str, Tunable] = {t.name: t for t in TUNABLES}
@@ -216,14 +226,13 @@ class Config:
     """Validated tunables; build it with :func:`load_config` (or directly, also validated)."""
 
     backend: str = _default("backend")
-    dpa_threads: int = _default("dpa_threads")
+    dpa_threads: int | str = _default("dpa_threads")
     chunk_size: int = _default("chunk_size")
     ring_entries: int = _default("ring_entries")
     post_timeout: float = _default("post_timeout")
     bootstrap_timeout: float = _default("bootstrap_timeout")
     spin_us: int = _default("spin_us")
     yield_us: int = _default("yield_us")
-    op_timeout: float = _default("op_timeout")
 
     def __post_init__(self) -> None:
         for t in TUNABLES:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 import threading
 import warnings
 import weakref
@@ -26,11 +27,28 @@ _LOCAL_READ, _LOCAL_WRITE, _REMOTE_READ, _REMOTE_WRITE = 1, 2, 4, 8
 SRC_ACCESS = _LOCAL_READ | _REMOTE_READ
 DST_ACCESS = _LOCAL_READ | _LOCAL_WRITE | _REMOTE_WRITE
 
+# Waiting polls (yielding the core) for ops this small, and sleeps at once for larger ones:
+# a wake-up costs tens of microseconds here, which only small ops notice, while polling
+# through a long op would take the CPU that offloading is meant to free.
+_POLL_MAX_BYTES = 64 * 1024
+_POLL_NS = 200_000
+
 MAX_TEAMS = 16
 MAX_RANKS = 64
 
 _STAT_FIELDS = ("ops_completed", "bytes_written", "writes", "signals", "reads", "errors",
                 "progress_calls", "idle_calls")
+
+
+def _cores() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def _resolve_threads(config: Config, ranks: int) -> int:
+    if config.dpa_threads != "auto":
+        return int(config.dpa_threads)
+    # The emulator's DPA threads share the host's cores with every rank of the job.
+    return max(1, min(4, _cores() // ranks))
 
 
 class Team:
@@ -67,39 +85,40 @@ class Team:
             raise InvalidArgument("src and dst overlap: in-place all-to-all is not supported")
         return s, d
 
-    def _alltoall_op(self, s: Buffer, d: Buffer) -> tuple[Any, list[int]]:
-        ctx = self._ctx
-        src_key, src_owned = ctx._register(s, SRC_ACCESS)
-        try:
-            dst_key, dst_owned = ctx._register(d, DST_ACCESS)
-        except BaseException:
-            if src_owned:
-                lib.host_mr_release(ctx._handle(), src_key)
-            raise
+    def _alltoall_op(self, s: Buffer, d: Buffer) -> Any:
         op = ffi.new("struct host_op *")
         op.opcode = OP_ALLTOALL
         op.team = self.id
-        op.src_addr, op.src_key = s.addr, src_key
-        op.dst_addr, op.dst_key, op.dst_len = d.addr, dst_key, d.nbytes
+        op.src_addr, op.src_len = s.addr, s.nbytes
+        op.dst_addr, op.dst_len = d.addr, d.nbytes
         op.count = s.nbytes // self.size
-        owned = [k for k, o in ((src_key, src_owned), (dst_key, dst_owned)) if o]
-        return op, owned
+        return op
 
     def alltoall(self, src: Any, dst: Any) -> Request:
         """Post an all-to-all: block j of src goes to rank j, block i of dst comes from rank i."""
         self._ctx._check_open()
         s, d = self._alltoall_args(src, dst)
-        op, owned = self._alltoall_op(s, d)
-        for i, key in enumerate(owned):
-            op.release_keys[i] = key
-        return self._ctx._post(op, "alltoall", (s.obj, d.obj), release=owned)
+        # host_post registers both buffers for this op alone.
+        return self._ctx._post(self._alltoall_op(s, d), "alltoall", (s.obj, d.obj), nbytes=s.nbytes)
 
     def alltoall_init(self, src: Any, dst: Any) -> PersistentRequest:
         """A persistent all-to-all: registered once, then post()/wait() repeatedly."""
-        self._ctx._check_open()
+        ctx = self._ctx
+        ctx._check_open()
         s, d = self._alltoall_args(src, dst)
-        op, owned = self._alltoall_op(s, d)
-        return self._ctx._persistent(op, "alltoall", owned, (s.obj, d.obj))
+        op = self._alltoall_op(s, d)
+        keys: list[int] = []
+        try:
+            for buf, access, field in ((s, SRC_ACCESS, "src_key"), (d, DST_ACCESS, "dst_key")):
+                key, owned = ctx._register(buf, access)
+                setattr(op, field, key)
+                if owned:
+                    keys.append(key)
+        except BaseException:
+            for key in keys:
+                lib.host_mr_release(ctx._handle(), key)
+            raise
+        return ctx._persistent(op, "alltoall", keys, (s.obj, d.obj), nbytes=s.nbytes)
 
     # -- barrier ----------------------------------------------------------------------------
     def barrier(self) -> Request:
@@ -130,11 +149,15 @@ class Context:
         backend_c = ffi.new("char[]", backend.encode())
         params.job, params.backend = job_c, backend_c
         params.rank, params.size = world.rank, world.size
-        params.num_threads = config.dpa_threads
+        params.num_threads = self.dpa_threads = _resolve_threads(config, world.size)
+        # Busy-polling only pays when every emulated thread has a core of its own.
+        oversubscribed = world.size * (self.dpa_threads + 1) > _cores()
         params.ring_entries = config.ring_entries
         params.chunk_size = config.chunk_size
-        params.spin_us, params.yield_us = config.spin_us, config.yield_us
+        params.spin_us = 0 if oversubscribed else config.spin_us
+        params.yield_us = config.yield_us
         params.bootstrap_timeout_ns = int(config.bootstrap_timeout * 1e9)
+        self._post_timeout_ns = int(config.post_timeout * 1e9)
         out = ffi.new("struct host_ctx **")
         check_rc(lib.host_ctx_open(params, out),
                  f"opening the {backend} device for rank {world.rank}/{world.size} (job {world.job})")
@@ -235,26 +258,28 @@ class Context:
 
     # -- posting ----------------------------------------------------------------------------
     def _post(self, op: Any, what: str, keep: tuple[Any, ...], result: Result | None = None,
-              release: Sequence[int] = ()) -> Request:
+              nbytes: int = 0) -> Request:
         tag = ffi.new("uint32_t *")
         if self._orphans:
             self._reap_orphans()
-        rc = lib.host_post(self._handle(), op, int(self.config.post_timeout * 1e9), tag)
-        if rc < 0:
-            for key in release:
-                lib.host_mr_release(self._ptr, key)
+        rc = lib.host_post(self._handle(), op, self._post_timeout_ns, tag)
         check_rc(rc, f"posting {what}")
-        return Request(self, int(tag[0]), what, keep, result)
+        poll_ns = _POLL_NS if nbytes <= _POLL_MAX_BYTES else 0
+        return Request(self, int(tag[0]), what, keep, result, poll_ns)
 
     def _persistent(self, op: Any, what: str, keys: list[int], keep: tuple[Any, ...],
-                    result: Result | None = None) -> PersistentRequest:
-        p = PersistentRequest(self, what, op, keys, keep, result)
+                    result: Result | None = None, nbytes: int = 0) -> PersistentRequest:
+        p = PersistentRequest(self, what, op, keys, keep, result, nbytes)
         self._persistents.add(p)
         return p
 
     def _adopt(self, tag: int, keep: tuple[Any, ...]) -> None:
-        if self._ptr is not None:
+        if self._ptr is None:
+            return
+        if keep:
             self._orphans[tag] = keep
+        else:
+            lib.host_abandon(self._ptr, tag)
 
     def _reap_orphans(self) -> None:
         comp = ffi.new("struct host_completion *")

@@ -19,11 +19,13 @@ Result = Callable[[Any], Any]
 class Request:
     """A one-shot, non-blocking op. Keeps its buffers alive until it completes."""
 
-    __slots__ = ("_ctx", "_tag", "_what", "_keep", "_done", "_value", "_result", "__weakref__")
+    __slots__ = ("_ctx", "_tag", "_what", "_keep", "_done", "_value", "_result", "_poll_ns",
+                 "__weakref__")
 
     def __init__(self, ctx: Context, tag: int, what: str, keep: tuple[Any, ...],
-                 result: Result | None = None) -> None:
+                 result: Result | None = None, poll_ns: int = 0) -> None:
         self._ctx = ctx
+        self._poll_ns = poll_ns
         self._tag = tag
         self._what = what
         self._keep = keep
@@ -63,7 +65,8 @@ class Request:
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         while True:
             left = _WAIT_SLICE_S if deadline is None else min(_WAIT_SLICE_S, deadline - time.monotonic())
-            rc = lib.host_wait(self._ctx._handle(), self._tag, max(0, int(left * 1e9)), comp)
+            rc = lib.host_wait(self._ctx._handle(), self._tag, max(0, int(left * 1e9)),
+                               self._poll_ns, comp)
             if rc == 0:
                 self._finish(comp)
                 return self._value
@@ -73,26 +76,28 @@ class Request:
                 raise Timeout(f"{self._what} did not complete within {timeout} s")
 
     def __del__(self) -> None:
-        # An unwaited op may still write into its buffers: hand them to the context,
-        # which keeps them alive until the completion arrives.
-        if not self._done and self._keep:
-            try:
-                self._ctx._adopt(self._tag, self._keep)
-            except Exception:
-                pass
+        # An unwaited op may still write into its buffers: hand them to the context, which
+        # keeps them alive until the completion arrives. One without buffers is forgotten.
+        if self._done:
+            return
+        try:
+            self._ctx._adopt(self._tag, self._keep)
+        except Exception:
+            pass
 
 
 class PersistentRequest:
     """An op set up once and posted many times (``*_init``); buffers stay registered."""
 
     def __init__(self, ctx: Context, what: str, op: Any, keys: list[int], keep: tuple[Any, ...],
-                 result: Result | None = None) -> None:
+                 result: Result | None = None, nbytes: int = 0) -> None:
         self._ctx = ctx
         self._what = what
         self._op = op
         self._keys = keys
         self._keep = keep
         self._result = result
+        self._nbytes = nbytes
         self._active: Request | None = None
         self._freed = False
 
@@ -110,7 +115,8 @@ class PersistentRequest:
             raise InvalidArgument(
                 f"{self._what}: already posted and not complete; call wait() before post()"
             )
-        self._active = self._ctx._post(self._op, self._what, self._keep, self._result)
+        self._active = self._ctx._post(self._op, self._what, self._keep, self._result,
+                                       nbytes=self._nbytes)
         return self
 
     def test(self) -> bool:

@@ -28,5 +28,17 @@ uint64_t dpa_engine_state_size(void);
 int dpa_engine_init(void *state, const struct dpa_engine_params *params);
 /* One bounded, non-blocking pass for the calling thread; returns how much it advanced. */
 int dpa_progress(void *state, struct dpa_hal *hal);
+/*
+ * What the runtime may poll for: DPA_ENGINE_IDLE (no op in flight), DPA_ENGINE_SMALL (only
+ * ops moving at most DPA_ENGINE_SMALL_BYTES per rank: their next event is microseconds
+ * away) or DPA_ENGINE_BULK (an op that keeps copy engines busy for a long time).
+ */
+enum dpa_engine_load {
+	DPA_ENGINE_IDLE = 0,
+	DPA_ENGINE_SMALL = 1,
+	DPA_ENGINE_BULK = 2,
+};
+#define DPA_ENGINE_SMALL_BYTES (64u * 1024u)
+enum dpa_engine_load dpa_engine_load(const void *state);
 
 #endif /* DPA_ENGINE_H */

@@ -58,13 +58,11 @@ int dpa_hal_rdma_signal_add(struct dpa_hal *hal, uint32_t peer, uint64_t raddr,
 int dpa_hal_poll_cq(struct dpa_hal *hal, struct dpa_hal_cqe *out, int max);
 
 /*
- * Scheduling. event_snapshot() before looking for work; if none was found, idle() waits
- * (spin, then yield, then sleep) until a doorbell, a remote signal or notify() moves the
- * event counter past the snapshot. notify() wakes sibling threads; host_notify() wakes
- * host threads waiting on the completion ring.
+ * Scheduling. The runtime calls dpa_progress() while there is work and parks the thread
+ * when a pass finds none, until a doorbell, a remote signal or notify() (on FlexIO: a CQ
+ * event) arrives. notify() wakes sibling threads; host_notify() wakes host threads
+ * waiting on the completion ring.
  */
-uint32_t dpa_hal_event_snapshot(struct dpa_hal *hal);
-void dpa_hal_idle(struct dpa_hal *hal, uint32_t snapshot);
 void dpa_hal_notify(struct dpa_hal *hal);
 void dpa_hal_host_notify(struct dpa_hal *hal);
 uint64_t dpa_hal_time_ns(struct dpa_hal *hal);

@@ -57,7 +57,7 @@ static int take_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 		/* The ranks disagree on the block size: move nothing, tell the receiver. */
 		dpa_op_fail(op, OFFLOAD_ERR_INVALID, eng->teams[op->team_id].peers[dst].world_rank);
 		it->flags |= DPA_ITEM_FAILED;
-		it->posted = it->acked = op->cmd.count;
+		it->posted = op->cmd.count;
 	}
 	return 1;
 }
@@ -84,14 +84,12 @@ static int post_chunks(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal
 		if (rc) {
 			dpa_op_fail(op, OFFLOAD_ERR_INTERNAL, team->peers[dst].world_rank);
 			it->flags |= DPA_ITEM_FAILED;
-			it->posted = it->acked = op->cmd.count;
+			it->posted = op->cmd.count;
 			break;
 		}
 		it->posted += len;
 		it->inflight++;
 		posted++;
-		dpa_stats(hal)->writes++;
-		dpa_stats(hal)->bytes_written += len;
 	}
 	return posted;
 }
@@ -143,8 +141,9 @@ static int a2a_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, s
 	}
 	if (it->flags & DPA_ITEM_READY_IN) {
 		work += post_chunks(eng, op, hal, it, i, dst);
+		/* Every piece completed (a failed one too): tell the receiver how it went. */
 		if (!(it->flags & DPA_ITEM_SIGNALED) && it->inflight == 0 &&
-		    it->acked >= op->cmd.count &&
+		    it->posted >= op->cmd.count &&
 		    dpa_signal_done(eng, op, hal, dst, !!(it->flags & DPA_ITEM_FAILED)) != DPA_HAL_EAGAIN) {
 			it->flags |= DPA_ITEM_SIGNALED;
 			work++;

@@ -171,6 +171,9 @@ static int try_complete_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa
 	if (cqe.status != OFFLOAD_OK)
 		dpa_stats(hal)->errors++;
 	__atomic_store_n(&op->state, DPA_OP_FREE, __ATOMIC_SEQ_CST);
+	if (op->bulk)
+		off_fetch_sub(&eng->inflight_bulk, 1);
+	off_fetch_sub(&eng->inflight, 1);
 	return 1;
 }
 
@@ -258,6 +261,10 @@ static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct 
 	team->next_seq++;
 	op->nitems = (uint32_t)n;
 	op->remaining = (uint32_t)n;
+	op->bulk = op->cmd.count * team->size > DPA_ENGINE_SMALL_BYTES;
+	if (op->bulk)
+		off_fetch_add(&eng->inflight_bulk, 1);
+	off_fetch_add(&eng->inflight, 1);
 	/* Publish: threads that see ACTIVE see every field above. */
 	__atomic_store_n(&op->state, DPA_OP_ACTIVE, __ATOMIC_SEQ_CST);
 	return 1;
@@ -305,7 +312,10 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
 		team = &eng->teams[op->team_id];
 		if (kind == DPA_WR_DATA) {
 			op->items[item].inflight--;
-			op->items[item].acked += cqes[i].bytes;
+			if (cqes[i].status == OFFLOAD_OK) {
+				dpa_stats(hal)->writes++;
+				dpa_stats(hal)->bytes_written += cqes[i].bytes;
+			}
 		}
 		if (cqes[i].status != OFFLOAD_OK) {
 			/* DATA wr_ids carry the item, CTRL ones the team peer. */
@@ -313,8 +323,11 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
 				(team->my_rank + item) % team->size : item;
 
 			dpa_op_fail(op, cqes[i].status, team->peers[peer % team->size].world_rank);
-			if (kind == DPA_WR_DATA)
+			if (kind == DPA_WR_DATA) {
+				/* Post nothing more for this peer; its done signal carries the error. */
 				op->items[item].flags |= DPA_ITEM_FAILED;
+				op->items[item].posted = op->cmd.count;
+			}
 		}
 	}
 	return n;
@@ -355,6 +368,15 @@ static int progress_ops(struct dpa_engine *eng, struct dpa_hal *hal)
 		__atomic_fetch_sub(&op->users, 1, __ATOMIC_SEQ_CST);
 	}
 	return work;
+}
+
+enum dpa_engine_load dpa_engine_load(const void *state)
+{
+	const struct dpa_engine *eng = state;
+
+	if (off_read_once(&eng->inflight_bulk))
+		return DPA_ENGINE_BULK;
+	return off_read_once(&eng->inflight) ? DPA_ENGINE_SMALL : DPA_ENGINE_IDLE;
 }
 
 int dpa_progress(void *state, struct dpa_hal *hal)

@@ -20,8 +20,7 @@ enum dpa_op_state {
 struct dpa_item {
 	uint32_t flags;
 	uint32_t inflight;     /* posted writes not yet completed */
-	uint64_t posted;       /* bytes posted */
-	uint64_t acked;        /* bytes completed */
+	uint64_t posted;       /* bytes posted (all of them, once a piece failed) */
 	uint64_t raddr;        /* the receiver's ready: where to write */
 	uint32_t rkey;
 	uint32_t expect_lo;    /* done-counter value that means "src finished" */
@@ -72,6 +71,7 @@ struct dpa_op {
 	uint32_t team_id;
 	uint32_t nitems;
 	uint32_t index;        /* position in the engine's op table, for wr_ids */
+	uint32_t bulk;         /* counted in inflight_bulk */
 	const struct dpa_algo *algo;
 	struct offload_cmd cmd;
 	struct dpa_item items[OFFLOAD_MAX_RANKS];
@@ -81,6 +81,8 @@ struct dpa_engine {
 	struct dpa_engine_params params;
 	uint32_t intake_lock;
 	uint32_t cq_lock;
+	uint32_t inflight;     /* active ops; read by the runtime to choose how to idle */
+	uint32_t inflight_bulk; /* of which move more than DPA_ENGINE_SMALL_BYTES per rank */
 	struct dpa_team teams[OFFLOAD_MAX_TEAMS];
 	struct dpa_op ops[OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW];
 };

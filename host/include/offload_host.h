@@ -40,7 +40,7 @@ struct host_op {
 	uint64_t aux_addr;
 	uint32_t aux_key;
 	uint32_t root;
-	uint32_t release_keys[2];   /* registrations to drop when the op completes (0 = none) */
+	uint64_t src_len;           /* bytes of src, for registering it */
 };
 
 struct host_completion {
@@ -58,10 +58,15 @@ int host_team_create(struct host_ctx *ctx, uint32_t team_id, uint32_t nmembers,
 		     const uint32_t *world_ranks, int64_t timeout_ns);
 
 /* Post: 0 and *tag, -EAGAIN if the ring stays full past timeout_ns (0 = don't block),
- * -EBUSY if too many requests completed without being waited for. */
+ * -EBUSY if too many requests completed without being waited for. A zero src_key/dst_key
+ * with a non-zero src_len/dst_len asks host_post to register that buffer for this op
+ * alone (released when the op completes): one call per one-shot op. */
 int host_post(struct host_ctx *ctx, const struct host_op *op, int64_t timeout_ns, uint32_t *tag);
-/* 0 with *out filled once the op completed, -ETIMEDOUT otherwise (timeout_ns < 0: forever). */
-int host_wait(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, struct host_completion *out);
+/* 0 with *out filled once the op completed, -ETIMEDOUT otherwise (timeout_ns < 0: forever).
+ * The first poll_ns are spent polling (yielding the core between looks), the rest asleep:
+ * polling saves the wake-up latency of short ops, sleeping keeps the CPU free for long ones. */
+int host_wait(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, int64_t poll_ns,
+	      struct host_completion *out);
 /* 1 and *out if complete, 0 if not yet. */
 int host_test(struct host_ctx *ctx, uint32_t tag, struct host_completion *out);
 /* Forget a request nobody will wait for; its completion is dropped when it arrives. */

@@ -9,6 +9,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -20,7 +21,6 @@
 #include "offload_host.h"
 
 #define HOST_TAGS        4096u         /* requests alive (posted, not yet waited for) */
-#define HOST_SPIN_NS     5000ll        /* spin before sleeping: keeps small ops fast */
 #define HOST_SLEEP_MAX   100000000ll   /* re-check at least every 100 ms */
 #define HOST_MAX_SHARED  256u
 
@@ -197,7 +197,8 @@ static void reap_locked(struct host_ctx *ctx)
 	off_store_release(&ctx->ring->cq_head, head);  /* the DPA may reuse those entries */
 }
 
-static int post_locked(struct host_ctx *ctx, const struct host_op *op, uint32_t *tag_out)
+static int post_locked(struct host_ctx *ctx, const struct host_op *op, const uint32_t release[2],
+		       uint32_t *tag_out)
 {
 	uint32_t tail = ctx->ring->sq_tail;  /* ours */
 	uint32_t tag = ctx->next_tag;
@@ -218,7 +219,7 @@ static int post_locked(struct host_ctx *ctx, const struct host_op *op, uint32_t 
 		.aux_addr = op->aux_addr, .aux_key = op->aux_key, .root = op->root,
 	};
 	*t = (struct host_tag){ .tag = tag, .state = TAG_PENDING,
-		.release_keys = { op->release_keys[0], op->release_keys[1] } };
+		.release_keys = { release[0], release[1] } };
 	ctx->inflight++;
 	ctx->next_tag = tag + 1 ? tag + 1 : 1;  /* tag 0 is never used */
 	off_store_release(&ctx->ring->sq_tail, tail + 1);  /* pairs with the DPA's acquire */
@@ -226,29 +227,65 @@ static int post_locked(struct host_ctx *ctx, const struct host_op *op, uint32_t 
 	return 0;
 }
 
-int host_post(struct host_ctx *ctx, const struct host_op *op, int64_t timeout_ns, uint32_t *tag)
+static int acquire_op_keys(struct host_ctx *ctx, struct host_op *op, uint32_t release[2])
+{
+	int owned, rc;
+
+	if (!op->src_key && op->src_len) {
+		rc = host_mr_acquire(ctx, (const void *)(uintptr_t)op->src_addr, op->src_len,
+				     OFFLOAD_ACCESS_LOCAL_READ | OFFLOAD_ACCESS_REMOTE_READ,
+				     &op->src_key, &owned);
+		if (rc)
+			return rc;
+		if (owned)
+			release[0] = op->src_key;
+	}
+	if (!op->dst_key && op->dst_len) {
+		rc = host_mr_acquire(ctx, (const void *)(uintptr_t)op->dst_addr, op->dst_len,
+				     OFFLOAD_ACCESS_LOCAL_READ | OFFLOAD_ACCESS_LOCAL_WRITE |
+				     OFFLOAD_ACCESS_REMOTE_WRITE, &op->dst_key, &owned);
+		if (rc)
+			return rc;
+		if (owned)
+			release[1] = op->dst_key;
+	}
+	return 0;
+}
+
+int host_post(struct host_ctx *ctx, const struct host_op *user_op, int64_t timeout_ns,
+	      uint32_t *tag)
 {
 	int64_t deadline = now_ns() + (timeout_ns > 0 ? timeout_ns : 0);
 	struct timespec pause = { 0, 20000 };
+	struct host_op op = *user_op;
+	uint32_t release[2] = { 0, 0 };
 	int rc;
 
-	if (op->opcode == OFFLOAD_OP_NOP || op->opcode >= OFFLOAD_OP_MAX)
+	/* Fields wider here than in the 64-byte slot must fit it, not be truncated. */
+	if (op.opcode == OFFLOAD_OP_NOP || op.opcode >= OFFLOAD_OP_MAX || op.team > UINT16_MAX)
 		return -EINVAL;
-	for (;;) {
+	rc = acquire_op_keys(ctx, &op, release);
+	while (!rc) {
 		pthread_mutex_lock(&ctx->lock);
-		rc = post_locked(ctx, op, tag);
+		rc = post_locked(ctx, &op, release, tag);
 		pthread_mutex_unlock(&ctx->lock);
 		if (rc != -EAGAIN)
 			break;
 		/* Ring full: the DPA frees slots at intake; wait for it, bounded. */
 		ctx->ops->doorbell(ctx->dev);
 		if (now_ns() >= deadline)
-			return -EAGAIN;
+			break;
 		nanosleep(&pause, NULL);
+		rc = 0;
 	}
-	if (!rc)
-		ctx->ops->doorbell(ctx->dev);
-	return rc;
+	if (rc) {
+		for (int i = 0; i < 2; i++)
+			if (release[i])
+				ctx->ops->mr_dereg(ctx->dev, release[i]);
+		return rc;
+	}
+	ctx->ops->doorbell(ctx->dev);
+	return 0;
 }
 
 /* 1: done (out filled, tag freed); 0: pending; -ENOENT: unknown tag. */
@@ -276,7 +313,8 @@ int host_test(struct host_ctx *ctx, uint32_t tag, struct host_completion *out)
 	return rc;
 }
 
-int host_wait(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, struct host_completion *out)
+int host_wait(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, int64_t poll_ns,
+	      struct host_completion *out)
 {
 	int64_t start = now_ns();
 	int64_t deadline = timeout_ns < 0 ? INT64_MAX : start + timeout_ns;
@@ -291,8 +329,10 @@ int host_wait(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, struct hos
 		now = now_ns();
 		if (now >= deadline)
 			return -ETIMEDOUT;
-		if (now - start < HOST_SPIN_NS)
+		if (now - start < poll_ns) {
+			sched_yield();
 			continue;
+		}
 		left = deadline - now < HOST_SLEEP_MAX ? deadline - now : HOST_SLEEP_MAX;
 		off_fetch_add(&ctx->ring->cq_waiters, 1);
 		/* Pairs with the DPA's fence between publishing cq_tail and reading cq_waiters. */
@@ -347,7 +387,7 @@ int host_team_create(struct host_ctx *ctx, uint32_t team_id, uint32_t nmembers,
 	rc = host_post(ctx, &op, timeout_ns, &tag);
 	if (rc)
 		goto out;
-	rc = host_wait(ctx, tag, timeout_ns, &done);
+	rc = host_wait(ctx, tag, timeout_ns, 0, &done);
 	if (rc == -ETIMEDOUT) {
 		/* The firmware may still read desc: leak it rather than free under its feet. */
 		host_abandon(ctx, tag);

@@ -1,0 +1,35 @@
+"""A 4-rank all-to-all on the emulated DPU, checked against numpy.
+
+    dpa-offload run -n 4 -- python examples/alltoall_demo.py
+"""
+import time
+
+import numpy as np
+
+import offload_lib as ol
+
+with ol.init() as ctx:
+    n, me = ctx.size, ctx.rank
+    per_peer = 256 * 1024  # float32 elements: 1 MiB to each peer
+    # Registered job-shared memory: peers' DPA threads copy straight into it.
+    src = ctx.empty(n * per_peer, np.float32)
+    dst = ctx.empty(n * per_peer, np.float32)
+    src[:] = np.repeat(me * 1000 + np.arange(n, dtype=np.float32), per_peer)
+
+    ctx.world.alltoall(src, dst).wait()  # first touch maps the peers' buffers
+
+    ctx.world.barrier().wait()
+    t0, cpu0 = time.perf_counter(), time.thread_time()
+    request = ctx.world.alltoall(src, dst)
+    request.wait()  # the calling thread sleeps while the DPA threads move the data
+    elapsed, cpu = time.perf_counter() - t0, time.thread_time() - cpu0
+
+    expected = np.repeat(np.arange(n, dtype=np.float32) * 1000 + me, per_peer)
+    assert np.array_equal(dst, expected), "all-to-all delivered wrong data"
+    ctx.world.barrier().wait()
+    stats = ctx.stats()
+    print(
+        f"rank {me}/{n}: all-to-all of {src.nbytes >> 20} MiB correct in {elapsed * 1e6:.0f} us "
+        f"({cpu * 1e6:.0f} us of host CPU) on the {ctx.backend} with {ctx.dpa_threads} DPA "
+        f"thread(s); the DPA wrote {stats['bytes'] >> 20} MiB in {stats['chunks']} RDMA writes"
+    )

@@ -1,0 +1,110 @@
+"""A small multi-rank harness: run one script as N ranks of a `dpa-offload run` job.
+
+    out = run_ranks(3, '''
+        ctx = ol.init()
+        ...
+        assert ...
+    ''', timeout=60)
+
+The body is dedented and prefixed with PRELUDE (imports, ``rank``/``size`` from the launcher's
+environment and a ``check_equal`` helper); a line that marks the rank as finished is appended.
+The test fails, with every rank's output, when the job exits non-zero, hits ``timeout``, or a
+rank returns without reaching the end of the script. Returns each rank's output (stdout and
+stderr, the ``[rank] `` prefix removed), indexed by rank.
+"""
+from __future__ import annotations
+
+import io
+import os
+import sys
+import tempfile
+import textwrap
+import time
+from collections.abc import Mapping
+
+import pytest
+
+from offload_lib.launcher import launch
+
+__all__ = ["run_ranks", "PRELUDE", "DONE_MARK"]
+
+DONE_MARK = "__rank_done__"
+
+PRELUDE = '''\
+import faulthandler, os, signal, sys, time
+import numpy as np
+import offload_lib as ol
+
+# A rank stopped by the launcher (timeout, or a peer failed) shows where it was stuck.
+faulthandler.register(signal.SIGTERM, chain=True)
+
+rank = int(os.environ["OFFLOAD_RANK"])
+size = int(os.environ["OFFLOAD_SIZE"])
+
+
+def check_equal(got, want, what):
+    """Element-by-element comparison; on mismatch say where and what."""
+    got = np.asarray(got).reshape(-1)
+    want = np.asarray(want).reshape(-1)
+    assert got.shape == want.shape, f"{what}: shape {got.shape} != {want.shape}"
+    assert got.dtype == want.dtype, f"{what}: dtype {got.dtype} != {want.dtype}"
+    bad = np.flatnonzero(got != want)
+    if bad.size:
+        i = int(bad[0])
+        raise AssertionError(
+            f"{what}: {bad.size} of {got.size} elements differ; first at [{i}]: "
+            f"got {got[i]!r}, want {want[i]!r}"
+        )
+
+'''
+
+
+def _split_by_rank(text: str, n: int) -> tuple[list[str], list[str]]:
+    per_rank: list[list[str]] = [[] for _ in range(n)]
+    other: list[str] = []
+    for line in text.splitlines():
+        if line.startswith("["):
+            head, sep, rest = line.partition("] ")
+            if sep and head[1:].isdigit() and int(head[1:]) < n:
+                per_rank[int(head[1:])].append(rest)
+                continue
+        other.append(line)
+    return ["\n".join(lines) for lines in per_rank], other
+
+
+def run_ranks(n: int, script_body: str, timeout: float = 60,
+              env: Mapping[str, str] | None = None) -> list[str]:
+    """Run ``script_body`` as ``n`` ranks; fail the test unless every rank finished cleanly."""
+    body = textwrap.dedent(script_body)
+    script = PRELUDE + body + f"\nprint({DONE_MARK!r}, flush=True)\n"
+    run_env = dict(os.environ)
+    # Never inherit a launch environment (e.g. pytest itself started under dpa-offload run).
+    for key in ("OFFLOAD_RANK", "OFFLOAD_SIZE", "OFFLOAD_JOB", "OFFLOAD_LOCAL_RANK"):
+        run_env.pop(key, None)
+    run_env["PYTHONUNBUFFERED"] = "1"
+    run_env["PYTHONFAULTHANDLER"] = "1"  # a segfault leaves a traceback
+    if env:
+        run_env.update(env)
+    out, err = io.StringIO(), io.StringIO()
+    with tempfile.TemporaryDirectory(prefix="dpaoff-test-") as tmp:
+        path = os.path.join(tmp, "rank_script.py")
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(script)
+        t0 = time.monotonic()
+        rc = launch(n, [sys.executable, path], env=run_env, grace=3.0, timeout=timeout,
+                    stdout=out, stderr=err)
+        elapsed = time.monotonic() - t0
+    combined = out.getvalue() + err.getvalue()
+    ranks, other = _split_by_rank(combined, n)
+    missing = [r for r in range(n) if DONE_MARK not in ranks[r]]
+    if rc != 0 or missing:
+        why = ("timed out after %g s" % timeout) if rc == 124 else f"exit code {rc}"
+        if rc == 0:
+            why = f"rank(s) {missing} did not reach the end of the script"
+        report = [f"{n}-rank job failed: {why} ({elapsed:.1f} s)"]
+        for r in range(n):
+            report.append(f"----- rank {r} -----\n{ranks[r]}")
+        if other:
+            report.append("----- launcher -----\n" + "\n".join(other))
+        pytest.fail("\n".join(report), pytrace=False)
+    return [text.replace(DONE_MARK, "").rstrip("\n") for text in ranks]

@@ -1,0 +1,38 @@
+"""Shared fixtures. Multi-rank helpers live in tests/_mp.py (``from _mp import run_ranks``)."""
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import pytest
+
+# _mp.py sits next to this file; make it importable whatever pytest's import mode is.
+_HERE = os.path.dirname(os.path.abspath(__file__))
+if _HERE not in sys.path:
+    sys.path.insert(0, _HERE)
+
+_LAUNCH_ENV = ("OFFLOAD_RANK", "OFFLOAD_SIZE", "OFFLOAD_JOB", "OFFLOAD_LOCAL_RANK")
+
+
+@pytest.fixture
+def ctx(monkeypatch):
+    """A one-rank context in the test process, closed afterwards."""
+    import offload_lib as ol
+
+    for key in _LAUNCH_ENV:
+        monkeypatch.delenv(key, raising=False)
+    c = ol.init()
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture(scope="session")
+def test_seed() -> int:
+    """Seed for randomised sizes: OFFLOAD_TEST_SEED if set, else the clock. Printed once."""
+    raw = os.environ.get("OFFLOAD_TEST_SEED", "")
+    seed = int(raw) if raw else int(time.time_ns() % 2**31)
+    print(f"\n[dpa-offload tests] OFFLOAD_TEST_SEED={seed}")
+    return seed

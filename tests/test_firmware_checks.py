@@ -1,0 +1,507 @@
+"""The firmware re-checks whatever crosses the host/DPA boundary.
+
+These tests bypass offload_lib's Python checks and post raw `struct host_op`s through the cffi
+binding, the way a buggy or hostile host driver could. Each test first posts a well-formed op
+built the same way (the control: it must succeed and move the right bytes), then the same op
+with exactly one field forged, and expects an error completion with nothing written.
+"""
+from __future__ import annotations
+
+import errno
+import random
+
+import numpy as np
+import pytest
+
+import offload_lib as ol
+from offload_lib._native import ffi, lib
+from offload_lib.errors import ERR_INVALID, ERR_REMOTE_ACCESS, OK
+
+from _mp import run_ranks
+
+OP_TEAM_CREATE, OP_BARRIER, OP_ALLTOALL = 1, 2, 3
+LOCAL_READ, LOCAL_WRITE, REMOTE_READ, REMOTE_WRITE = 1, 2, 4, 8
+SRC_ACCESS = LOCAL_READ | REMOTE_READ
+DST_ACCESS = LOCAL_READ | LOCAL_WRITE | REMOTE_WRITE
+TIMEOUT_NS = 10 * 10**9
+# A one-rank error completion takes microseconds; waiting longer only slows the known hang.
+ERROR_WAIT_NS = 2 * 10**9
+SENTINEL = 0x5A
+
+class NoCompletion(AssertionError):
+    """The firmware wrote no completion for a command it should have failed."""
+
+
+# -- low-level helpers --------------------------------------------------------------------------
+
+def _op_fields() -> set[str]:
+    return {name for name, _ in ffi.typeof("struct host_op").fields}
+
+
+def make_op(**fields):
+    op = ffi.new("struct host_op *")  # zero-filled: unused fields stay 0
+    known = _op_fields()
+    for name, value in fields.items():
+        assert name in known, f"struct host_op has no field {name!r} (has {sorted(known)})"
+        setattr(op, name, value)
+    return op
+
+
+def _host_wait_nargs() -> int:
+    try:
+        return len(ffi.typeof(lib.host_wait).args)
+    except (TypeError, AttributeError):
+        return len(ffi.typeof(ffi.addressof(lib, "host_wait")).args)
+
+
+def post(h, op) -> int:
+    tag = ffi.new("uint32_t *")
+    rc = lib.host_post(h, op, TIMEOUT_NS, tag)
+    assert rc == 0, f"host_post refused a command it should pass to the firmware: rc={rc}"
+    return int(tag[0])
+
+
+def try_wait(h, tag, timeout_ns=TIMEOUT_NS):
+    """The completion, or None if none arrived within timeout_ns."""
+    comp = ffi.new("struct host_completion *")
+    if _host_wait_nargs() == 5:  # (ctx, tag, timeout_ns, poll_ns, out)
+        rc = lib.host_wait(h, tag, timeout_ns, 0, comp)
+    else:  # (ctx, tag, timeout_ns, out)
+        rc = lib.host_wait(h, tag, timeout_ns, comp)
+    if rc == -errno.ETIMEDOUT:
+        return None
+    assert rc == 0, f"host_wait rc={rc}"
+    return comp
+
+
+def wait(h, tag):
+    comp = try_wait(h, tag)
+    assert comp is not None, "host_wait timed out: the firmware never completed the command"
+    return comp
+
+
+def run_op(h, op):
+    return wait(h, post(h, op))
+
+
+def addr(a) -> int:
+    return int(ffi.cast("uintptr_t", ffi.from_buffer(a)))
+
+
+class Regs:
+    """Registrations made by a test, released at the end."""
+
+    def __init__(self, h):
+        self.h = h
+        self.keys: list[int] = []
+
+    def acquire(self, a, access, offset=0, length=None) -> int:
+        length = a.nbytes - offset if length is None else length
+        key = ffi.new("uint32_t *")
+        owned = ffi.new("int *")
+        rc = lib.host_mr_acquire(self.h, ffi.cast("void *", addr(a) + offset), length, access,
+                                 key, owned)
+        assert rc == 0, f"host_mr_acquire rc={rc}"
+        if owned[0]:
+            self.keys.append(int(key[0]))
+        return int(key[0])
+
+    def release(self):
+        for k in self.keys:
+            lib.host_mr_release(self.h, k)
+        self.keys = []
+
+
+def forged_keys(real: int) -> list[int]:
+    """A random key, and the real key with its high bit flipped (same table slot)."""
+    rnd = random.Random(real)
+    out = [real ^ 0x80000000]
+    while len(out) < 2:
+        k = rnd.getrandbits(32)
+        if k not in (0, real):
+            out.append(k)
+    return out
+
+
+@pytest.fixture
+def fw():
+    """(context, raw handle, registrations) of a one-rank job."""
+    c = ol.init()
+    regs = Regs(c._handle())
+    try:
+        yield c, c._handle(), regs
+    finally:
+        regs.release()
+        c.close()
+
+
+def alltoall_op(src, dst, src_key, dst_key, team=0, **over):
+    fields = dict(opcode=OP_ALLTOALL, team=team, src_addr=addr(src), dst_addr=addr(dst),
+                  count=src.nbytes, src_key=src_key, dst_key=dst_key, dst_len=dst.nbytes)
+    if "src_len" in _op_fields():
+        fields["src_len"] = src.nbytes
+    fields.update(over)
+    return make_op(**fields)
+
+
+def control(h, regs, n=256):
+    """A valid one-rank all-to-all through the raw API; returns buffers and keys."""
+    src = np.arange(n, dtype=np.uint8) ^ 0x33
+    dst = np.full(n, SENTINEL, np.uint8)
+    sk, dk = regs.acquire(src, SRC_ACCESS), regs.acquire(dst, DST_ACCESS)
+    comp = run_op(h, alltoall_op(src, dst, sk, dk))
+    assert comp.status == OK, f"control op failed: status {comp.status}"
+    assert np.array_equal(dst, src), "control op moved the wrong bytes"
+    dst[:] = SENTINEL
+    return src, dst, sk, dk
+
+
+def untouched(a, what):
+    bad = np.flatnonzero(a != SENTINEL)
+    assert bad.size == 0, f"{what}: {bad.size} bytes written, first at {bad[0]}"
+
+
+def expect_refused(h, op, what, *clean):
+    """Post op; check the arrays in `clean` were not written (a plain failure if they were),
+    then that an ERR_REMOTE_ACCESS completion arrived (NoCompletion if none did)."""
+    comp = try_wait(h, post(h, op), ERROR_WAIT_NS)
+    for i, a in enumerate(clean):
+        untouched(a, f"{what} (buffer {i})")
+    if comp is None:
+        raise NoCompletion(f"{what}: no completion within {ERROR_WAIT_NS / 1e9:g} s (hang)")
+    assert comp.status == ERR_REMOTE_ACCESS, f"{what}: status {comp.status}"
+    return comp
+
+
+# -- command checks (ERR_INVALID) ---------------------------------------------------------------
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("team", [9, 1, 15, 16, 255, 0xFFFF])
+def test_unknown_team_is_invalid(fw, team):
+    _, h, regs = fw
+    src, dst, sk, dk = control(h, regs)
+    comp = run_op(h, alltoall_op(src, dst, sk, dk, team=team))
+    assert comp.status == ERR_INVALID, f"team {team}: status {comp.status}"
+    untouched(dst, f"team {team}")
+    comp = run_op(h, make_op(opcode=OP_BARRIER, team=team))
+    assert comp.status == ERR_INVALID, f"barrier on team {team}: status {comp.status}"
+
+
+@pytest.mark.timeout(30)
+def test_team_id_wider_than_abi_field_is_rejected(fw):
+    _, h, regs = fw
+    src, dst, sk, dk = control(h, regs)
+    op = alltoall_op(src, dst, sk, dk, team=0x10000)
+    tag = ffi.new("uint32_t *")
+    rc = lib.host_post(h, op, TIMEOUT_NS, tag)
+    if rc == 0:
+        comp = wait(h, int(tag[0]))
+        assert comp.status == ERR_INVALID, f"team 0x10000 completed with status {comp.status}"
+        untouched(dst, "team 0x10000")
+    else:
+        assert rc == -errno.EINVAL
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("short_by", [1, 128, 256])
+def test_dst_len_smaller_than_the_op_is_invalid(fw, short_by):
+    _, h, regs = fw
+    src, dst, sk, dk = control(h, regs)
+    comp = run_op(h, alltoall_op(src, dst, sk, dk, dst_len=dst.nbytes - short_by))
+    assert comp.status == ERR_INVALID, comp.status
+    untouched(dst, "short dst_len")
+
+
+@pytest.mark.timeout(30)
+def test_null_addresses_are_invalid(fw):
+    _, h, regs = fw
+    src, dst, sk, dk = control(h, regs)
+    for over in ({"src_addr": 0}, {"dst_addr": 0}):
+        comp = run_op(h, alltoall_op(src, dst, sk, dk, **over))
+        assert comp.status == ERR_INVALID, (over, comp.status)
+        untouched(dst, str(over))
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("over", [{"count": 1}, {"count": 4096}, {"src_addr": 4096},
+                                  {"dst_addr": 4096}])
+def test_barrier_with_payload_fields_is_invalid(fw, over):
+    _, h, _ = fw
+    assert run_op(h, make_op(opcode=OP_BARRIER, team=0)).status == OK  # control
+    comp = run_op(h, make_op(opcode=OP_BARRIER, team=0, **over))
+    assert comp.status == ERR_INVALID, (over, comp.status)
+    assert run_op(h, make_op(opcode=OP_BARRIER, team=0)).status == OK  # still usable
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("opcode", [0, 4, 5, 255, 0x103])
+def test_host_post_rejects_opcodes_outside_the_abi(fw, opcode):
+    _, h, _ = fw
+    tag = ffi.new("uint32_t *")
+    first = post(h, make_op(opcode=OP_BARRIER))
+    wait(h, first)
+    rc = lib.host_post(h, make_op(opcode=opcode, team=0), TIMEOUT_NS, tag)
+    assert rc == -errno.EINVAL, f"opcode {opcode}: host_post rc={rc}"
+    nxt = post(h, make_op(opcode=OP_BARRIER))
+    assert wait(h, nxt).status == OK
+    assert nxt == first + 1, "a rejected command consumed a tag"
+
+
+def _team_desc(team_id: int, size: int, my_rank: int, world_ranks: list[int]) -> np.ndarray:
+    desc = np.zeros(16 + 16 * 64, np.uint8)
+    desc[:16].view(np.uint32)[:] = [team_id, size, my_rank, 0]
+    peers = desc[16:].view(np.uint32).reshape(64, 4)  # ctrl_addr lo/hi, ctrl_key, world_rank
+    for i, r in enumerate(world_ranks):
+        peers[i, 3] = r
+    return desc
+
+
+@pytest.mark.timeout(30)
+def test_team_create_through_host_post_is_checked(fw):
+    """TEAM_CREATE is the one other opcode host_post lets through: its descriptor is checked."""
+    _, h, _ = fw
+    comp = run_op(h, make_op(opcode=OP_TEAM_CREATE, team=0, aux_addr=0))
+    assert comp.status == ERR_INVALID, f"no descriptor: {comp.status}"
+    bad = {
+        "team 0 already exists": _team_desc(0, 1, 0, [0]),
+        "team id out of range": _team_desc(16, 1, 0, [0]),
+        "size 0": _team_desc(5, 0, 0, []),
+        "size over max": _team_desc(5, 65, 0, [0]),
+        "my_rank >= size": _team_desc(5, 1, 1, [0]),
+        "member outside the world": _team_desc(5, 2, 0, [0, 1]),
+        "my entry is not me": _team_desc(5, 1, 0, [3]),
+    }
+    for what, desc in bad.items():
+        comp = run_op(h, make_op(opcode=OP_TEAM_CREATE, team=0, aux_addr=addr(desc)))
+        assert comp.status == ERR_INVALID, f"{what}: status {comp.status}"
+    # none of them created team 5
+    assert run_op(h, make_op(opcode=OP_BARRIER, team=5)).status == ERR_INVALID
+
+
+# -- memory checks (ERR_REMOTE_ACCESS) ----------------------------------------------------------
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("which", [0, 1], ids=["flipped-bit", "random"])
+def test_forged_dst_rkey_is_refused(fw, which):
+    _, h, regs = fw
+    src, dst, sk, dk = control(h, regs)
+    forged = forged_keys(dk)[which]
+    comp = expect_refused(h, alltoall_op(src, dst, sk, forged), f"forged rkey {forged:#x}", dst)
+    assert comp.detail == 0, f"detail should name rank 0, got {comp.detail}"
+    # the real key still works afterwards
+    assert run_op(h, alltoall_op(src, dst, sk, dk)).status == OK
+    assert np.array_equal(dst, src)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("which", [0, 1], ids=["flipped-bit", "random"])
+def test_forged_src_lkey_is_refused(fw, which):
+    _, h, regs = fw
+    src, dst, sk, dk = control(h, regs)
+    forged = forged_keys(sk)[which]
+    expect_refused(h, alltoall_op(src, dst, forged, dk), f"forged lkey {forged:#x}", dst)
+
+
+@pytest.mark.timeout(30)
+def test_released_key_is_refused(fw):
+    _, h, regs = fw
+    src, dst, sk, _ = control(h, regs)
+    key = ffi.new("uint32_t *")
+    owned = ffi.new("int *")
+    assert lib.host_mr_acquire(h, ffi.cast("void *", addr(dst)), dst.nbytes, DST_ACCESS,
+                               key, owned) == 0
+    assert owned[0] == 1
+    assert lib.host_mr_release(h, key[0]) == 0
+    expect_refused(h, alltoall_op(src, dst, sk, int(key[0])), "revoked rkey", dst)
+
+
+REGION = 4096
+GUARD = 4096
+
+
+@pytest.fixture
+def guarded(fw):
+    """A dst buffer whose middle REGION bytes alone are registered; guards on both sides."""
+    _, h, regs = fw
+    big = np.full(GUARD + REGION + GUARD, SENTINEL, np.uint8)
+    key = regs.acquire(big, DST_ACCESS, offset=GUARD, length=REGION)
+    src = (np.arange(REGION + GUARD, dtype=np.int64) % 251 + 1).astype(np.uint8)
+    skey = regs.acquire(src, SRC_ACCESS)
+    return h, big, key, src, skey
+
+
+def _dst_op(big, key, src, skey, dst_off, count):
+    return make_op(opcode=OP_ALLTOALL, team=0, src_addr=addr(src), src_key=skey,
+                   dst_addr=addr(big) + dst_off, dst_key=key, count=count, dst_len=count,
+                   **({"src_len": count} if "src_len" in _op_fields() else {}))
+
+
+@pytest.mark.timeout(30)
+def test_write_within_the_registered_region_works(guarded):
+    h, big, key, src, skey = guarded
+    comp = run_op(h, _dst_op(big, key, src, skey, GUARD, REGION))
+    assert comp.status == OK, comp.status
+    assert np.array_equal(big[GUARD:GUARD + REGION], src[:REGION])
+    untouched(big[:GUARD], "guard before the region")
+    untouched(big[GUARD + REGION:], "guard after the region")
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("dst_off,count", [
+    (GUARD, REGION + 1),            # one byte past the end
+    (GUARD + REGION - 8, 64),       # starts inside, runs out
+    (GUARD - 64, REGION),           # starts before the region
+    (GUARD + REGION, 1),            # the byte just after
+], ids=["end+1", "tail-overrun", "starts-before", "byte-after"])
+def test_write_past_the_registered_region_is_refused(guarded, dst_off, count):
+    h, big, key, src, skey = guarded
+    what = f"dst offset {dst_off - GUARD:+d} count {count}"
+    # guards first (plain failures), then the region itself: one refused write moves nothing
+    expect_refused(h, _dst_op(big, key, src, skey, dst_off, count), what,
+                   big[:GUARD], big[GUARD + REGION:], big[GUARD:GUARD + REGION])
+
+
+@pytest.mark.timeout(30)
+def test_read_past_the_registered_src_is_refused(fw):
+    _, h, regs = fw
+    src = np.arange(2 * REGION, dtype=np.int64).astype(np.uint8)
+    skey = regs.acquire(src, SRC_ACCESS, length=REGION)  # only the first half
+    dst = np.full(2 * REGION, SENTINEL, np.uint8)
+    dkey = regs.acquire(dst, DST_ACCESS)
+    ok = make_op(opcode=OP_ALLTOALL, team=0, src_addr=addr(src), src_key=skey,
+                 dst_addr=addr(dst), dst_key=dkey, count=REGION, dst_len=dst.nbytes)
+    assert run_op(h, ok).status == OK
+    dst[:] = SENTINEL
+    over = make_op(opcode=OP_ALLTOALL, team=0, src_addr=addr(src), src_key=skey,
+                   dst_addr=addr(dst), dst_key=dkey, count=REGION + 1, dst_len=dst.nbytes)
+    expect_refused(h, over, "src over-read", dst)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("count", [2**40, 2**64 - 1], ids=["2^40", "2^64-1"])
+def test_huge_count_is_refused(fw, count):
+    _, h, regs = fw
+    src, dst, sk, dk = control(h, regs)
+    comp = try_wait(h, post(h, alltoall_op(src, dst, sk, dk, count=count, dst_len=2**64 - 1)),
+                    ERROR_WAIT_NS)
+    untouched(dst, f"count={count}")
+    if comp is None:
+        raise NoCompletion(f"count={count}: no completion (hang)")
+    assert comp.status in (ERR_INVALID, ERR_REMOTE_ACCESS), comp.status
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("which", ["dst-without-remote-write", "src-without-local-read"])
+def test_keys_without_the_needed_access_are_refused(fw, which):
+    _, h, regs = fw
+    src, dst, sk, dk = control(h, regs)
+    if which == "dst-without-remote-write":
+        op = alltoall_op(src, dst, sk, regs.acquire(dst, SRC_ACCESS))
+    else:
+        op = alltoall_op(src, dst, regs.acquire(src, REMOTE_WRITE), dk)
+    expect_refused(h, op, which, dst)
+
+
+# -- across ranks -------------------------------------------------------------------------------
+
+FORGED_REMOTE_RKEY = r'''
+import errno
+from offload_lib._native import ffi, lib
+from offload_lib.errors import ERR_REMOTE_ACCESS, OK
+ctx = ol.init()
+h = ctx._handle()
+nargs = len(ffi.typeof(lib.host_wait).args)
+SENT = 0x5A
+
+
+def reg(a, access):
+    key, owned = ffi.new("uint32_t *"), ffi.new("int *")
+    rc = lib.host_mr_acquire(h, ffi.cast("void *", a.ctypes.data), a.nbytes, access, key, owned)
+    assert rc == 0
+    return int(key[0])
+
+
+def run(src, dst, sk, dk, timeout_s):
+    op = ffi.new("struct host_op *")
+    op.opcode, op.team = 3, 0
+    op.src_addr, op.src_key, op.dst_addr, op.dst_key = src.ctypes.data, sk, dst.ctypes.data, dk
+    op.count, op.dst_len = src.nbytes // 2, dst.nbytes
+    if "src_len" in dict(ffi.typeof("struct host_op").fields):
+        op.src_len = src.nbytes
+    tag = ffi.new("uint32_t *")
+    assert lib.host_post(h, op, 10**10, tag) == 0
+    comp = ffi.new("struct host_completion *")
+    args = (h, tag[0], int(timeout_s * 1e9)) + ((0,) if nargs == 5 else ()) + (comp,)
+    rc = lib.host_wait(*args)
+    if rc == -errno.ETIMEDOUT:
+        return None
+    assert rc == 0, rc
+    return comp
+
+
+src = np.full(128, 10 + rank, np.uint8)
+dst = np.full(128, SENT, np.uint8)
+sk, dk = reg(src, 1 | 4), reg(dst, 1 | 2 | 8)
+comp = run(src, dst, sk, dk, 20)  # control
+assert comp is not None and comp.status == OK, "control op failed"
+check_equal(dst, np.repeat(np.array([10, 11], np.uint8), 64), "control")
+dst[:] = SENT
+# rank 1 publishes a forged rkey for its destination
+comp = run(src, dst, sk, dk ^ 0x80000000 if rank == 1 else dk, 3)
+if rank == 1:  # whatever the completion says, nothing of rank 0's block may have arrived
+    check_equal(dst[:64], np.full(64, SENT, np.uint8), "rank 1: block from rank 0")
+if comp is None:
+    print("NO_COMPLETION")
+    sys.exit(3)
+print("status", comp.status, "detail", comp.detail)
+if rank == 0:
+    # rank 0's write into rank 1 was refused by the check, and it names rank 1
+    assert comp.status == ERR_REMOTE_ACCESS, comp.status
+    assert comp.detail == 1, comp.detail
+else:
+    assert comp.status < 0, f"rank 1's op must fail too (rank 0 could not deliver): {comp.status}"
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(60)
+def test_forged_rkey_published_to_a_peer_is_refused():
+    run_ranks(2, FORGED_REMOTE_RKEY, timeout=45)
+
+
+BLOCK_SIZE_MISMATCH = r'''
+ctx = ol.init()
+per_peer = 16 if rank == 0 else 32        # the ranks disagree on the block size
+src = np.full(2 * per_peer, 10 + rank, np.uint8)
+dst = np.full(2 * per_peer, 0x5A, np.uint8)
+req = ctx.world.alltoall(src, dst)           # each rank's own call is well-formed
+t0 = time.monotonic()
+try:
+    req.wait(timeout=20)
+except ol.Timeout as e:
+    raise AssertionError(f"rank {rank}: the mismatch hung until the timeout: {e}")
+except ol.OffloadError as e:
+    print(f"rank {rank} got {type(e).__name__}: {e}")
+    took = time.monotonic() - t0
+    assert took < 10, f"the error took {took:.1f} s"
+    assert isinstance(e, ol.InvalidArgument) or str(1 - rank) in str(e), (
+        f"expected InvalidArgument, or an error naming rank {1 - rank}: {e!r}")
+else:
+    raise AssertionError(f"rank {rank}: an all-to-all with mismatched block sizes succeeded")
+# nothing of the peer's block arrived
+peer = 1 - rank
+check_equal(dst[peer * per_peer:(peer + 1) * per_peer], np.full(per_peer, 0x5A, np.uint8),
+            f"rank {rank}: block from rank {peer}")
+# the error left the team usable: a matching all-to-all right after works
+src = np.arange(8, dtype=np.int64) + 100 * rank
+dst = np.full(8, -1, np.int64)
+ctx.world.alltoall(src, dst).wait(timeout=20)
+check_equal(dst, np.concatenate([np.arange(4 * rank, 4 * rank + 4) + 100 * p for p in range(2)]),
+            "all-to-all after the mismatch")
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(60)
+def test_ranks_disagreeing_on_block_size_get_errors_not_a_hang():
+    run_ranks(2, BLOCK_SIZE_MISMATCH, timeout=45)
