@@ -7,7 +7,7 @@
 from __future__ import annotations
 
 import os
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from offload_lib.errors import (
     ConfigError,
@@ -17,6 +17,9 @@ from offload_lib.errors import (
     RemoteAccessError,
     Timeout,
 )
+
+if TYPE_CHECKING:
+    from offload_lib.context import Context
 
 __all__ = [
     "init", "Context", "Team", "Request", "PersistentRequest",

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import os
 import sys
@@ -123,17 +122,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 def _cmd_bench(argv: Sequence[str]) -> int:
-    try:
-        bench = importlib.import_module("offload_lib.bench")
-    except ImportError as e:
-        if isinstance(e, ModuleNotFoundError) and e.name == "offload_lib.bench":
-            print(f"{PROG} bench: the benchmark module offload_lib.bench is not part of this "
-                  "installation", file=sys.stderr)
-        else:
-            print(f"{PROG} bench: cannot load offload_lib.bench: {e}", file=sys.stderr)
-        return 2
-    rc = bench.main(list(argv))
-    return int(rc or 0)
+    from offload_lib import bench
+
+    return int(bench.main(list(argv)) or 0)
 
 
 # ---------------------------------------------------------------------------------------------

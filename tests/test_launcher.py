@@ -1,7 +1,6 @@
 """offload_lib.launcher and the `dpa-offload` CLI: real child processes, each under a timeout."""
 from __future__ import annotations
 
-import importlib.util
 import io
 import json
 import os
@@ -322,8 +321,3 @@ def test_flexio_requested_but_missing(monkeypatch, capsys):
     assert "no RDMA devices found" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(importlib.util.find_spec("offload_lib.bench") is not None,
-                    reason="offload_lib.bench exists")
-def test_cli_bench_missing_module(capsys):
-    assert cli.main(["bench", "alltoall", "-n", "2"]) == 2
-    assert "offload_lib.bench" in capsys.readouterr().err
