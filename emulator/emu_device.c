@@ -74,23 +74,38 @@ static uint32_t event_snapshot(struct emu_device *dev)
 	return off_load_acquire(&dev->ranks[dev->attr.rank].event);
 }
 
+/* Is any rank of the job in the middle of a bulk op (long copies hogging cores)? */
+static int job_bulk(const struct emu_device *dev)
+{
+	for (uint32_t i = 0; i < dev->attr.size; i++)
+		if (off_read_once(&dev->ranks[i].load) == DPA_ENGINE_BULK)
+			return 1;
+	return 0;
+}
+
 /*
  * Park a thread whose pass found no work until the event counter moves past `snapshot`:
  * spin, then yield, then sleep on the futex. How long to yield depends on the load:
+ *  - while any rank of the job copies in bulk: no yield. A yielding thread is not
+ *    "woken", so it does not preempt the copy threads when its event arrives and waits
+ *    out their time slice (milliseconds); a sleeping one is woken with preemption;
  *  - small ops in flight: yield_us; their next event is microseconds away and a wake-up
  *    from the futex costs tens of microseconds (an IPI to a halted vCPU);
- *  - a bulk op in flight: no yield; a yielding thread is not "woken", so it does not
- *    preempt the copy threads when its event arrives and waits out their time slice,
- *    while a sleeping one is woken with preemption;
  *  - nothing in flight: a short yield, so that back-to-back ops find the thread awake.
  */
 static void park(struct emu_device *dev, uint32_t snapshot, enum dpa_engine_load load)
 {
 	struct emu_rank *r = &dev->ranks[dev->attr.rank];
-	uint32_t yield_us = load == DPA_ENGINE_SMALL ? dev->attr.yield_us :
-			    load == DPA_ENGINE_BULK ? 0 :
-			    (dev->attr.yield_us < EMU_IDLE_YIELD_US ? dev->attr.yield_us :
-								      EMU_IDLE_YIELD_US);
+	uint32_t yield_us;
+
+	if (load == DPA_ENGINE_BULK || job_bulk(dev))
+		yield_us = 0;
+	else if (load == DPA_ENGINE_SMALL)
+		yield_us = dev->attr.yield_us;
+	else
+		yield_us = dev->attr.yield_us < EMU_IDLE_YIELD_US ? dev->attr.yield_us :
+								    EMU_IDLE_YIELD_US;
+
 	uint64_t start = emu_now_ns();
 	uint64_t spin_end = start + (uint64_t)dev->attr.spin_us * 1000u;
 	uint64_t yield_end = spin_end + (uint64_t)yield_us * 1000u;
@@ -141,11 +156,18 @@ static void *progress_thread(void *arg)
 
 	snprintf(name, sizeof(name), "dpa-r%u-t%u", dev->attr.rank, hal->index);
 	pthread_setname_np(pthread_self(), name);
+	struct emu_rank *self = &dev->ranks[dev->attr.rank];
+
 	while (!off_read_once(&dev->stop)) {
 		uint32_t snap = event_snapshot(dev);
+		int work = dpa_progress(dev->fw_state, hal);
+		enum dpa_engine_load load = dpa_engine_load(dev->fw_state);
 
-		if (dpa_progress(dev->fw_state, hal) == 0)
-			park(dev, snap, dpa_engine_load(dev->fw_state));
+		/* Published for every rank's park() and host waits (see job_bulk()). */
+		if (off_read_once(&self->load) != (uint32_t)load)
+			off_write_once(&self->load, (uint32_t)load);
+		if (!work)
+			park(dev, snap, load);
 	}
 	return NULL;
 }
@@ -360,6 +382,11 @@ static int emu_peer_ctrl(struct host_device *hd, uint32_t rank, struct offload_p
 	return 0;
 }
 
+static int emu_poll_worthwhile(struct host_device *hd)
+{
+	return !job_bulk(to_emu(hd));
+}
+
 static int emu_wait_completion(struct host_device *hd, uint32_t *word, uint32_t seen,
 			       int64_t timeout_ns)
 {
@@ -382,6 +409,7 @@ const struct host_device_ops emu_device_ops = {
 	.mr_reg = emu_reg,
 	.open = emu_open,
 	.peer_ctrl = emu_peer_ctrl,
+	.poll_worthwhile = emu_poll_worthwhile,
 	.start = emu_start,
 	.wait_completion = emu_wait_completion,
 };

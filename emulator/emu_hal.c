@@ -110,7 +110,7 @@ static int32_t do_write(struct emu_device *dev, uint32_t peer, const void *src, 
 		off_store_release((uint64_t *)(void *)ptr, v);
 		return OFFLOAD_OK;
 	}
-	memcpy(ptr, src, len);
+	emu_dma_copy(ptr, src, len);
 	/* Later writes on this queue must not become visible before this one. */
 	__atomic_thread_fence(__ATOMIC_RELEASE);
 	return OFFLOAD_OK;
@@ -169,7 +169,7 @@ int dpa_hal_rdma_read(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint32
 		st = emu_mr_resolve(dev, peer, rkey, raddr, len, OFFLOAD_ACCESS_REMOTE_READ, &ptr, &pid);
 	if (!st && len) {
 		if (ptr)
-			memcpy((void *)(uintptr_t)laddr, ptr, len);
+			emu_dma_copy((void *)(uintptr_t)laddr, ptr, len);
 		else
 			st = vm_copy(pid, 0, (void *)(uintptr_t)laddr, raddr, len);
 	}

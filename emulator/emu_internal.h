@@ -53,7 +53,8 @@ struct emu_rank {
 	/* Own line: bumped by doorbells and remote signals, slept on by progress threads. */
 	uint32_t event;
 	uint32_t sleepers;
-	uint32_t resv1[14];
+	uint32_t load;        /* enum dpa_engine_load, published when a thread parks */
+	uint32_t resv1[13];
 };
 
 struct emu_mr {
@@ -130,6 +131,9 @@ int32_t emu_mr_resolve(struct emu_device *dev, uint32_t rank, uint32_t key, uint
 void emu_shared_name(const struct emu_device *dev, uint32_t rank, uint32_t serial,
 		     char *out, uint64_t outlen);
 void emu_unmap_peers(struct emu_device *dev);
+
+/* emu_copy.c: a copy into memory mapped here, as the NIC's DMA would do it */
+void emu_dma_copy(void *dst, const void *src, uint64_t len);
 
 /* emu_device.c */
 void emu_wake_rank(struct emu_device *dev, uint32_t rank);

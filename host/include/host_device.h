@@ -43,6 +43,9 @@ struct host_device_ops {
 		      uint32_t *key);
 	int (*open)(const struct host_device_attr *attr, struct host_device **out);
 	int (*peer_ctrl)(struct host_device *dev, uint32_t rank, struct offload_peer *out);
+	/* Whether a host thread polling for a completion helps now (the emulator says no
+	 * while its threads copy in bulk on the same cores). */
+	int (*poll_worthwhile)(struct host_device *dev);
 	int (*start)(struct host_device *dev, const struct dpa_engine_params *params,
 		     const struct host_fw_windows *win);
 	/* Sleep until *word != seen, a wake, or the timeout (ns); spurious returns are fine. */

@@ -319,6 +319,8 @@ int host_wait(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, int64_t po
 	int64_t start = now_ns();
 	int64_t deadline = timeout_ns < 0 ? INT64_MAX : start + timeout_ns;
 
+	if (poll_ns && !ctx->ops->poll_worthwhile(ctx->dev))
+		poll_ns = 0;
 	for (;;) {
 		uint32_t seen = off_load_acquire(&ctx->ring->cq_tail);
 		int64_t now, left;
