@@ -25,7 +25,7 @@ SHM_DIR = "/dev/shm"
 JOB_PREFIX = "dpaoff"
 KILL_AFTER_TERM_S = 2.0
 _POLL_S = 0.02
-_READ_CHUNK = 64 * 1024
+_MAX_LINE = 1024 * 1024  # longer lines are forwarded in pieces
 _PROG = "dpa-offload run"
 
 
@@ -109,17 +109,17 @@ class _Forwarder(threading.Thread):
         self.broken = False
 
     def run(self) -> None:
-        at_line_start = True
-        # readline(limit) so one huge line never has to fit in memory; later pieces of the
-        # same line get no prefix.
-        for piece in iter(lambda: self.pipe.readline(_READ_CHUNK), b""):
-            text = piece.decode("utf-8", errors="replace")
-            if at_line_start:
-                text = self.prefix + text
-            at_line_start = piece.endswith(b"\n")
-            self._write(text)
-        if not at_line_start:
-            self._write("\n")
+        # Whole lines are written under the shared lock so ranks never interleave inside a
+        # line. readline(limit) bounds memory: a line longer than _MAX_LINE is written in
+        # pieces, and only those pieces may interleave with other ranks' lines.
+        pending: list[bytes] = []
+        for piece in iter(lambda: self.pipe.readline(_MAX_LINE), b""):
+            pending.append(piece)
+            if piece.endswith(b"\n") or sum(map(len, pending)) >= _MAX_LINE:
+                self._write(self.prefix + b"".join(pending).decode("utf-8", errors="replace"))
+                pending = []
+        if pending:
+            self._write(self.prefix + b"".join(pending).decode("utf-8", errors="replace") + "\n")
         self.pipe.close()
 
     def _write(self, text: str) -> None:
