@@ -30,8 +30,8 @@ DST_ACCESS = _LOCAL_READ | _LOCAL_WRITE | _REMOTE_WRITE
 # Waiting polls (yielding the core) for ops this small, and sleeps at once for larger ones:
 # a wake-up costs tens of microseconds here, which only small ops notice, while polling
 # through a long op would take the CPU that offloading is meant to free.
-_POLL_MAX_BYTES = 64 * 1024
-_POLL_NS = 200_000
+_POLL_MAX_BYTES = 1024 * 1024
+_POLL_NS = 1_000_000
 
 MAX_TEAMS = 16
 MAX_RANKS = 64

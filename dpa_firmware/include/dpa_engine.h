@@ -38,7 +38,7 @@ enum dpa_engine_load {
 	DPA_ENGINE_SMALL = 1,
 	DPA_ENGINE_BULK = 2,
 };
-#define DPA_ENGINE_SMALL_BYTES (64u * 1024u)
+#define DPA_ENGINE_SMALL_BYTES (1024u * 1024u)
 enum dpa_engine_load dpa_engine_load(const void *state);
 
 #endif /* DPA_ENGINE_H */
