@@ -374,7 +374,8 @@ static int emu_peer_ctrl(struct host_device *hd, uint32_t rank, struct offload_p
 {
 	struct emu_device *dev = to_emu(hd);
 
-	if (rank >= dev->attr.size || off_load_acquire(&dev->ranks[rank].state) != EMU_RANK_ALIVE)
+	/* A peer that already closed still has valid control words; ops to it fail later. */
+	if (rank >= dev->attr.size || !off_load_acquire(&dev->ranks[rank].ctrl_key))
 		return -ENOENT;
 	out->ctrl_addr = dev->ranks[rank].ctrl_addr;
 	out->ctrl_key = dev->ranks[rank].ctrl_key;

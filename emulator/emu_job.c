@@ -67,6 +67,7 @@ int emu_job_open(struct emu_device *dev)
 	char name[128];
 	struct emu_rank *self;
 	int32_t pid = getpid(), old = 0;
+	uint32_t ctrl_key;
 	int fd, rc;
 
 	snprintf(name, sizeof(name), "/%s", dev->job);
@@ -103,10 +104,11 @@ int emu_job_open(struct emu_device *dev)
 			OFFLOAD_ACCESS_REMOTE_WRITE | OFFLOAD_ACCESS_REMOTE_ATOMIC |
 			OFFLOAD_ACCESS_LOCAL_READ | OFFLOAD_ACCESS_LOCAL_WRITE,
 			EMU_MR_JOB, 0, ctrls_off(n) + me * sizeof(struct offload_ctrl),
-			&self->ctrl_key);
+			&ctrl_key);
 	if (rc)
 		return rc;
 	self->ctrl_addr = (uint64_t)(uintptr_t)&dev->ctrls[me];
+	off_store_release(&self->ctrl_key, ctrl_key);  /* peers read ctrl_addr after the key */
 	off_store_release(&self->state, EMU_RANK_ALIVE);
 	dev->joined = 1;
 	off_fetch_add(&dev->hdr->arrived, 1);
