@@ -21,6 +21,8 @@ from offload_lib.request import PersistentRequest, Request, Result
 # enum offload_opcode (offload_abi.h)
 OP_BARRIER = 2
 OP_ALLTOALL = 3
+OP_ALLTOALLV = 4
+F_EXPECT = 1  # OFFLOAD_CMD_F_EXPECT
 
 # access bits (offload_abi.h)
 _LOCAL_READ, _LOCAL_WRITE, _REMOTE_READ, _REMOTE_WRITE = 1, 2, 4, 8
@@ -49,6 +51,21 @@ def _resolve_threads(config: Config, ranks: int) -> int:
         return int(config.dpa_threads)
     # The emulator's DPA threads share the host's cores with every rank of the job.
     return max(1, min(4, _cores() // ranks))
+
+
+def _counts(counts: Any, n: int, name: str) -> np.ndarray:
+    """Per-rank element counts as int64, checked: n of them, integers, none negative."""
+    try:
+        arr = np.asarray(counts)
+    except Exception:
+        raise InvalidArgument(f"{name} must be a sequence of {n} integers") from None
+    if arr.shape != (n,):
+        raise InvalidArgument(f"{name} must hold one count per team rank: {n}, got shape {arr.shape}")
+    if arr.dtype.kind not in "iu":
+        raise InvalidArgument(f"{name} must be integers, not {arr.dtype}")
+    if (arr < 0).any():
+        raise InvalidArgument(f"{name} has a negative count: {arr.tolist()}")
+    return arr.astype(np.int64)
 
 
 class Team:
@@ -119,6 +136,53 @@ class Team:
                 lib.host_mr_release(ctx._handle(), key)
             raise
         return ctx._persistent(op, "alltoall", keys, (s.obj, d.obj), nbytes=s.nbytes)
+
+    # -- all-to-all-v -----------------------------------------------------------------------
+    def alltoallv(self, src: Any, send_counts: Any, dst: Any, recv_counts: Any = None) -> Request:
+        """Post an all-to-all-v. ``src`` holds ``send_counts[j]`` elements for rank j, packed in
+        rank order; the DPA exchanges the counts itself, and ``wait()`` returns the receive
+        counts (numpy int64, one per source rank), the data packed by source rank in ``dst``.
+        With ``recv_counts`` the arrivals are checked against it."""
+        ctx = self._ctx
+        ctx._check_open()
+        n = self.size
+        s = as_buffer(src, writable=False, name="src")
+        d = as_buffer(dst, writable=True, name="dst")
+        if s.dtype != d.dtype or s.itemsize != d.itemsize:
+            raise InvalidArgument(
+                f"src is {s.dtype_name} but dst is {d.dtype_name}: use the same dtype"
+            )
+        if s.overlaps(d):
+            raise InvalidArgument("src and dst overlap: in-place all-to-all-v is not supported")
+        sends = _counts(send_counts, n, "send_counts")
+        if int(sends.sum()) > s.count:
+            raise InvalidArgument(
+                f"send_counts add up to {int(sends.sum())} elements but src holds {s.count}"
+            )
+        # struct offload_alltoallv_args: send_bytes, recv_bytes (out), expect_bytes; in bytes.
+        args = np.zeros((3, MAX_RANKS), np.uint64)
+        args[0, :n] = sends * s.itemsize
+        op = ffi.new("struct host_op *")
+        if recv_counts is not None:
+            expect = _counts(recv_counts, n, "recv_counts")
+            if int(expect.sum()) > d.count:
+                raise InvalidArgument(
+                    f"recv_counts add up to {int(expect.sum())} elements but dst holds {d.count}"
+                )
+            args[2, :n] = expect * s.itemsize
+            op.flags = F_EXPECT
+        op.opcode = OP_ALLTOALLV
+        op.team = self.id
+        op.src_addr, op.src_len, op.count = s.addr, s.nbytes, s.nbytes
+        op.dst_addr, op.dst_len = d.addr, d.nbytes
+        op.aux_addr = args.ctypes.data
+        itemsize = s.itemsize
+
+        def received(_: Any) -> np.ndarray:
+            return (args[1, :n] // itemsize).astype(np.int64)
+
+        return ctx._post(op, "alltoallv", (s.obj, d.obj, args), received, nbytes=s.nbytes,
+                         itemsize=itemsize)
 
     # -- barrier ----------------------------------------------------------------------------
     def barrier(self) -> Request:
@@ -258,14 +322,14 @@ class Context:
 
     # -- posting ----------------------------------------------------------------------------
     def _post(self, op: Any, what: str, keep: tuple[Any, ...], result: Result | None = None,
-              nbytes: int = 0) -> Request:
+              nbytes: int = 0, itemsize: int = 1) -> Request:
         tag = ffi.new("uint32_t *")
         if self._orphans:
             self._reap_orphans()
         rc = lib.host_post(self._handle(), op, self._post_timeout_ns, tag)
         check_rc(rc, f"posting {what}")
         poll_ns = _POLL_NS if nbytes <= _POLL_MAX_BYTES else 0
-        return Request(self, int(tag[0]), what, keep, result, poll_ns)
+        return Request(self, int(tag[0]), what, keep, result, poll_ns, itemsize)
 
     def _persistent(self, op: Any, what: str, keys: list[int], keep: tuple[Any, ...],
                     result: Result | None = None, nbytes: int = 0) -> PersistentRequest:

@@ -50,8 +50,10 @@ ERR_INTERNAL = -8
 ERR_PEER_OP = -9
 
 
-def completion_error(what: str, status: int, detail: int, result0: int, result1: int) -> OffloadError:
-    """The exception for an error completion of ``what`` (an op name)."""
+def completion_error(what: str, status: int, detail: int, result0: int, result1: int,
+                     itemsize: int = 1) -> OffloadError:
+    """The exception for an error completion of ``what`` (an op name); sizes in the
+    message are in elements of ``itemsize`` bytes."""
     if status == ERR_INVALID:
         return InvalidArgument(
             f"{what}: the firmware rejected the command (sizes, counts or team do not match"
@@ -67,13 +69,18 @@ def completion_error(what: str, status: int, detail: int, result0: int, result1:
     if status == ERR_TIMEOUT:
         return Timeout(f"{what}: the op timed out in the firmware (op_timeout)")
     if status == ERR_NO_SPACE:
+        unit = "bytes" if itemsize == 1 else "elements"
         return InvalidArgument(
-            f"{what}: destination too small: {result0} bytes arrive but only {result1} fit"
+            f"{what}: destination too small: {result0 // itemsize} {unit} arrive but dst holds"
+            f" {result1 // itemsize}; nothing was written"
         )
     if status == ERR_CANCELED:
         return OffloadError(f"{what}: canceled")
     if status == ERR_PEER_OP:
-        return OffloadError(f"{what}: rank {detail} reported that its part of the op failed")
+        return OffloadError(
+            f"{what}: rank {detail} failed its part of the op (its own error says why, e.g. a"
+            " destination too small); nothing was sent there"
+        )
     return OffloadError(f"{what}: internal error (status {status}, detail {detail})")
 
 

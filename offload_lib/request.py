@@ -20,12 +20,13 @@ class Request:
     """A one-shot, non-blocking op. Keeps its buffers alive until it completes."""
 
     __slots__ = ("_ctx", "_tag", "_what", "_keep", "_done", "_value", "_result", "_poll_ns",
-                 "__weakref__")
+                 "_itemsize", "__weakref__")
 
     def __init__(self, ctx: Context, tag: int, what: str, keep: tuple[Any, ...],
-                 result: Result | None = None, poll_ns: int = 0) -> None:
+                 result: Result | None = None, poll_ns: int = 0, itemsize: int = 1) -> None:
         self._ctx = ctx
         self._poll_ns = poll_ns
+        self._itemsize = itemsize
         self._tag = tag
         self._what = what
         self._keep = keep
@@ -41,7 +42,8 @@ class Request:
         self._done = True
         keep, self._keep = self._keep, ()
         if comp.status != 0:
-            raise completion_error(self._what, comp.status, comp.detail, comp.result0, comp.result1)
+            raise completion_error(self._what, comp.status, comp.detail, comp.result0,
+                                   comp.result1, self._itemsize)
         self._value = self._result(comp) if self._result else None
         del keep
 

@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define OFFLOAD_ABI_VERSION 1u
+#define OFFLOAD_ABI_VERSION 2u
 
 #define OFFLOAD_MAX_RANKS   64u   /* ranks in one job (team members index peer tables) */
 #define OFFLOAD_MAX_TEAMS   16u   /* teams alive at once, world included */
@@ -44,8 +44,12 @@ enum offload_opcode {
 	OFFLOAD_OP_TEAM_CREATE = 1, /* aux_addr: struct offload_team_desc in host memory */
 	OFFLOAD_OP_BARRIER = 2,
 	OFFLOAD_OP_ALLTOALL = 3,    /* count: bytes per peer */
-	OFFLOAD_OP_MAX = 4,
+	OFFLOAD_OP_ALLTOALLV = 4,   /* count: bytes in src; aux_addr: struct offload_alltoallv_args */
+	OFFLOAD_OP_MAX = 5,
 };
+
+/* Command flags. */
+#define OFFLOAD_CMD_F_EXPECT (1u << 0)  /* alltoallv: check arrivals against expect_bytes */
 
 /* Memory access rights, carried by registrations (rkeys/lkeys). */
 #define OFFLOAD_ACCESS_LOCAL_READ   (1u << 0)
@@ -119,8 +123,24 @@ struct offload_ready {
 	uint64_t addr;
 	uint64_t len;
 	uint32_t key;
-	uint32_t resv;
+	uint32_t flags;     /* OFFLOAD_READY_REFUSED: the receiver failed; send nothing */
 	uint64_t seq;
+};
+
+#define OFFLOAD_READY_REFUSED (1u << 0)
+
+/* What a sender will send (all-to-all-v), published into the receiver's control region
+ * before the receiver lays out its destination. seq is written last. */
+struct offload_count {
+	uint64_t bytes;
+	uint64_t seq;
+};
+
+/* Host memory named by an all-to-all-v command's aux_addr; indexed by team rank. */
+struct offload_alltoallv_args {
+	uint64_t send_bytes[OFFLOAD_MAX_RANKS];    /* in: packed in src in team-rank order */
+	uint64_t recv_bytes[OFFLOAD_MAX_RANKS];    /* out: written by the firmware */
+	uint64_t expect_bytes[OFFLOAD_MAX_RANKS];  /* in, with OFFLOAD_CMD_F_EXPECT */
 };
 
 /*
@@ -131,6 +151,7 @@ struct offload_ready {
 struct offload_ctrl_team {
 	struct offload_ready ready[OFFLOAD_OP_WINDOW][OFFLOAD_MAX_RANKS];
 	uint64_t done[OFFLOAD_OP_WINDOW][OFFLOAD_MAX_RANKS];
+	struct offload_count counts[OFFLOAD_OP_WINDOW][OFFLOAD_MAX_RANKS];
 };
 
 struct offload_ctrl {
@@ -165,6 +186,8 @@ _Static_assert(offsetof(struct offload_ring_hdr, cq_head) == 192, "cq_head on it
 _Static_assert(sizeof(struct offload_peer) == 16, "peer entry");
 _Static_assert(sizeof(struct offload_team_desc) == 16 + 16 * OFFLOAD_MAX_RANKS, "team desc");
 _Static_assert(sizeof(struct offload_ready) == 32, "ready descriptor");
+_Static_assert(sizeof(struct offload_count) == 16, "count descriptor");
+_Static_assert(sizeof(struct offload_alltoallv_args) == 24 * OFFLOAD_MAX_RANKS, "alltoallv args");
 _Static_assert(sizeof(struct offload_thread_stats) == 64, "stats are one cache line");
 
 #endif /* OFFLOAD_ABI_H */

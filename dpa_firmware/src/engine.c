@@ -17,6 +17,7 @@
 static const struct dpa_algo *const dpa_algos[OFFLOAD_OP_MAX] = {
 	[OFFLOAD_OP_BARRIER] = &dpa_algo_barrier_dissemination,
 	[OFFLOAD_OP_ALLTOALL] = &dpa_algo_alltoall_pairwise,
+	[OFFLOAD_OP_ALLTOALLV] = &dpa_algo_alltoallv,
 };
 
 uint64_t dpa_engine_state_size(void)
@@ -156,15 +157,14 @@ static int complete_now(struct dpa_engine *eng, struct dpa_hal *hal, const struc
 
 static int try_complete_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
 {
-	struct dpa_team *team = &eng->teams[op->team_id];
 	struct offload_cqe cqe = {
 		.tag = op->cmd.tag,
 		.status = off_load_acquire(&op->status),
 		.detail = op->fail_rank,
 	};
 
-	if (op->cmd.opcode == OFFLOAD_OP_ALLTOALL)
-		cqe.result0 = op->cmd.count * team->size;
+	cqe.result0 = op->result0;
+	cqe.result1 = op->result1;
 	if (!write_cqe(eng, hal, &cqe))
 		return 0;
 	dpa_stats(hal)->ops_completed++;
@@ -219,7 +219,9 @@ static int32_t validate_collective(struct dpa_engine *eng, const struct offload_
 {
 	if (cmd->team >= OFFLOAD_MAX_TEAMS || !eng->teams[cmd->team].active)
 		return OFFLOAD_ERR_INVALID;
-	if (cmd->opcode >= OFFLOAD_OP_MAX || !dpa_algos[cmd->opcode] || cmd->flags)
+	if (cmd->opcode >= OFFLOAD_OP_MAX || !dpa_algos[cmd->opcode])
+		return OFFLOAD_ERR_INVALID;
+	if (cmd->flags && cmd->opcode != OFFLOAD_OP_ALLTOALLV)
 		return OFFLOAD_ERR_INVALID;
 	return OFFLOAD_OK;
 }
@@ -252,6 +254,8 @@ static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct 
 	op->seq = team->next_seq;
 	op->status = OFFLOAD_OK;
 	op->fail_rank = 0;
+	op->result0 = op->result1 = 0;
+	op->refuse = 0;
 	op->algo = dpa_algos[cmd->opcode];
 	for (uint32_t i = 0; i < team->size; i++)
 		op->items[i] = (struct dpa_item){ 0 };
@@ -261,7 +265,9 @@ static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct 
 	team->next_seq++;
 	op->nitems = (uint32_t)n;
 	op->remaining = (uint32_t)n;
-	op->bulk = op->cmd.count * team->size > DPA_ENGINE_SMALL_BYTES;
+	/* Bytes this rank sends: count per peer, or (all-to-all-v) at most the src size. */
+	op->bulk = (cmd->opcode == OFFLOAD_OP_ALLTOALLV ? cmd->count : cmd->count * team->size) >
+		   DPA_ENGINE_SMALL_BYTES;
 	if (op->bulk)
 		off_fetch_add(&eng->inflight_bulk, 1);
 	off_fetch_add(&eng->inflight, 1);

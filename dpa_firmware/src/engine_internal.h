@@ -36,6 +36,7 @@ struct dpa_item {
 #define DPA_ITEM_WAITING   (1u << 5)  /* barrier: signal sent, waiting for this round */
 #define DPA_ITEM_FINISHED  (1u << 6)
 #define DPA_ITEM_FAILED    (1u << 7)  /* a data write failed: the done signal carries an error */
+#define DPA_ITEM_COUNT_OUT (1u << 8)  /* all-to-all-v: our byte count is posted to the destination */
 
 struct dpa_team {
 	uint32_t active;
@@ -59,6 +60,14 @@ struct dpa_algo {
 	int (*progress)(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal);
 };
 
+/* All-to-all-v layout of one op, by team rank: where each block comes from and goes. */
+struct dpa_vlayout {
+	uint64_t send_off[OFFLOAD_MAX_RANKS];
+	uint64_t send_len[OFFLOAD_MAX_RANKS];
+	uint64_t recv_off[OFFLOAD_MAX_RANKS];
+	uint64_t recv_len[OFFLOAD_MAX_RANKS];
+};
+
 struct dpa_op {
 	uint32_t state;        /* enum dpa_op_state; release-stored after the fields below */
 	uint32_t users;        /* threads inside progress of this op: intake may not reuse it */
@@ -72,6 +81,12 @@ struct dpa_op {
 	uint32_t nitems;
 	uint32_t index;        /* position in the engine's op table, for wr_ids */
 	uint32_t bulk;         /* counted in inflight_bulk */
+	uint32_t layout_done;  /* all-to-all-v: v is complete (release-stored) */
+	uint32_t layout_lock;
+	uint32_t refuse;       /* all-to-all-v: this rank refuses the data (its op failed) */
+	uint64_t result0;      /* completion's result0/result1 */
+	uint64_t result1;
+	struct dpa_vlayout *v;
 	const struct dpa_algo *algo;
 	struct offload_cmd cmd;
 	struct dpa_item items[OFFLOAD_MAX_RANKS];
@@ -85,11 +100,21 @@ struct dpa_engine {
 	uint32_t inflight_bulk; /* of which move more than DPA_ENGINE_SMALL_BYTES per rank */
 	struct dpa_team teams[OFFLOAD_MAX_TEAMS];
 	struct dpa_op ops[OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW];
+	struct dpa_vlayout vlayouts[OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW];
 };
 
 /* Algorithm registry entries, one per file. */
 extern const struct dpa_algo dpa_algo_alltoall_pairwise;
 extern const struct dpa_algo dpa_algo_barrier_dissemination;
+extern const struct dpa_algo dpa_algo_alltoallv;
+
+/* p2p.c: the exchange step shared by all-to-all and all-to-all-v. */
+int dpa_publish_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		      uint32_t src, uint64_t addr, uint64_t len, uint32_t flags);
+/* Item i: take the destination's ready, write [send_addr, +send_len), signal, and wait
+ * for the source's signal; sets DPA_ITEM_FINISHED once READY_OUT is set too. */
+int dpa_exchange_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal,
+		      uint64_t send_addr, uint64_t send_len);
 
 /* Helpers for algorithms (engine.c). */
 void dpa_op_fail(struct dpa_op *op, int32_t status, uint32_t world_rank);
@@ -121,6 +146,12 @@ static inline uint64_t dpa_ctrl_ready_off(uint32_t team, uint32_t slot, uint32_t
 {
 	return dpa_ctrl_team_off(team) + offsetof(struct offload_ctrl_team, ready) +
 	       ((uint64_t)slot * OFFLOAD_MAX_RANKS + src) * sizeof(struct offload_ready);
+}
+
+static inline uint64_t dpa_ctrl_count_off(uint32_t team, uint32_t slot, uint32_t src)
+{
+	return dpa_ctrl_team_off(team) + offsetof(struct offload_ctrl_team, counts) +
+	       ((uint64_t)slot * OFFLOAD_MAX_RANKS + src) * sizeof(struct offload_count);
 }
 
 static inline uint64_t dpa_ctrl_done_off(uint32_t team, uint32_t slot, uint32_t src)

@@ -31,6 +31,7 @@ struct host_ctx_params {
 struct host_op {
 	uint32_t opcode;
 	uint32_t team;
+	uint32_t flags;
 	uint64_t src_addr;
 	uint64_t dst_addr;
 	uint64_t count;

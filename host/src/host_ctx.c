@@ -213,7 +213,8 @@ static int post_locked(struct host_ctx *ctx, const struct host_op *op, const uin
 		return -EAGAIN;
 	slot = &ctx->sq[tail & (ctx->sq_entries - 1)];
 	*slot = (struct offload_cmd){
-		.opcode = (uint8_t)op->opcode, .team = (uint16_t)op->team, .tag = tag,
+		.opcode = (uint8_t)op->opcode, .flags = (uint8_t)op->flags, .team = (uint16_t)op->team,
+		.tag = tag,
 		.src_addr = op->src_addr, .dst_addr = op->dst_addr, .count = op->count,
 		.src_key = op->src_key, .dst_key = op->dst_key, .dst_len = op->dst_len,
 		.aux_addr = op->aux_addr, .aux_key = op->aux_key, .root = op->root,
@@ -262,7 +263,8 @@ int host_post(struct host_ctx *ctx, const struct host_op *user_op, int64_t timeo
 	int rc;
 
 	/* Fields wider here than in the 64-byte slot must fit it, not be truncated. */
-	if (op.opcode == OFFLOAD_OP_NOP || op.opcode >= OFFLOAD_OP_MAX || op.team > UINT16_MAX)
+	if (op.opcode == OFFLOAD_OP_NOP || op.opcode >= OFFLOAD_OP_MAX || op.team > UINT16_MAX ||
+	    op.flags > UINT8_MAX)
 		return -EINVAL;
 	rc = acquire_op_keys(ctx, &op, release);
 	while (!rc) {

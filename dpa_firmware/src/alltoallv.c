@@ -1,0 +1,155 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * All-to-all-v with the counts exchanged by the firmware (no host round trip).
+ *
+ * At intake every rank publishes, into each peer's control region, how many bytes it will
+ * send there. A receiver that has every source's count lays out its destination packed in
+ * source-rank order (one thread does it, under layout_lock), writes the receive counts to
+ * the host, and only then publishes readies; from there each pair runs the shared
+ * exchange step (p2p.c). A destination too small for what arrives fails this rank's op
+ * with OFFLOAD_ERR_NO_SPACE (needed/available in the completion) and answers every
+ * sender with a refused ready, so the senders fail cleanly too, and nobody writes.
+ */
+#include "engine_internal.h"
+
+static const struct offload_alltoallv_args *args_of(struct dpa_hal *hal, const struct dpa_op *op)
+{
+	return dpa_hal_window_ptr(hal, DPA_HAL_WIN_AUX, op->cmd.aux_addr,
+				  sizeof(struct offload_alltoallv_args));
+}
+
+static int publish_count(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+			 uint32_t dst)
+{
+	const struct dpa_team *team = &eng->teams[op->team_id];
+	const struct offload_peer *peer = &team->peers[dst];
+	uint64_t raddr = dpa_peer_ctrl_addr(team, dst,
+					    dpa_ctrl_count_off(op->team_id, op->slot, team->my_rank));
+	uint64_t seq = op->seq;
+	uint64_t wr = dpa_wr_id(op, dst, DPA_WR_CTRL);
+	int rc;
+
+	/* Bytes first, then seq, as for readies. */
+	rc = dpa_hal_rdma_write_inline(hal, peer->world_rank, &op->v->send_len[dst],
+				       sizeof(uint64_t), raddr, peer->ctrl_key, wr);
+	if (!rc)
+		rc = dpa_hal_rdma_write_inline(hal, peer->world_rank, &seq, sizeof(seq),
+					       raddr + offsetof(struct offload_count, seq),
+					       peer->ctrl_key, wr);
+	if (rc && rc != DPA_HAL_EAGAIN)
+		dpa_op_fail(op, OFFLOAD_ERR_INTERNAL, peer->world_rank);
+	return rc;
+}
+
+static int a2av_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
+{
+	const struct dpa_team *team = &eng->teams[op->team_id];
+	const struct offload_alltoallv_args *args = args_of(hal, op);
+	struct dpa_vlayout *v = &eng->vlayouts[op->index];
+	uint32_t n = team->size, me = team->my_rank;
+	uint64_t off = 0;
+
+	if (!args || (op->cmd.flags & ~OFFLOAD_CMD_F_EXPECT))
+		return OFFLOAD_ERR_INVALID;
+	/* Re-check what crosses the boundary: the sends must fit in src. */
+	for (uint32_t p = 0; p < n; p++) {
+		v->send_len[p] = args->send_bytes[p];
+		v->send_off[p] = off;
+		if (__builtin_add_overflow(off, v->send_len[p], &off))
+			return OFFLOAD_ERR_INVALID;
+	}
+	if (off > op->cmd.count || (off && !op->cmd.src_addr))
+		return OFFLOAD_ERR_INVALID;
+	op->v = v;
+	op->layout_done = 0;
+	for (uint32_t i = 0; i < n; i++) {
+		if (publish_count(eng, op, hal, (me + i) % n) == DPA_HAL_EAGAIN)
+			break;
+		op->items[i].flags |= DPA_ITEM_COUNT_OUT;
+	}
+	return (int)n;
+}
+
+/* Lay out the destination once every source's count is in; returns 1 when done. */
+static int try_layout(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
+{
+	const struct dpa_team *team = &eng->teams[op->team_id];
+	struct offload_ctrl_team *ctrl = dpa_my_ctrl(eng, hal, op->team_id);
+	struct offload_alltoallv_args *args = (struct offload_alltoallv_args *)args_of(hal, op);
+	struct dpa_vlayout *v = op->v;
+	uint64_t total = 0;
+	int32_t st = OFFLOAD_OK;
+
+	if (off_load_acquire(&op->layout_done))
+		return 1;
+	if (!off_trylock(&op->layout_lock))
+		return 0;
+	for (uint32_t s = 0; s < team->size; s++) {
+		/* Pairs with the sender's seq write, which follows the byte count. */
+		if (off_load_acquire(&ctrl->counts[op->slot][s].seq) != op->seq) {
+			off_unlock(&op->layout_lock);
+			return 0;
+		}
+	}
+	for (uint32_t s = 0; s < team->size; s++) {
+		v->recv_len[s] = ctrl->counts[op->slot][s].bytes;
+		v->recv_off[s] = total;
+		args->recv_bytes[s] = v->recv_len[s];
+		if (__builtin_add_overflow(total, v->recv_len[s], &total))
+			st = OFFLOAD_ERR_INVALID;
+		if ((op->cmd.flags & OFFLOAD_CMD_F_EXPECT) && args->expect_bytes[s] != v->recv_len[s])
+			st = OFFLOAD_ERR_INVALID;
+	}
+	if (!st && (total > op->cmd.dst_len || (total && !op->cmd.dst_addr)))
+		st = OFFLOAD_ERR_NO_SPACE;
+	op->result0 = total;
+	op->result1 = op->cmd.dst_len;
+	if (st) {
+		dpa_op_fail(op, st, team->peers[team->my_rank].world_rank);
+		op->refuse = 1;
+	}
+	off_store_release(&op->layout_done, 1);
+	off_unlock(&op->layout_lock);
+	dpa_hal_notify(hal);  /* sibling threads publish their readies now */
+	return 1;
+}
+
+static int a2av_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
+			 struct dpa_hal *hal)
+{
+	const struct dpa_team *team = &eng->teams[op->team_id];
+	struct dpa_item *it = &op->items[i];
+	struct dpa_vlayout *v = op->v;
+	uint32_t n = team->size, me = team->my_rank;
+	uint32_t src = (me + n - i) % n, dst = (me + i) % n;
+	int work = 0;
+
+	if (!(it->flags & DPA_ITEM_STARTED)) {
+		dpa_expect_done(eng, op, it, src);
+		it->flags |= DPA_ITEM_STARTED;
+	}
+	if (!(it->flags & DPA_ITEM_COUNT_OUT)) {
+		if (publish_count(eng, op, hal, dst) == DPA_HAL_EAGAIN)
+			return work;
+		it->flags |= DPA_ITEM_COUNT_OUT;
+		work++;
+	}
+	if (!(it->flags & DPA_ITEM_READY_OUT)) {
+		if (!try_layout(eng, op, hal))
+			return work;
+		if (dpa_publish_ready(eng, op, hal, src, op->cmd.dst_addr + v->recv_off[src],
+				      op->refuse ? 0 : v->recv_len[src],
+				      op->refuse ? OFFLOAD_READY_REFUSED : 0) == DPA_HAL_EAGAIN)
+			return work;
+		it->flags |= DPA_ITEM_READY_OUT;
+		work++;
+	}
+	return work + dpa_exchange_step(eng, op, i, hal, op->cmd.src_addr + v->send_off[dst],
+					v->send_len[dst]);
+}
+
+const struct dpa_algo dpa_algo_alltoallv = {
+	.name = "alltoallv_pairwise",
+	.start = a2av_start,
+	.progress = a2av_progress,
+};

@@ -1,0 +1,121 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The point-to-point step shared by the exchange algorithms (all-to-all, all-to-all-v):
+ * the receiver publishes "ready" (where to write) into the sender's control region; the
+ * sender waits for it, writes its block in chunk_size pieces, then adds to the receiver's
+ * done counter; the receiver waits for that signal. A sender never writes before the
+ * receiver published ready for this very op.
+ */
+#include "engine_internal.h"
+
+int dpa_publish_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		      uint32_t src, uint64_t addr, uint64_t len, uint32_t flags)
+{
+	const struct dpa_team *team = &eng->teams[op->team_id];
+	const struct offload_peer *peer = &team->peers[src];
+	struct offload_ready ready = {
+		.addr = addr, .len = len, .key = op->cmd.dst_key, .flags = flags,
+	};
+	uint64_t raddr = dpa_peer_ctrl_addr(team, src,
+					    dpa_ctrl_ready_off(op->team_id, op->slot, team->my_rank));
+	uint64_t seq = op->seq;
+	uint64_t wr = dpa_wr_id(op, src, DPA_WR_CTRL);
+	int rc;
+
+	/* Body first, then seq: writes on one QP land in order, seq last makes it valid. */
+	rc = dpa_hal_rdma_write_inline(hal, peer->world_rank, &ready,
+				       offsetof(struct offload_ready, seq), raddr, peer->ctrl_key, wr);
+	if (!rc)
+		rc = dpa_hal_rdma_write_inline(hal, peer->world_rank, &seq, sizeof(seq),
+					       raddr + offsetof(struct offload_ready, seq),
+					       peer->ctrl_key, wr);
+	if (rc && rc != DPA_HAL_EAGAIN)
+		dpa_op_fail(op, OFFLOAD_ERR_INTERNAL, peer->world_rank);
+	return rc;
+}
+
+/* Returns 1 once the destination's ready for this op was seen (and judged). */
+static int take_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		      struct dpa_item *it, uint32_t dst, uint64_t send_len)
+{
+	struct offload_ctrl_team *ctrl = dpa_my_ctrl(eng, hal, op->team_id);
+	struct offload_ready *r = &ctrl->ready[op->slot][dst];
+	uint32_t dst_world = eng->teams[op->team_id].peers[dst].world_rank;
+
+	/* Pairs with the receiver's seq write, which follows the body on the same QP. */
+	if (off_load_acquire(&r->seq) != op->seq)
+		return 0;
+	it->raddr = r->addr;
+	it->rkey = r->key;
+	if (r->flags & OFFLOAD_READY_REFUSED)
+		dpa_op_fail(op, OFFLOAD_ERR_PEER_OP, dst_world);
+	else if (r->len != send_len)
+		/* The ranks disagree on the block size. */
+		dpa_op_fail(op, OFFLOAD_ERR_INVALID, dst_world);
+	else
+		return 1;
+	/* Move nothing; the done signal tells the receiver. */
+	it->flags |= DPA_ITEM_FAILED;
+	it->posted = send_len;
+	return 1;
+}
+
+static int put_chunks(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		      struct dpa_item *it, uint32_t i, uint32_t dst, uint64_t laddr, uint64_t len)
+{
+	const struct dpa_team *team = &eng->teams[op->team_id];
+	uint64_t chunk = eng->params.chunk_size;
+	int posted = 0;
+
+	while (it->posted < len && posted < (int)eng->params.chunks_per_pass) {
+		uint64_t piece = len - it->posted < chunk ? len - it->posted : chunk;
+		int rc = dpa_hal_rdma_write(hal, team->peers[dst].world_rank, laddr + it->posted,
+					    op->cmd.src_key, it->raddr + it->posted, it->rkey, piece,
+					    dpa_wr_id(op, i, DPA_WR_DATA));
+
+		if (rc == DPA_HAL_EAGAIN)
+			break;
+		if (rc) {
+			dpa_op_fail(op, OFFLOAD_ERR_INTERNAL, team->peers[dst].world_rank);
+			it->flags |= DPA_ITEM_FAILED;
+			it->posted = len;
+			break;
+		}
+		it->posted += piece;
+		it->inflight++;
+		posted++;
+	}
+	return posted;
+}
+
+int dpa_exchange_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal,
+		      uint64_t send_addr, uint64_t send_len)
+{
+	const struct dpa_team *team = &eng->teams[op->team_id];
+	struct dpa_item *it = &op->items[i];
+	uint32_t n = team->size, me = team->my_rank;
+	uint32_t src = (me + n - i) % n, dst = (me + i) % n;
+	int work = 0;
+
+	if (!(it->flags & DPA_ITEM_READY_IN) && take_ready(eng, op, hal, it, dst, send_len)) {
+		it->flags |= DPA_ITEM_READY_IN;
+		work++;
+	}
+	if (it->flags & DPA_ITEM_READY_IN) {
+		work += put_chunks(eng, op, hal, it, i, dst, send_addr, send_len);
+		/* Every piece completed (a failed one too): tell the receiver how it went. */
+		if (!(it->flags & DPA_ITEM_SIGNALED) && it->inflight == 0 && it->posted >= send_len &&
+		    dpa_signal_done(eng, op, hal, dst, !!(it->flags & DPA_ITEM_FAILED)) != DPA_HAL_EAGAIN) {
+			it->flags |= DPA_ITEM_SIGNALED;
+			work++;
+		}
+	}
+	if (!(it->flags & DPA_ITEM_RECVD) && dpa_check_done(eng, op, hal, it, src)) {
+		it->flags |= DPA_ITEM_RECVD;
+		work++;
+	}
+	if ((it->flags & DPA_ITEM_READY_OUT) && (it->flags & DPA_ITEM_SIGNALED) &&
+	    (it->flags & DPA_ITEM_RECVD))
+		it->flags |= DPA_ITEM_FINISHED;
+	return work;
+}
