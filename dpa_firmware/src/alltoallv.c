@@ -74,7 +74,7 @@ static int a2av_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 static int try_layout(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
 {
 	const struct dpa_team *team = &eng->teams[op->team_id];
-	struct offload_ctrl_team *ctrl = dpa_my_ctrl(eng, hal, op->team_id);
+	struct offload_ctrl_team *ctrl = dpa_my_ctrl(hal, op->team_id);
 	struct offload_alltoallv_args *args = (struct offload_alltoallv_args *)args_of(hal, op);
 	struct dpa_vlayout *v = op->v;
 	uint64_t total = 0;

@@ -57,9 +57,8 @@ struct offload_thread_stats *dpa_stats(struct dpa_hal *hal)
 				  sizeof(struct offload_thread_stats));
 }
 
-struct offload_ctrl_team *dpa_my_ctrl(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t team)
+struct offload_ctrl_team *dpa_my_ctrl(struct dpa_hal *hal, uint32_t team)
 {
-	(void)eng;
 	return dpa_hal_window_ptr(hal, DPA_HAL_WIN_CTRL, dpa_ctrl_team_off(team),
 				  sizeof(struct offload_ctrl_team));
 }
@@ -71,10 +70,9 @@ uint64_t dpa_peer_ctrl_addr(const struct dpa_team *team, uint32_t peer, uint64_t
 
 void dpa_op_fail(struct dpa_op *op, int32_t status, uint32_t world_rank)
 {
-	int32_t ok = OFFLOAD_OK;
+	uint64_t none = 0;
 
-	if (off_cas(&op->status, &ok, status))
-		op->fail_rank = world_rank;
+	off_cas(&op->fail, &none, ((uint64_t)world_rank << 32) | (uint32_t)status);
 }
 
 int dpa_signal_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
@@ -107,7 +105,7 @@ int dpa_check_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *ha
 		   struct dpa_item *it, uint32_t src)
 {
 	struct dpa_team *team = &eng->teams[op->team_id];
-	struct offload_ctrl_team *ctrl = dpa_my_ctrl(eng, hal, op->team_id);
+	struct offload_ctrl_team *ctrl = dpa_my_ctrl(hal, op->team_id);
 	/* Pairs with the peer's signal add, which follows its data writes on the same QP. */
 	uint64_t v = off_load_acquire(&ctrl->done[op->slot][src]);
 	uint32_t lo = (uint32_t)v, errs = (uint32_t)(v >> 32);
@@ -157,10 +155,11 @@ static int complete_now(struct dpa_engine *eng, struct dpa_hal *hal, const struc
 
 static int try_complete_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
 {
+	uint64_t fail = off_load_acquire(&op->fail);
 	struct offload_cqe cqe = {
 		.tag = op->cmd.tag,
-		.status = off_load_acquire(&op->status),
-		.detail = op->fail_rank,
+		.status = (int32_t)(uint32_t)fail,
+		.detail = (uint32_t)(fail >> 32),
 	};
 
 	cqe.result0 = op->result0;
@@ -252,8 +251,7 @@ static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct 
 	op->team_id = cmd->team;
 	op->slot = slot;
 	op->seq = team->next_seq;
-	op->status = OFFLOAD_OK;
-	op->fail_rank = 0;
+	op->fail = 0;
 	op->result0 = op->result1 = 0;
 	op->refuse = 0;
 	op->algo = dpa_algos[cmd->opcode];

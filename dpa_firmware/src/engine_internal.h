@@ -73,8 +73,9 @@ struct dpa_op {
 	uint32_t users;        /* threads inside progress of this op: intake may not reuse it */
 	uint32_t remaining;    /* items not finished */
 	uint32_t completing;   /* lock: one thread writes the completion */
-	int32_t status;        /* first error, set by CAS from OFFLOAD_OK */
-	uint32_t fail_rank;    /* world rank named by the first error */
+	/* First error: (world rank << 32) | (uint32_t)status, set once by CAS from 0, so the
+	 * status and the rank it names are read together. */
+	uint64_t fail;
 	uint32_t seq;
 	uint32_t slot;
 	uint32_t team_id;
@@ -118,7 +119,7 @@ int dpa_exchange_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, str
 
 /* Helpers for algorithms (engine.c). */
 void dpa_op_fail(struct dpa_op *op, int32_t status, uint32_t world_rank);
-struct offload_ctrl_team *dpa_my_ctrl(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t team);
+struct offload_ctrl_team *dpa_my_ctrl(struct dpa_hal *hal, uint32_t team);
 uint64_t dpa_peer_ctrl_addr(const struct dpa_team *team, uint32_t peer, uint64_t offset);
 int dpa_signal_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 		    uint32_t peer, int error);

@@ -38,7 +38,7 @@ int dpa_publish_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 static int take_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 		      struct dpa_item *it, uint32_t dst, uint64_t send_len)
 {
-	struct offload_ctrl_team *ctrl = dpa_my_ctrl(eng, hal, op->team_id);
+	struct offload_ctrl_team *ctrl = dpa_my_ctrl(hal, op->team_id);
 	struct offload_ready *r = &ctrl->ready[op->slot][dst];
 	uint32_t dst_world = eng->teams[op->team_id].peers[dst].world_rank;
 
