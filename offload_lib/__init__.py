@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from offload_lib.context import Context
 
 __all__ = [
-    "init", "Context", "Team", "Request", "PersistentRequest",
+    "init", "Context", "Team", "Request", "PersistentRequest", "moe",
     "OffloadError", "InvalidArgument", "PeerFailure", "Timeout", "RemoteAccessError", "ConfigError",
 ]
 
@@ -54,4 +54,8 @@ def __getattr__(name: str) -> Any:
         from offload_lib import request
 
         return getattr(request, name)
+    if name == "moe":
+        import importlib
+
+        return importlib.import_module("offload_lib.moe")
     raise AttributeError(f"module 'offload_lib' has no attribute {name!r}")

@@ -91,14 +91,17 @@ def _as_array(obj: Any, name: str) -> np.ndarray:
         return t.numpy()
     try:
         return np.asarray(obj)
-    except Exception:
+    except (TypeError, ValueError):
         raise InvalidArgument(
-            f"{name} ({type(obj).__name__}) is not an array: pass a numpy array or a torch CPU tensor"
+            f"{name} ({type(obj).__name__}) is not an array: pass a numpy array or a torch "
+            "CPU tensor"
         ) from None
 
 
 def _bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
-    return (bits.view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+    wide = bits.view(np.uint16).astype(np.uint32)
+    wide <<= 16  # in place: a third of the time of a shift into a new array
+    return wide.view(np.float32)
 
 
 def _f32_to_bf16_bits(f: np.ndarray) -> np.ndarray:
@@ -121,9 +124,11 @@ def _check_routing(topk_idx: Any, num_experts: int, num_tokens: int | None = Non
     tokens, k = idx.shape
     if num_tokens is not None and tokens != num_tokens:
         raise InvalidArgument(
-            f"topk_idx has {tokens} rows but x has {num_tokens} tokens: one row of expert ids per token")
+            f"topk_idx has {tokens} rows but x has {num_tokens} tokens: one row of expert ids "
+            "per token")
     if k < 1:
-        raise InvalidArgument("topk_idx has no columns: route each token to k >= 1 experts (-1 drops one)")
+        raise InvalidArgument(
+            "topk_idx has no columns: route each token to k >= 1 experts (-1 drops one)")
     if k > num_experts:
         raise InvalidArgument(
             f"topk_idx routes each token to k={k} experts but there are only {num_experts}: "
@@ -170,7 +175,8 @@ def get_layout(topk_idx: Any, num_experts: int, num_ranks: int) -> tuple[Any, An
     ordered = np.sort(idx, axis=1)
     first = np.ones(ordered.shape, dtype=bool)
     first[:, 1:] = ordered[:, 1:] != ordered[:, :-1]
-    per_expert = np.bincount(ordered[first & (ordered >= 0)], minlength=num_experts).astype(np.int64)
+    per_expert = np.bincount(ordered[first & (ordered >= 0)], minlength=num_experts)
+    per_expert = per_expert.astype(np.int64)
     if _is_torch(topk_idx):
         torch = _torch()
         return torch.from_numpy(per_rank), torch.from_numpy(per_expert), torch.from_numpy(in_rank)
@@ -181,7 +187,7 @@ def get_layout(topk_idx: Any, num_experts: int, num_ranks: int) -> tuple[Any, An
 class Handle:
     """What ``combine`` needs to send rows back and add them up; returned by ``dispatch``."""
 
-    __slots__ = ("dispatcher", "num_tokens", "send_tokens", "send_rows", "recv_rows")
+    __slots__ = ("dispatcher", "num_tokens", "recv_rows", "send_rows", "send_tokens")
 
     def __init__(self, dispatcher: Dispatcher, num_tokens: int, send_tokens: np.ndarray,
                  send_rows: np.ndarray, recv_rows: np.ndarray) -> None:
@@ -278,7 +284,8 @@ class Dispatcher:
                                       f"pass {name}.to(torch.{want})")
         a = _as_array(obj, name)
         if a.ndim != 2 or a.shape[1] != self.hidden:
-            raise InvalidArgument(f"{name} must be [rows, hidden={self.hidden}], got shape {a.shape}")
+            raise InvalidArgument(
+                f"{name} must be [rows, hidden={self.hidden}], got shape {a.shape}")
         ok = a.dtype.name == self._payload.name
         if self._payload.name == "bfloat16":
             ok = ok or a.dtype in (np.dtype(np.uint16), np.dtype(np.int16))
@@ -343,7 +350,8 @@ class Dispatcher:
         meta_send, meta_recv = self._meta_buffers(width)
         meta = meta_send[:nsend * width].reshape(nsend, width)
         mine = owners[tok] == dest[:, None]
-        np.copyto(meta[:, :k], np.where(mine, idx[tok] - (dest * self.num_local_experts)[:, None], -1))
+        first_of_dest = (dest * self.num_local_experts)[:, None]
+        np.copyto(meta[:, :k], np.where(mine, idx[tok] - first_of_dest, -1))
         if w is not None:
             meta[:, k:].view(np.float64)[...] = np.where(mine, w[tok], 0.0)
 
@@ -356,9 +364,9 @@ class Dispatcher:
         if (recv_rows * hidden != got_x).any() or (recv_rows * width != got_meta).any():
             raise OffloadError(
                 f"dispatch: rows and routing metadata from the ranks do not match (received "
-                f"{np.asarray(got_x).tolist()} elements of rows, {np.asarray(got_meta).tolist()} of "
-                f"metadata): all ranks must use the same hidden and k, and all pass topk_weights "
-                "or all pass None")
+                f"{np.asarray(got_x).tolist()} elements of rows, "
+                f"{np.asarray(got_meta).tolist()} of metadata): all ranks must use the same "
+                "hidden and k, and all pass topk_weights or all pass None")
         nrecv = int(recv_rows.sum())
         recv_x = self._recv[:nrecv * hidden].reshape(nrecv, hidden)
         got = meta_recv[:nrecv * width].reshape(nrecv, width)
@@ -401,18 +409,16 @@ class Dispatcher:
 
     def _accumulate(self, back: np.ndarray, handle: Handle) -> np.ndarray:
         """Add the returned rows into their tokens, rank by rank (a token appears at most once
-        per rank, so each step is a plain fancy-indexed add)."""
+        per rank, so each step is a plain fancy-indexed add), widening one rank's rows at a
+        time."""
         name = self._payload.name
-        if name == "bfloat16":
-            vals = _bf16_bits_to_f32(back)
-        else:
-            vals = back.view(np.dtype(name))
         out = np.zeros((handle.num_tokens, self.hidden), self._payload.acc)
-        ends = np.cumsum(handle.send_rows)
         start = 0
-        for end in ends.tolist():
+        for end in np.cumsum(handle.send_rows).tolist():
             if end > start:
-                out[handle.send_tokens[start:end]] += vals[start:end]
+                rows = back[start:end]
+                vals = _bf16_bits_to_f32(rows) if name == "bfloat16" else rows.view(name)
+                out[handle.send_tokens[start:end]] += vals
             start = end
         return out
 
