@@ -35,6 +35,8 @@ DST_ACCESS = _LOCAL_READ | _LOCAL_WRITE | _REMOTE_WRITE
 _POLL_MAX_BYTES = 1024 * 1024
 _POLL_NS = 1_000_000
 
+_MAX_COUNT = 2**62  # elements; counts*itemsize must stay far from uint64 overflow
+
 MAX_TEAMS = 16
 MAX_RANKS = 64
 
@@ -63,8 +65,11 @@ def _counts(counts: Any, n: int, name: str) -> np.ndarray:
         raise InvalidArgument(f"{name} must hold one count per team rank: {n}, got shape {arr.shape}")
     if arr.dtype.kind not in "iu":
         raise InvalidArgument(f"{name} must be integers, not {arr.dtype}")
-    if (arr < 0).any():
-        raise InvalidArgument(f"{name} has a negative count: {arr.tolist()}")
+    values = arr.tolist()  # Python ints: no wrap-around in the checks below
+    if any(v < 0 for v in values):
+        raise InvalidArgument(f"{name} has a negative count: {values}")
+    if sum(values) > _MAX_COUNT:
+        raise InvalidArgument(f"{name} add up to {sum(values)} elements: more than any buffer holds")
     return arr.astype(np.int64)
 
 
@@ -155,9 +160,9 @@ class Team:
         if s.overlaps(d):
             raise InvalidArgument("src and dst overlap: in-place all-to-all-v is not supported")
         sends = _counts(send_counts, n, "send_counts")
-        if int(sends.sum()) > s.count:
+        if sum(sends.tolist()) > s.count:
             raise InvalidArgument(
-                f"send_counts add up to {int(sends.sum())} elements but src holds {s.count}"
+                f"send_counts add up to {sum(sends.tolist())} elements but src holds {s.count}"
             )
         # struct offload_alltoallv_args: send_bytes, recv_bytes (out), expect_bytes; in bytes.
         args = np.zeros((3, MAX_RANKS), np.uint64)
@@ -165,9 +170,9 @@ class Team:
         op = ffi.new("struct host_op *")
         if recv_counts is not None:
             expect = _counts(recv_counts, n, "recv_counts")
-            if int(expect.sum()) > d.count:
+            if sum(expect.tolist()) > d.count:
                 raise InvalidArgument(
-                    f"recv_counts add up to {int(expect.sum())} elements but dst holds {d.count}"
+                    f"recv_counts add up to {sum(expect.tolist())} elements but dst holds {d.count}"
                 )
             args[2, :n] = expect * s.itemsize
             op.flags = F_EXPECT
@@ -322,7 +327,7 @@ class Context:
 
     # -- posting ----------------------------------------------------------------------------
     def _post(self, op: Any, what: str, keep: tuple[Any, ...], result: Result | None = None,
-              nbytes: int = 0, itemsize: int = 1) -> Request:
+              nbytes: int = 0, itemsize: int | None = None) -> Request:
         tag = ffi.new("uint32_t *")
         if self._orphans:
             self._reap_orphans()

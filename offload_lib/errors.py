@@ -51,9 +51,9 @@ ERR_PEER_OP = -9
 
 
 def completion_error(what: str, status: int, detail: int, result0: int, result1: int,
-                     itemsize: int = 1) -> OffloadError:
+                     itemsize: int | None = None) -> OffloadError:
     """The exception for an error completion of ``what`` (an op name); sizes in the
-    message are in elements of ``itemsize`` bytes."""
+    message are in elements of ``itemsize`` bytes, or in bytes without it."""
     if status == ERR_INVALID:
         return InvalidArgument(
             f"{what}: the firmware rejected the command (sizes, counts or team do not match"
@@ -69,10 +69,10 @@ def completion_error(what: str, status: int, detail: int, result0: int, result1:
     if status == ERR_TIMEOUT:
         return Timeout(f"{what}: the op timed out in the firmware (op_timeout)")
     if status == ERR_NO_SPACE:
-        unit = "bytes" if itemsize == 1 else "elements"
+        unit, size = ("bytes", 1) if itemsize is None else ("elements", itemsize)
         return InvalidArgument(
-            f"{what}: destination too small: {result0 // itemsize} {unit} arrive but dst holds"
-            f" {result1 // itemsize}; nothing was written"
+            f"{what}: destination too small: {result0 // size} {unit} arrive but dst holds"
+            f" {result1 // size}; nothing was written"
         )
     if status == ERR_CANCELED:
         return OffloadError(f"{what}: canceled")

@@ -23,7 +23,8 @@ class Request:
                  "_itemsize", "__weakref__")
 
     def __init__(self, ctx: Context, tag: int, what: str, keep: tuple[Any, ...],
-                 result: Result | None = None, poll_ns: int = 0, itemsize: int = 1) -> None:
+                 result: Result | None = None, poll_ns: int = 0,
+                 itemsize: int | None = None) -> None:
         self._ctx = ctx
         self._poll_ns = poll_ns
         self._itemsize = itemsize

@@ -8,7 +8,7 @@ import json
 import numpy as np
 import pytest
 
-from offload_lib import bench, cli
+from offload_lib import bench, bench_moe, cli
 
 SMALL = ["--sizes", "1K,64K", "--iters", "3", "--warmup", "1"]
 
@@ -58,11 +58,24 @@ def test_parse_args_defaults_and_options():
 
 
 @pytest.mark.timeout(120)
+def test_parse_args_moe_options():
+    a = bench.parse_args(["moe"])
+    assert (a.tokens, a.hidden, a.topk, a.experts, a.dtype) == (4096, 2048, 2, 8, np.float32)
+    assert a.given == set()
+    a = bench.parse_args(["moe", "--tokens", "7", "--hidden", "3", "--topk", "1",
+                          "--experts", "4", "--dtype", "float16"])
+    assert (a.tokens, a.hidden, a.topk, a.experts, a.dtype) == (7, 3, 1, 4, np.float16)
+    assert a.given == {"tokens", "hidden", "topk", "experts"}
+    assert bench.parse_args(["alltoallv", "--sizes", "1K"]).given == {"sizes"}
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("argv", [
     ["alltoall", "-n", "0"], ["alltoall", "--iters", "0"], ["alltoall", "--warmup", "-1"],
     ["alltoall", "--buffers", "gpu"], ["alltoall", "--dtype", "object"],
     ["alltoall", "--dtype", "nope"], ["alltoall", "--compare", "nccl"],
     ["alltoall", "--timeout", "0"], ["alltoall", "--sizes", "1X"], [],
+    ["moe", "--tokens", "0"], ["moe", "--topk", "x"], ["moe", "--experts", "-8"],
 ])
 def test_bad_options_return_2(argv, capsys):
     assert bench.main(argv) == 2
@@ -87,13 +100,30 @@ def test_unknown_collective_returns_2(capsys):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("name", ["alltoallv", "broadcast", "allgather", "moe"])
+@pytest.mark.parametrize("name", ["broadcast", "allgather"])
 def test_unimplemented_collectives_return_2(name, capsys):
     assert name in bench.COLLECTIVES
     assert bench.main([name, "-n", "2"]) == 2
     captured = capsys.readouterr()
     assert "not implemented yet" in captured.err
     assert captured.out == ""  # no made-up numbers
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("argv, needle", [
+    (["alltoallv", "--persistent"], "alltoallv has no persistent form"),
+    (["alltoall", "--tokens", "64"], "--tokens: only the moe benchmark"),
+    (["alltoallv", "--hidden", "8", "--topk", "1"], "--hidden, --topk: only the moe benchmark"),
+    (["moe", "--sizes", "1K"], "moe takes --tokens/--hidden/--topk/--experts, not --sizes"),
+    (["moe", "--persistent"], "moe has no persistent form"),
+    (["moe", "--dtype", "int32"], "not int32"),
+    (["moe", "-n", "3"], "--experts 8 does not split evenly over 3 ranks"),
+    (["moe", "--topk", "9"], "--topk 9 is more than --experts 8"),
+])
+def test_options_that_do_not_fit_return_2(argv, needle, capsys):
+    assert bench.main([*argv, "-n", "2"] if "-n" not in argv else argv) == 2
+    captured = capsys.readouterr()
+    assert needle in captured.err and captured.out == ""
 
 
 @pytest.mark.timeout(120)
@@ -220,6 +250,129 @@ def test_check_fails_loudly():
         case.check("offload")
 
 
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("count", [0, 1, 7, 256, 262144])
+def test_alltoallv_counts_are_uneven_around_count(n, count):
+    m = bench.alltoallv_counts(n, count)
+    assert m.shape == (n, n) and m.dtype == np.int64 and (m >= 0).all()
+    # every rank sends and receives about n * count (the factors average exactly 1)
+    assert np.all(np.abs(m.sum(axis=1) - n * count) <= n)
+    assert np.all(np.abs(m.sum(axis=0) - n * count) <= n)
+    assert np.all(m <= np.rint(1.5 * count)) and np.all(m >= np.rint(0.5 * count))
+    if n > 1 and count >= 256:
+        assert len(set(m[0].tolist())) == n  # uneven: every peer gets a different count
+    assert np.array_equal(m, bench.alltoallv_counts(n, count))  # the same on every rank
+
+
+@pytest.mark.timeout(120)
+def test_make_row_uses_bytes_sent_when_given():
+    row = bench.make_row(1 << 20, 1 << 18, 4, 0.75, 1e-3, 0, nbytes=3_000_000)
+    assert row["algbw"] == pytest.approx(3.0)
+    assert row["busbw"] == pytest.approx(2.25)
+
+
+class _FakeTeam3:
+    rank, size = 1, 3
+
+
+@pytest.mark.timeout(120)
+def test_alltoallv_check_fails_loudly():
+    case = bench._AlltoallvCase.__new__(bench._AlltoallvCase)
+    case.team, case.count = _FakeTeam3(), 4
+    case.recvs = np.array([2, 0, 3], np.int64)
+    case.expected = np.arange(5, dtype=np.float32)
+    case.dst = case.expected.copy()
+    case.got_counts = {"offload": np.array([2, 0, 3], np.int64)}
+    case.check("offload")
+    case.dst[3] = -1
+    with pytest.raises(bench.WrongResult,
+                       match=r"WRONG RESULT on rank 1/3.*index 3 \(block from rank 2, element 1\)"):
+        case.check("offload")
+    case.dst[3] = 3
+    case.got_counts["offload"] = np.array([2, 1, 2], np.int64)
+    with pytest.raises(bench.WrongResult, match=r"receive counts \[2, 1, 2\], expected \[2, 0, 3\]"):
+        case.check("offload")
+
+
+# -- moe: inputs, reference, aggregation, table ---------------------------------------------------
+
+
+@pytest.mark.timeout(120)
+def test_moe_routing_is_seeded_and_valid():
+    idx, w = bench_moe.routing(3, 500, 3, 12)
+    assert idx.shape == (500, 3) and idx.dtype == np.int64 and w.dtype == np.float32
+    assert ((idx >= 0) & (idx < 12)).all()
+    assert all(len(set(row)) == 3 for row in idx.tolist())  # distinct experts per token
+    assert np.isin(w, [0.25, 0.5, 0.75, 1.0]).all()
+    again = bench_moe.routing(3, 500, 3, 12)
+    assert np.array_equal(idx, again[0]) and np.array_equal(w, again[1])
+    assert not np.array_equal(idx, bench_moe.routing(2, 500, 3, 12)[0])
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_moe_reference_matches_the_dispatcher_semantics(dtype):
+    """The reference against a direct single-process computation for 2 ranks."""
+    dt = np.dtype(dtype)
+    tokens, hidden, topk, experts, n = 50, 6, 2, 4, 2
+    ref = bench_moe._Expected(1, n, tokens, hidden, topk, experts, dt)
+    rows, idx_rows = [], []
+    for r in range(n):
+        idx, _ = bench_moe.routing(r, tokens, topk, experts)
+        x = bench_moe.token_rows(r, np.arange(tokens), hidden, dt, topk)
+        for t in range(tokens):
+            if any(e // 2 == 1 for e in idx[t]):
+                rows.append(x[t])
+                idx_rows.append([e - 2 if e // 2 == 1 else -1 for e in idx[t]])
+    assert np.array_equal(ref.x, np.array(rows, dt)) and ref.x.dtype == dt
+    assert np.array_equal(ref.idx, np.array(idx_rows, np.int64))
+    ref.check_dispatch("offload", ref.x.copy(), ref.idx.copy(), ref.w.copy())
+    bad = ref.x.copy()
+    bad[3, 2] += 1
+    with pytest.raises(bench.WrongResult, match=r"recv_x differs in 1 places; first at \[3, 2\]"):
+        ref.check_dispatch("offload", bad, ref.idx, ref.w)
+    with pytest.raises(bench.WrongResult, match=r"recv_topk_idx is int32"):
+        ref.check_dispatch("mpi", ref.x, ref.idx.astype(np.int32), ref.w)
+    out = ref.out.astype(dt)
+    ref.check_combine("offload", out)
+    out[0, 0] = out[0, 0] * 2 + 1
+    with pytest.raises(bench.WrongResult, match=r"combine gave a WRONG RESULT on rank 1/2"):
+        ref.check_combine("offload", out)
+
+
+def _moe_rank(d, c, md=None, mc=None):
+    e = [{"phase": "dispatch", "rows": 10, "bytes": 4000, "offload_s": d, "offload_cpu_s": d},
+         {"phase": "combine", "rows": 10, "bytes": 4000, "offload_s": c, "offload_cpu_s": c}]
+    if md is not None:
+        e[0].update(mpi_s=md, mpi_cpu_s=md)
+        e[1].update(mpi_s=mc, mpi_cpu_s=mc)
+    return {"results": e}
+
+
+@pytest.mark.timeout(120)
+def test_moe_aggregate_and_table():
+    per_rank = [_moe_rank([1e-3, 2e-3, 3e-3], [1e-3] * 3, [2e-3] * 3, [4e-3] * 3),
+                _moe_rank([4e-3, 1e-3, 1e-3], [2e-3] * 3, [2e-3] * 3, [1e-3] * 3)]
+    per_rank[1]["results"][0]["bytes"] = 6000
+    d, c = bench_moe.aggregate(2, per_rank)
+    assert d["phase"] == "dispatch" and d["time_us"] == pytest.approx(3000.0)  # maxima 4, 2, 3
+    assert d["bytes"] == 5000 and d["gbps"] == pytest.approx(5000 / 3e-3 / 1e9)
+    assert d["ratio"] == pytest.approx(2e-3 / 3e-3) and c["ratio"] == pytest.approx(2.0)
+    assert d["cpu_us"] == pytest.approx(2000.0)  # rank 0's median
+    meta = dict(META, collective="moe", tokens=64, hidden=32, topk=2, experts=8)
+    text = bench_moe.format_table(meta, [d, c])
+    cols = next(line for line in text.splitlines() if "time_us" in line).lstrip("#").split()
+    assert cols == ["phase", "rows", "bytes", "time_us", "GB/s", "cpu_us", "mpi_time_us",
+                    "mpi_GB/s", "mpi_cpu_us", "ratio"]
+    rows = data_rows(text)
+    assert [r[0] for r in rows] == ["dispatch", "combine"] and all(len(r) == 10 for r in rows)
+    assert rows[1][-1] == "2.00"
+    assert "tokens: 64  hidden: 32  topk: 2  experts: 8" in text
+    no_mpi = bench_moe.aggregate(2, [_moe_rank([1e-3], [1e-3]), _moe_rank([1e-3], [1e-3])])
+    assert len(data_rows(bench_moe.format_table(meta, no_mpi))[0]) == 6
+
+
 # -- real runs ------------------------------------------------------------------------------------
 
 
@@ -272,3 +425,62 @@ def test_timeout_stops_mpirun(capsys):
         pytest.skip(reason)
     assert bench.main(["alltoall", "-n", "2", "--compare", "mpi", "--timeout", "0.05"]) == 1
     assert "timed out after 0.05 s" in capsys.readouterr().err
+
+
+@pytest.mark.timeout(120)
+def test_end_to_end_alltoallv(capsys):
+    assert bench.main(["alltoallv", "-n", "2", "--sizes", "0,1K,64K,4104", "--iters", "3",
+                       "--warmup", "1", "--dtype", "float64", "--buffers", "shared"]) == 0
+    out = capsys.readouterr().out
+    rows = data_rows(out)
+    assert [r[:2] for r in rows] == [["0", "0"], ["1024", "128"], ["65536", "8192"],
+                                     ["4104", "513"]]
+    assert all(len(r) == 6 for r in rows) and all(float(r[2]) > 0 for r in rows[1:])
+    assert "collective: alltoallv" in out and "bytes per peer on average" in out
+
+
+@pytest.mark.timeout(120)
+def test_end_to_end_alltoallv_compare_mpi(tmp_path, capsys):
+    reason = mpi_missing()
+    if reason:
+        pytest.skip(reason)
+    path = tmp_path / "v.json"
+    assert bench.main(["alltoallv", "-n", "2", *SMALL, "--compare", "mpi", "--dtype", "uint8",
+                       "--json", str(path)]) == 0
+    out = capsys.readouterr().out
+    rows = data_rows(out)
+    assert [r[:2] for r in rows] == [["1024", "1024"], ["65536", "65536"]]
+    assert all(len(r) == 10 and float(r[6]) > 0 for r in rows)
+    assert "comm.Alltoall of the counts + comm.Alltoallv" in out
+    doc = json.loads(path.read_text())
+    # algbw from the bytes a rank really sends: the count matrix's average row
+    m = bench.alltoallv_counts(2, 1024)
+    assert doc["raw"][0]["results"][0]["bytes"] == m.sum() // 2
+    assert doc["rows"][0]["algbw"] == pytest.approx(m.sum() / 2 / doc["rows"][0]["time_us"] / 1e3)
+
+
+@pytest.mark.timeout(120)
+def test_end_to_end_moe(capsys):
+    argv = ["moe", "-n", "2", "--tokens", "64", "--hidden", "40", "--topk", "3", "--experts",
+            "4", "--iters", "2", "--warmup", "1", "--dtype", "float16"]
+    assert bench.main(argv) == 0
+    out = capsys.readouterr().out
+    rows = data_rows(out)
+    assert [r[0] for r in rows] == ["dispatch", "combine"] and all(len(r) == 6 for r in rows)
+    assert all(float(r[3]) > 0 for r in rows)
+    assert float(rows[0][2]) == float(rows[0][1]) * 40 * 2  # bytes = rows * hidden * 2
+
+
+@pytest.mark.timeout(120)
+def test_end_to_end_moe_compare_mpi(capsys):
+    reason = mpi_missing()
+    if reason:
+        pytest.skip(reason)
+    assert bench.main(["moe", "-n", "3", "--tokens", "50", "--hidden", "16", "--experts", "6",
+                       "--iters", "2", "--warmup", "0", "--compare", "mpi",
+                       "--buffers", "shared"]) == 0
+    out = capsys.readouterr().out
+    rows = data_rows(out)
+    assert [r[0] for r in rows] == ["dispatch", "combine"]
+    assert all(len(r) == 10 and float(r[6]) > 0 and float(r[9]) > 0 for r in rows)
+    assert "Alltoall(counts) + Alltoallv(rows) + Alltoallv(metadata)" in out
