@@ -119,7 +119,19 @@ class WrongResult(OffloadError):
 # all-to-all
 
 
-class _AlltoallCase:
+class _Case:
+    """What the exchange cases share: run one op into a poisoned destination, then check.
+    Subclasses provide dst, mpi_dst, expected, offload(), mpi() and check(which)."""
+
+    def verify(self, which: str) -> None:
+        dst = self.dst if which == "offload" else self.mpi_dst
+        run = self.offload if which == "offload" else self.mpi
+        dst[:] = _poison(self.expected)
+        run()
+        self.check(which)
+
+
+class _AlltoallCase(_Case):
     """Buffers for one message size; ``offload()`` and ``mpi()`` each run one all-to-all."""
 
     def __init__(self, ctx: Any, team: Any, comm: Any, count: int, dt: np.dtype,
@@ -150,13 +162,6 @@ class _AlltoallCase:
 
     def mpi(self) -> None:
         self.comm.Alltoall(*self._mpi_bufs)
-
-    def verify(self, which: str) -> None:
-        dst = self.dst if which == "offload" else self.mpi_dst
-        run = self.offload if which == "offload" else self.mpi
-        dst[:] = _poison(self.expected)
-        run()
-        self.check(which)
 
     def check(self, which: str) -> None:
         dst = self.dst if which == "offload" else self.mpi_dst
@@ -191,7 +196,7 @@ def alltoallv_counts(n: int, count: int) -> np.ndarray:
     return np.rint(count * factor).astype(np.int64)
 
 
-class _AlltoallvCase:
+class _AlltoallvCase(_Case):
     """Buffers for one average message size; ``offload()`` and ``mpi()`` each run one
     all-to-all-v, counts exchanged as part of the op (by the DPA; by ``comm.Alltoall``)."""
 
@@ -232,13 +237,6 @@ class _AlltoallvCase:
         comm.Alltoallv([self.mpi_src, (self._scounts, self._sdispls), t],
                        [self.mpi_dst, (self._rcounts, rdispls), t])
         self.got_counts["mpi"] = self._rcounts
-
-    def verify(self, which: str) -> None:
-        dst = self.dst if which == "offload" else self.mpi_dst
-        run = self.offload if which == "offload" else self.mpi
-        dst[:] = _poison(self.expected)
-        run()
-        self.check(which)
 
     def check(self, which: str) -> None:
         me, n = self.team.rank, self.team.size
@@ -563,6 +561,26 @@ _MPI_COLUMNS = (
 )
 
 
+Column = tuple[str, str, str, int, str]  # (key, header, unit, width, format)
+
+
+def render_rows(cols: Sequence[Column], rows: Sequence[dict[str, Any]]) -> list[str]:
+    """The column header lines and one line per row; missing or NaN cells print as '-'."""
+    lines = [
+        "#",
+        "#" + "".join(h.rjust(w) for _, h, _, w, _ in cols)[1:],
+        "#" + "".join(u.rjust(w) for _, _, u, w, _ in cols)[1:],
+    ]
+    for row in rows:
+        cells = []
+        for key, _, _, w, fmt in cols:
+            v = row.get(key)
+            cells.append(("-" if v is None or (isinstance(v, float) and math.isnan(v))
+                          else fmt.format(v)).rjust(w))
+        lines.append("".join(cells))
+    return lines
+
+
 def format_table(meta: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
     """nccl-tests style: ``#`` header lines, then one line per size."""
     compare = bool(rows) and "mpi_time_us" in rows[0]
@@ -591,17 +609,8 @@ def format_table(meta: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
     lines += [
         "# time: median over iterations of the slowest rank; algbw = size*n/time; busbw = "
         "algbw*(n-1)/n; GB = 1e9; cpu_us: rank 0's thread CPU time in post+wait (median)",
-        "#",
-        "#" + "".join(h.rjust(w) for _, h, _, w, _ in cols)[1:],
-        "#" + "".join(u.rjust(w) for _, _, u, w, _ in cols)[1:],
     ]
-    for row in rows:
-        cells = []
-        for key, _, _, w, fmt in cols:
-            v = row.get(key)
-            cells.append(("-" if v is None or (isinstance(v, float) and math.isnan(v))
-                          else fmt.format(v)).rjust(w))
-        lines.append("".join(cells))
+    lines += render_rows(cols, rows)
     if rows:
         avg = sum(r["busbw"] for r in rows) / len(rows)
         lines.append(f"# Avg bus bandwidth    : {avg:.3f} GB/s")

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from offload_lib.bench import GB, PROG, WrongResult, summarize
+from offload_lib.bench import GB, PROG, WrongResult, render_rows, summarize
 
 __all__ = ["aggregate", "check_args", "format_table", "routing", "token_rows", "work"]
 
@@ -360,15 +360,5 @@ def format_table(meta: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
     lines += [
         "# time: median over iterations of the slowest rank; rows/bytes: token rows a rank "
         "sends (mean over ranks); GB/s = bytes/time (1e9); cpu_us: rank 0's thread CPU time",
-        "#",
-        "#" + "".join(h.rjust(w) for _, h, _, w, _ in cols)[1:],
-        "#" + "".join(u.rjust(w) for _, _, u, w, _ in cols)[1:],
     ]
-    for row in rows:
-        cells = []
-        for key, _, _, w, fmt in cols:
-            v = row.get(key)
-            cells.append(("-" if v is None or (isinstance(v, float) and np.isnan(v))
-                          else fmt.format(v)).rjust(w))
-        lines.append("".join(cells))
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + render_rows(cols, rows)) + "\n"
