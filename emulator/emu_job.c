@@ -68,6 +68,7 @@ int emu_job_open(struct emu_device *dev)
 	struct emu_rank *self;
 	int32_t pid = getpid(), old = 0;
 	uint32_t ctrl_key;
+	struct stat st;
 	int fd, rc;
 
 	snprintf(name, sizeof(name), "/%s", dev->job);
@@ -75,11 +76,16 @@ int emu_job_open(struct emu_device *dev)
 	if (fd < 0)
 		return -errno;
 	dev->job_len = job_len(n);
-	/* Every rank truncates to the same size: idempotent, and fresh pages read as zero. */
-	if (ftruncate(fd, (off_t)dev->job_len) < 0) {
+	/* The first rank sizes the segment (fresh pages read as zero); a rank that finds
+	 * another size belongs elsewhere and must not resize it under the live ranks. */
+	if (fstat(fd, &st) < 0 || (st.st_size == 0 && ftruncate(fd, (off_t)dev->job_len) < 0)) {
 		rc = -errno;
 		close(fd);
 		return rc;
+	}
+	if (st.st_size != 0 && (uint64_t)st.st_size != dev->job_len) {
+		close(fd);
+		return -EPROTO;
 	}
 	dev->job_map = mmap(NULL, dev->job_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	close(fd);
@@ -95,8 +101,13 @@ int emu_job_open(struct emu_device *dev)
 	    claim_u32(&dev->hdr->nranks, n))
 		return -EPROTO;  /* another job, or ranks started with different sizes */
 	self = &dev->ranks[me];
-	if (!off_cas(&self->pid, &old, pid) && pid_alive(old))
-		return -EADDRINUSE;  /* two processes claim the same rank */
+	if (!off_cas(&self->pid, &old, pid)) {
+		if (pid_alive(old))
+			return -EADDRINUSE;  /* two processes claim the same rank */
+		/* Taking over a dead rank: nothing it registered may stay reachable. */
+		for (uint32_t i = 0; i < EMU_MAX_MRS; i++)
+			off_store_release(&dev->mrs[(uint64_t)me * EMU_MAX_MRS + i].key, 0);
+	}
 	off_store_release(&self->pid, pid);
 	if (getrandom(&dev->rng, sizeof(dev->rng), 0) != sizeof(dev->rng))
 		dev->rng = (uint64_t)pid * 0x9e3779b97f4a7c15ull ^ emu_now_ns();
@@ -151,8 +162,9 @@ void emu_job_close(struct emu_device *dev)
 	if (!dev->job_map)
 		return;
 	mine = &dev->mrs[(uint64_t)dev->attr.rank * EMU_MAX_MRS];
-	/* Revoke everything we registered: peers' later accesses fail cleanly. */
-	for (uint32_t i = 0; i < EMU_MAX_MRS; i++) {
+	/* Revoke everything we registered: peers' later accesses fail cleanly. A process that
+	 * never owned its rank (it failed to join) must not touch the owner's table. */
+	for (uint32_t i = 0; dev->joined && i < EMU_MAX_MRS; i++) {
 		uint32_t key = off_load_acquire(&mine[i].key);
 
 		if (!key)

@@ -93,6 +93,15 @@ int dpa_signal_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *h
 	return rc;
 }
 
+int dpa_peer_gone(const struct dpa_op *op, uint32_t world_rank)
+{
+	uint64_t fail = off_load_acquire(&op->fail);
+	int32_t st = (int32_t)(uint32_t)fail;
+
+	return fail && (uint32_t)(fail >> 32) == world_rank &&
+	       (st == OFFLOAD_ERR_PEER || st == OFFLOAD_ERR_REMOTE_ACCESS);
+}
+
 void dpa_expect_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_item *it, uint32_t src)
 {
 	struct dpa_team *team = &eng->teams[op->team_id];
@@ -127,8 +136,10 @@ static int write_cqe(struct dpa_engine *eng, struct dpa_hal *hal, const struct o
 						    (uint64_t)eng->params.cq_entries * sizeof(*cq));
 	uint32_t tail, head;
 
-	if (!off_trylock(&eng->cq_lock))
-		return 0;
+	/* A few stores under the lock: wait for it. Returning "not now" would make intake
+	 * redo a command whose side effects (TEAM_CREATE) already happened. */
+	while (!off_trylock(&eng->cq_lock))
+		;
 	tail = ring->cq_tail;                     /* ours: only written under cq_lock */
 	head = off_load_acquire(&ring->cq_head);  /* host-owned; pairs with its release */
 	if (tail - head >= eng->params.cq_entries) {
@@ -153,6 +164,13 @@ static int complete_now(struct dpa_engine *eng, struct dpa_hal *hal, const struc
 	return write_cqe(eng, hal, &cqe);
 }
 
+static int commands_waiting(struct dpa_hal *hal)
+{
+	struct offload_ring_hdr *ring = dpa_hal_window_ptr(hal, DPA_HAL_WIN_RING, 0, sizeof(*ring));
+
+	return off_load_acquire(&ring->sq_tail) != off_read_once(&ring->sq_head);
+}
+
 static int try_complete_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
 {
 	uint64_t fail = off_load_acquire(&op->fail);
@@ -170,6 +188,9 @@ static int try_complete_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa
 	if (cqe.status != OFFLOAD_OK)
 		dpa_stats(hal)->errors++;
 	__atomic_store_n(&op->state, DPA_OP_FREE, __ATOMIC_SEQ_CST);
+	/* A command may be waiting for this slot while the thread holding intake parks. */
+	if (commands_waiting(hal))
+		dpa_hal_notify(hal);
 	if (op->bulk)
 		off_fetch_sub(&eng->inflight_bulk, 1);
 	off_fetch_sub(&eng->inflight, 1);

@@ -126,6 +126,9 @@ int dpa_signal_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *h
 /* Returns 1 if peer's done signal for this item arrived, 0 if not yet; fails the op on error. */
 int dpa_check_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 		   struct dpa_item *it, uint32_t src);
+/* The op failed reaching this peer (dead, closed, or it refused our control write): it
+ * will never answer this op, so waits on it end. */
+int dpa_peer_gone(const struct dpa_op *op, uint32_t world_rank);
 void dpa_expect_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_item *it, uint32_t src);
 struct offload_thread_stats *dpa_stats(struct dpa_hal *hal);
 

@@ -100,6 +100,10 @@ int dpa_exchange_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, str
 	if (!(it->flags & DPA_ITEM_READY_IN) && take_ready(eng, op, hal, it, dst, send_len)) {
 		it->flags |= DPA_ITEM_READY_IN;
 		work++;
+	} else if (!(it->flags & DPA_ITEM_READY_IN) && dpa_peer_gone(op, team->peers[dst].world_rank)) {
+		it->flags |= DPA_ITEM_READY_IN | DPA_ITEM_FAILED;
+		it->posted = send_len;
+		work++;
 	}
 	if (it->flags & DPA_ITEM_READY_IN) {
 		work += put_chunks(eng, op, hal, it, i, dst, send_addr, send_len);
@@ -110,7 +114,8 @@ int dpa_exchange_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, str
 			work++;
 		}
 	}
-	if (!(it->flags & DPA_ITEM_RECVD) && dpa_check_done(eng, op, hal, it, src)) {
+	if (!(it->flags & DPA_ITEM_RECVD) && (dpa_check_done(eng, op, hal, it, src) ||
+					       dpa_peer_gone(op, team->peers[src].world_rank))) {
 		it->flags |= DPA_ITEM_RECVD;
 		work++;
 	}

@@ -1,0 +1,35 @@
+"""A process that claims a rank of a live job, or joins it with another size, is refused
+without disturbing the live ranks (their registrations, control words and segment size)."""
+from __future__ import annotations
+
+import pytest
+
+from _mp import run_ranks
+
+INTRUDERS = r'''
+import subprocess
+ctx = ol.init()
+src = np.arange(4 * size, dtype=np.int32) + 100 * rank
+dst = np.zeros_like(src)
+ctx.world.alltoall(src, dst).wait(timeout=10)
+if rank == 0:
+    for what, extra in (("same rank", {"OFFLOAD_RANK": "1"}),
+                        ("other size", {"OFFLOAD_RANK": "0", "OFFLOAD_SIZE": "3"})):
+        env = dict(os.environ, OFFLOAD_BOOTSTRAP_TIMEOUT="2", **extra)
+        p = subprocess.run([sys.executable, "-c", "import offload_lib as ol; ol.init()"],
+                           env=env, capture_output=True, text=True, timeout=30)
+        assert p.returncode != 0, f"{what}: the intruder joined the job"
+        assert "OffloadError" in p.stderr, p.stderr
+ctx.world.barrier().wait(timeout=10)
+dst[:] = 0
+ctx.world.alltoall(src, dst).wait(timeout=10)
+expected = np.concatenate([np.arange(4 * rank, 4 * rank + 4, dtype=np.int32) + 100 * s
+                           for s in range(size)])
+check_equal(dst, expected, "after the intruders")
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(90)
+def test_intruders_are_refused_and_the_job_goes_on():
+    run_ranks(2, INTRUDERS, timeout=60)
