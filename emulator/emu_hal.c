@@ -91,12 +91,14 @@ static int32_t vm_copy(int32_t pid, int to_remote, void *local, uint64_t raddr, 
 static int32_t do_write(struct emu_device *dev, uint32_t peer, const void *src, uint64_t raddr,
 			uint32_t rkey, uint64_t len)
 {
+	struct emu_map *held;
 	uint8_t *ptr;
 	int32_t pid, st;
 
 	if (!len)
 		return OFFLOAD_OK;
-	st = emu_mr_resolve(dev, peer, rkey, raddr, len, OFFLOAD_ACCESS_REMOTE_WRITE, &ptr, &pid);
+	st = emu_mr_resolve(dev, peer, rkey, raddr, len, OFFLOAD_ACCESS_REMOTE_WRITE, &ptr, &pid,
+			    &held);
 	if (st)
 		return st;
 	if (!ptr)
@@ -108,23 +110,26 @@ static int32_t do_write(struct emu_device *dev, uint32_t peer, const void *src, 
 
 		memcpy(&v, src, sizeof(v));
 		off_store_release((uint64_t *)(void *)ptr, v);
-		return OFFLOAD_OK;
+	} else {
+		emu_dma_copy(ptr, src, len);
+		/* Later writes on this queue must not become visible before this one. */
+		__atomic_thread_fence(__ATOMIC_RELEASE);
 	}
-	emu_dma_copy(ptr, src, len);
-	/* Later writes on this queue must not become visible before this one. */
-	__atomic_thread_fence(__ATOMIC_RELEASE);
+	emu_map_release(held);
 	return OFFLOAD_OK;
 }
 
 static int32_t check_local(struct emu_device *dev, uint64_t laddr, uint32_t lkey, uint64_t len,
 			   uint32_t access)
 {
+	struct emu_map *held;
 	uint8_t *ptr;
 	int32_t pid;
 
 	if (!len)
 		return OFFLOAD_OK;
-	return emu_mr_resolve(dev, dev->attr.rank, lkey, laddr, len, access, &ptr, &pid);
+	/* Our own memory: never a peer mapping, nothing to release. */
+	return emu_mr_resolve(dev, dev->attr.rank, lkey, laddr, len, access, &ptr, &pid, &held);
 }
 
 int dpa_hal_rdma_write(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint32_t lkey,
@@ -159,6 +164,7 @@ int dpa_hal_rdma_read(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint32
 		      uint64_t raddr, uint32_t rkey, uint64_t len, uint64_t wr_id)
 {
 	struct emu_device *dev = hal->dev;
+	struct emu_map *held = NULL;
 	uint8_t *ptr;
 	int32_t pid, st;
 
@@ -166,12 +172,14 @@ int dpa_hal_rdma_read(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint32
 		return DPA_HAL_EAGAIN;
 	st = check_local(dev, laddr, lkey, len, OFFLOAD_ACCESS_LOCAL_WRITE);
 	if (!st && len)
-		st = emu_mr_resolve(dev, peer, rkey, raddr, len, OFFLOAD_ACCESS_REMOTE_READ, &ptr, &pid);
+		st = emu_mr_resolve(dev, peer, rkey, raddr, len, OFFLOAD_ACCESS_REMOTE_READ, &ptr, &pid,
+				    &held);
 	if (!st && len) {
 		if (ptr)
 			emu_dma_copy((void *)(uintptr_t)laddr, ptr, len);
 		else
 			st = vm_copy(pid, 0, (void *)(uintptr_t)laddr, raddr, len);
+		emu_map_release(held);
 	}
 	return push_cqe(hal, wr_id, st, st ? 0 : len);
 }
@@ -180,13 +188,14 @@ int dpa_hal_rdma_signal_add(struct dpa_hal *hal, uint32_t peer, uint64_t raddr, 
 			    uint64_t value, uint64_t wr_id)
 {
 	struct emu_device *dev = hal->dev;
-	uint8_t *ptr;
+	struct emu_map *held = NULL;
+	uint8_t *ptr = NULL;
 	int32_t pid, st;
 
 	if (cq_full(hal))
 		return DPA_HAL_EAGAIN;
 	st = emu_mr_resolve(dev, peer, rkey, raddr, sizeof(uint64_t), OFFLOAD_ACCESS_REMOTE_ATOMIC,
-			    &ptr, &pid);
+			    &ptr, &pid, &held);
 	/* Atomics need the word mapped here: signal words always live in shared memory. */
 	if (!st && (!ptr || ((uintptr_t)ptr & 7)))
 		st = OFFLOAD_ERR_REMOTE_ACCESS;
@@ -196,6 +205,7 @@ int dpa_hal_rdma_signal_add(struct dpa_hal *hal, uint32_t peer, uint64_t raddr, 
 		off_fetch_add((uint64_t *)(void *)ptr, value);
 		emu_wake_rank(dev, peer);
 	}
+	emu_map_release(held);
 	return push_cqe(hal, wr_id, st, 0);
 }
 

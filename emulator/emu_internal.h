@@ -68,9 +68,14 @@ struct emu_mr {
 	uint64_t resv[3];
 };
 
+/* A peer's ctx.empty() segment mapped here. Slots never move (users hold pointers to
+ * them); ptr == NULL marks a free slot. users counts copies in progress: a slot whose
+ * registration the owner revoked is unmapped once no copy uses it. */
 struct emu_map {
 	uint32_t rank;
 	uint32_t serial;
+	uint32_t key;         /* the owner's key it was mapped for */
+	uint32_t users;
 	uint8_t *ptr;
 	uint64_t len;
 };
@@ -99,7 +104,6 @@ struct emu_device {
 	uint32_t next_serial;
 	pthread_mutex_t map_lock;
 	struct emu_map maps[EMU_MAX_MAPS];
-	uint32_t nmaps;
 	uint32_t joined;              /* this rank is published in the job segment */
 	uint64_t advised[EMU_ADVISED][2];
 	uint32_t advised_next;
@@ -125,9 +129,13 @@ int emu_mr_reg(struct emu_device *dev, uint64_t addr, uint64_t len, uint32_t acc
 	       uint32_t kind, uint32_t serial, uint64_t shm_offset, uint32_t *key);
 int emu_mr_dereg(struct emu_device *dev, uint32_t key);
 /* Resolve [addr, addr+len) of rank's key for `access`: *ptr set if this process can copy
- * directly, else *pid for process_vm_*. Returns OFFLOAD_OK or an error status. */
+ * directly, else *pid for process_vm_*; *held is the peer mapping in use, to release after
+ * the copy. Returns OFFLOAD_OK or an error status. */
 int32_t emu_mr_resolve(struct emu_device *dev, uint32_t rank, uint32_t key, uint64_t addr,
-		       uint64_t len, uint32_t access, uint8_t **ptr, int32_t *pid);
+		       uint64_t len, uint32_t access, uint8_t **ptr, int32_t *pid,
+		       struct emu_map **held);
+/* Ends the copy that emu_mr_resolve() allowed into a mapped peer segment (held may be NULL). */
+void emu_map_release(struct emu_map *held);
 void emu_shared_name(const struct emu_device *dev, uint32_t rank, uint32_t serial,
 		     char *out, uint64_t outlen);
 void emu_unmap_peers(struct emu_device *dev);

@@ -148,9 +148,11 @@ void emu_shared_name(const struct emu_device *dev, uint32_t rank, uint32_t seria
 void emu_unmap_peers(struct emu_device *dev)
 {
 	pthread_mutex_lock(&dev->map_lock);
-	for (uint32_t i = 0; i < dev->nmaps; i++)
-		munmap(dev->maps[i].ptr, dev->maps[i].len);
-	dev->nmaps = 0;
+	for (uint32_t i = 0; i < EMU_MAX_MAPS; i++) {
+		if (dev->maps[i].ptr)
+			munmap(dev->maps[i].ptr, dev->maps[i].len);
+		dev->maps[i] = (struct emu_map){ 0 };
+	}
 	pthread_mutex_unlock(&dev->map_lock);
 }
 
@@ -244,44 +246,79 @@ int emu_mr_dereg(struct emu_device *dev, uint32_t key)
 	return 0;
 }
 
-static uint8_t *map_shared(struct emu_device *dev, uint32_t rank, uint32_t serial, uint64_t len)
+static int key_live(const struct emu_device *dev, uint32_t rank, uint32_t key)
 {
+	const struct emu_mr *mr = &dev->mrs[(uint64_t)rank * EMU_MAX_MRS + (key & (EMU_MAX_MRS - 1))];
+
+	return off_load_acquire(&mr->key) == key;
+}
+
+/* Unmap segments whose owner revoked them and that no copy uses. Called with map_lock. */
+static void sweep_maps(struct emu_device *dev)
+{
+	for (uint32_t i = 0; i < EMU_MAX_MAPS; i++) {
+		struct emu_map *m = &dev->maps[i];
+
+		/* users only grows under map_lock, so 0 here stays 0 until we unlock. */
+		if (m->ptr && !off_load_acquire(&m->users) && !key_live(dev, m->rank, m->key)) {
+			munmap(m->ptr, m->len);
+			*m = (struct emu_map){ 0 };
+		}
+	}
+}
+
+static struct emu_map *map_shared(struct emu_device *dev, uint32_t rank, uint32_t serial,
+				  uint32_t key, uint64_t len)
+{
+	struct emu_map *found = NULL, *slot = NULL;
 	char name[160];
-	uint8_t *ptr = NULL;
+	uint8_t *ptr;
 	int fd;
 
 	pthread_mutex_lock(&dev->map_lock);
-	for (uint32_t i = 0; i < dev->nmaps; i++) {
-		if (dev->maps[i].rank == rank && dev->maps[i].serial == serial &&
-		    dev->maps[i].len >= len) {
-			ptr = dev->maps[i].ptr;
-			goto out;
+	for (int pass = 0; pass < 2 && !found && !slot; pass++) {
+		if (pass)
+			sweep_maps(dev);
+		for (uint32_t i = 0; i < EMU_MAX_MAPS && !found; i++) {
+			struct emu_map *m = &dev->maps[i];
+
+			if (m->ptr && m->rank == rank && m->serial == serial && m->len >= len)
+				found = m;
+			else if (!m->ptr && !slot)
+				slot = m;
 		}
 	}
-	if (dev->nmaps == EMU_MAX_MAPS)
-		goto out;
-	emu_shared_name(dev, rank, serial, name, sizeof(name));
-	fd = shm_open(name, O_RDWR, 0600);
-	if (fd < 0)
-		goto out;
-	ptr = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	close(fd);
-	if (ptr == MAP_FAILED) {
-		ptr = NULL;
-		goto out;
+	if (!found && slot) {
+		emu_shared_name(dev, rank, serial, name, sizeof(name));
+		fd = shm_open(name, O_RDWR, 0600);
+		if (fd >= 0) {
+			ptr = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+			close(fd);
+			if (ptr != MAP_FAILED) {
+				*slot = (struct emu_map){ .rank = rank, .serial = serial, .key = key,
+							  .ptr = ptr, .len = len };
+				found = slot;
+			}
+		}
 	}
-	dev->maps[dev->nmaps++] = (struct emu_map){ .rank = rank, .serial = serial,
-						    .ptr = ptr, .len = len };
-out:
+	if (found)
+		off_fetch_add(&found->users, 1);
 	pthread_mutex_unlock(&dev->map_lock);
-	return ptr;
+	return found;
+}
+
+void emu_map_release(struct emu_map *held)
+{
+	if (held)
+		off_fetch_sub(&held->users, 1);
 }
 
 int32_t emu_mr_resolve(struct emu_device *dev, uint32_t rank, uint32_t key, uint64_t addr,
-		       uint64_t len, uint32_t access, uint8_t **ptr, int32_t *pid)
+		       uint64_t len, uint32_t access, uint8_t **ptr, int32_t *pid,
+		       struct emu_map **held)
 {
 	struct emu_mr *mr, snap;
-	uint8_t *base;
+	struct emu_map *map;
 
 	if (rank >= dev->attr.size)
 		return OFFLOAD_ERR_REMOTE_ACCESS;
@@ -300,6 +337,7 @@ int32_t emu_mr_resolve(struct emu_device *dev, uint32_t rank, uint32_t key, uint
 		return OFFLOAD_ERR_REMOTE_ACCESS;
 	*pid = off_read_once(&dev->ranks[rank].pid);
 	*ptr = NULL;
+	*held = NULL;
 	switch (snap.kind) {
 	case EMU_MR_JOB:
 		if (snap.shm_offset + snap.len > dev->job_len)
@@ -307,11 +345,15 @@ int32_t emu_mr_resolve(struct emu_device *dev, uint32_t rank, uint32_t key, uint
 		*ptr = dev->job_map + snap.shm_offset + (addr - snap.addr);
 		break;
 	case EMU_MR_SHARED:
-		base = rank == dev->attr.rank ? (uint8_t *)(uintptr_t)snap.addr :
-			map_shared(dev, rank, snap.serial, snap.len);
-		if (!base)
+		if (rank == dev->attr.rank) {
+			*ptr = (uint8_t *)(uintptr_t)addr;
+			break;
+		}
+		map = map_shared(dev, rank, snap.serial, key, snap.len);
+		if (!map)
 			return OFFLOAD_ERR_REMOTE_ACCESS;
-		*ptr = base + (addr - snap.addr);
+		*ptr = map->ptr + (addr - snap.addr);
+		*held = map;
 		break;
 	default:
 		if (rank == dev->attr.rank)

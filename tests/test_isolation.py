@@ -33,3 +33,24 @@ ctx.close()
 @pytest.mark.timeout(90)
 def test_intruders_are_refused_and_the_job_goes_on():
     run_ranks(2, INTRUDERS, timeout=60)
+
+
+FRESH_DESTINATIONS = r'''
+ctx = ol.init()
+src = np.arange(16 * size, dtype=np.int32) + 1000 * rank
+expected = np.concatenate([np.arange(16 * rank, 16 * rank + 16, dtype=np.int32) + 1000 * s
+                           for s in range(size)])
+# More ctx.empty() segments over the job's life than a peer can keep mapped at once (256):
+# peers must drop the mappings of freed segments.
+for i in range(300):
+    dst = ctx.empty(16 * size, np.int32)
+    ctx.world.alltoall(src, dst).wait(timeout=10)
+    check_equal(dst, expected, f"destination {i}")
+    del dst
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(120)
+def test_many_short_lived_shared_destinations():
+    run_ranks(2, FRESH_DESTINATIONS, timeout=90)
