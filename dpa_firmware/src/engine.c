@@ -326,7 +326,8 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
 
 	for (int i = 0; i < n; i++) {
 		uint32_t opi = (uint32_t)(cqes[i].wr_id >> 32);
-		uint32_t item = (uint32_t)(cqes[i].wr_id >> 8) & 0xffffffu;
+		uint32_t seq16 = (uint32_t)(cqes[i].wr_id >> 16) & 0xffffu;
+		uint32_t item = (uint32_t)(cqes[i].wr_id >> 8) & 0xffu;
 		uint32_t kind = (uint32_t)cqes[i].wr_id & 0xffu;
 		struct dpa_op *op;
 		struct dpa_team *team;
@@ -335,6 +336,10 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
 			continue;
 		op = &eng->ops[opi];
 		team = &eng->teams[op->team_id];
+		/* A control write's completion may trail its op: the op finished without waiting
+		 * for it and the slot holds a later op now. Nothing of that op's to update. */
+		if (seq16 != (op->seq & 0xffffu))
+			continue;
 		if (kind == DPA_WR_DATA) {
 			op->items[item].inflight--;
 			if (cqes[i].status == OFFLOAD_OK) {
@@ -351,7 +356,7 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
 			if (kind == DPA_WR_DATA) {
 				/* Post nothing more for this peer; its done signal carries the error. */
 				op->items[item].flags |= DPA_ITEM_FAILED;
-				op->items[item].posted = op->cmd.count;
+				op->items[item].posted = UINT64_MAX;
 			}
 		}
 	}

@@ -132,9 +132,14 @@ int dpa_peer_gone(const struct dpa_op *op, uint32_t world_rank);
 void dpa_expect_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_item *it, uint32_t src);
 struct offload_thread_stats *dpa_stats(struct dpa_hal *hal);
 
+/*
+ * wr_id = op index (32) | op seq, low 16 bits (16) | item (8) | kind (8). The seq bits let
+ * a completion that arrives after its op finished (and the slot was reused) be told apart.
+ */
 static inline uint64_t dpa_wr_id(const struct dpa_op *op, uint32_t item, uint32_t kind)
 {
-	return ((uint64_t)op->index << 32) | ((uint64_t)item << 8) | kind;
+	return ((uint64_t)op->index << 32) | ((uint64_t)(op->seq & 0xffffu) << 16) |
+	       ((uint64_t)item << 8) | kind;
 }
 
 #define DPA_WR_DATA   1u
