@@ -145,6 +145,74 @@ int dpa_hal_rdma_write(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint3
 	return push_cqe(hal, wr_id, st, st ? 0 : len);
 }
 
+/* process_vm_writev of a gather list into one remote range, finishing partial transfers. */
+static int32_t vm_write_sg(int32_t pid, struct iovec *iov, uint32_t n, uint64_t raddr, uint64_t len)
+{
+	uint32_t first = 0;
+
+	while (len) {
+		struct iovec r = { .iov_base = (void *)(uintptr_t)raddr, .iov_len = len };
+		ssize_t done = process_vm_writev(pid, iov + first, n - first, &r, 1, 0);
+
+		if (done < 0) {
+			if (errno == EINTR)
+				continue;
+			return errno == ESRCH ? OFFLOAD_ERR_PEER : OFFLOAD_ERR_REMOTE_ACCESS;
+		}
+		if (done == 0)
+			return OFFLOAD_ERR_REMOTE_ACCESS;
+		raddr += (uint64_t)done;
+		len -= (uint64_t)done;
+		while (done > 0 && first < n) {  /* skip what went out, trim a piece half sent */
+			size_t step = (size_t)done < iov[first].iov_len ? (size_t)done : iov[first].iov_len;
+
+			iov[first].iov_base = (uint8_t *)iov[first].iov_base + step;
+			iov[first].iov_len -= step;
+			done -= (ssize_t)step;
+			if (!iov[first].iov_len)
+				first++;
+		}
+	}
+	return OFFLOAD_OK;
+}
+
+int dpa_hal_rdma_write_sg(struct dpa_hal *hal, uint32_t peer, const struct dpa_hal_sge *sge,
+			  uint32_t nsge, uint32_t lkey, uint64_t raddr, uint32_t rkey, uint64_t wr_id)
+{
+	struct emu_device *dev = hal->dev;
+	struct iovec iov[DPA_HAL_MAX_SGE];
+	struct emu_map *held = NULL;
+	uint64_t total = 0;
+	uint8_t *ptr;
+	int32_t pid, st = OFFLOAD_OK;
+
+	if (cq_full(hal))
+		return DPA_HAL_EAGAIN;
+	if (!nsge || nsge > DPA_HAL_MAX_SGE)
+		return -EINVAL;
+	for (uint32_t i = 0; i < nsge && !st; i++) {
+		st = check_local(dev, sge[i].addr, lkey, sge[i].len, OFFLOAD_ACCESS_LOCAL_READ);
+		if (__builtin_add_overflow(total, sge[i].len, &total))
+			st = OFFLOAD_ERR_REMOTE_ACCESS;
+		iov[i] = (struct iovec){ .iov_base = (void *)(uintptr_t)sge[i].addr,
+					 .iov_len = sge[i].len };
+	}
+	if (!st && total)
+		st = emu_mr_resolve(dev, peer, rkey, raddr, total, OFFLOAD_ACCESS_REMOTE_WRITE, &ptr,
+				    &pid, &held);
+	if (!st && total) {
+		if (ptr) {
+			for (uint32_t i = 0; i < nsge; ptr += sge[i].len, i++)
+				emu_dma_copy(ptr, (const void *)(uintptr_t)sge[i].addr, sge[i].len);
+			__atomic_thread_fence(__ATOMIC_RELEASE);
+		} else {
+			st = vm_write_sg(pid, iov, nsge, raddr, total);
+		}
+		emu_map_release(held);
+	}
+	return push_cqe(hal, wr_id, st, st ? 0 : total);
+}
+
 int dpa_hal_rdma_write_inline(struct dpa_hal *hal, uint32_t peer, const void *data,
 			      uint32_t len, uint64_t raddr, uint32_t rkey, uint64_t wr_id)
 {

@@ -23,6 +23,7 @@ OP_BARRIER = 2
 OP_ALLTOALL = 3
 OP_ALLTOALLV = 4
 F_EXPECT = 1  # OFFLOAD_CMD_F_EXPECT
+F_ROWS = 2  # OFFLOAD_CMD_F_ROWS
 
 # access bits (offload_abi.h)
 _LOCAL_READ, _LOCAL_WRITE, _REMOTE_READ, _REMOTE_WRITE = 1, 2, 4, 8
@@ -53,6 +54,20 @@ def _resolve_threads(config: Config, ranks: int) -> int:
         return int(config.dpa_threads)
     # The emulator's DPA threads share the host's cores with every rank of the job.
     return max(1, min(4, _cores() // ranks))
+
+
+def _alltoallv_op(team: Team, s: Buffer, d: Buffer, send_bytes: np.ndarray) -> tuple[Any, np.ndarray]:
+    """The command and its struct offload_alltoallv_args (send_bytes, recv_bytes (out),
+    expect_bytes, rows_addr, row_bytes) as one uint64 array that lives until completion."""
+    args = np.zeros(3 * MAX_RANKS + 2, np.uint64)
+    args[:team.size] = send_bytes
+    op = ffi.new("struct host_op *")
+    op.opcode = OP_ALLTOALLV
+    op.team = team.id
+    op.src_addr, op.src_len, op.count = s.addr, s.nbytes, s.nbytes
+    op.dst_addr, op.dst_len = d.addr, d.nbytes
+    op.aux_addr = args.ctypes.data
+    return op, args
 
 
 def _counts(counts: Any, n: int, name: str) -> np.ndarray:
@@ -164,30 +179,68 @@ class Team:
             raise InvalidArgument(
                 f"send_counts add up to {sum(sends.tolist())} elements but src holds {s.count}"
             )
-        # struct offload_alltoallv_args: send_bytes, recv_bytes (out), expect_bytes; in bytes.
-        args = np.zeros((3, MAX_RANKS), np.uint64)
-        args[0, :n] = sends * s.itemsize
-        op = ffi.new("struct host_op *")
+        op, args = _alltoallv_op(self, s, d, sends * s.itemsize)
         if recv_counts is not None:
             expect = _counts(recv_counts, n, "recv_counts")
             if sum(expect.tolist()) > d.count:
                 raise InvalidArgument(
                     f"recv_counts add up to {sum(expect.tolist())} elements but dst holds {d.count}"
                 )
-            args[2, :n] = expect * s.itemsize
-            op.flags = F_EXPECT
-        op.opcode = OP_ALLTOALLV
-        op.team = self.id
-        op.src_addr, op.src_len, op.count = s.addr, s.nbytes, s.nbytes
-        op.dst_addr, op.dst_len = d.addr, d.nbytes
-        op.aux_addr = args.ctypes.data
+            args[2 * MAX_RANKS:2 * MAX_RANKS + n] = expect * s.itemsize
+            op.flags |= F_EXPECT
         itemsize = s.itemsize
 
         def received(_: Any) -> np.ndarray:
-            return (args[1, :n] // itemsize).astype(np.int64)
+            return (args[MAX_RANKS:MAX_RANKS + n] // itemsize).astype(np.int64)
 
         return ctx._post(op, "alltoallv", (s.obj, d.obj, args), received, nbytes=s.nbytes,
                          itemsize=itemsize)
+
+    def alltoallv_rows(self, src: Any, rows: Any, rows_per_rank: Any, dst: Any) -> Request:
+        """All-to-all-v of table rows, gathered by the DPA (MoE dispatch): ``src`` is a 2-D
+        table [R, row]; rank j gets rows ``src[rows[k]]`` for the next ``rows_per_rank[j]``
+        k's, in order (a row may go to several ranks). Arrivals are packed by source rank in
+        ``dst``; ``wait()`` returns the rows received from each rank (numpy int64). The host
+        never copies the rows into a send buffer."""
+        ctx = self._ctx
+        ctx._check_open()
+        n = self.size
+        shape = getattr(src, "shape", None)
+        if shape is None or len(shape) != 2:
+            raise InvalidArgument("src must be a 2-D table of rows (e.g. a [tokens, hidden] array)")
+        s = as_buffer(src, writable=False, name="src")
+        d = as_buffer(dst, writable=True, name="dst")
+        if s.dtype != d.dtype or s.itemsize != d.itemsize:
+            raise InvalidArgument(
+                f"src is {s.dtype_name} but dst is {d.dtype_name}: use the same dtype"
+            )
+        if s.overlaps(d):
+            raise InvalidArgument("src and dst overlap")
+        table_rows, row_elems = int(shape[0]), int(shape[1])
+        per_rank = _counts(rows_per_rank, n, "rows_per_rank")
+        index = np.asarray(rows)
+        if index.ndim != 1 or index.dtype.kind not in "iu":
+            raise InvalidArgument("rows must be a 1-D array of integer row indices")
+        if index.size != sum(per_rank.tolist()):
+            raise InvalidArgument(
+                f"rows holds {index.size} indices but rows_per_rank adds up to "
+                f"{sum(per_rank.tolist())}"
+            )
+        if index.size and (int(index.min()) < 0 or int(index.max()) >= table_rows):
+            raise InvalidArgument(f"rows must index src's {table_rows} rows")
+        row_list = np.ascontiguousarray(index, dtype=np.uint32)
+        row_bytes = row_elems * s.itemsize
+        op, args = _alltoallv_op(self, s, d, per_rank * row_bytes)
+        args[3 * MAX_RANKS] = row_list.ctypes.data if row_list.size else 0
+        args[3 * MAX_RANKS + 1] = row_bytes
+        op.flags |= F_ROWS
+
+        def received(_: Any) -> np.ndarray:
+            got = args[MAX_RANKS:MAX_RANKS + n]
+            return (got // row_bytes if row_bytes else got).astype(np.int64)
+
+        return ctx._post(op, "alltoallv_rows", (s.obj, d.obj, args, row_list), received,
+                         nbytes=int(index.size) * row_bytes, itemsize=s.itemsize)
 
     # -- barrier ----------------------------------------------------------------------------
     def barrier(self) -> Request:

@@ -342,9 +342,6 @@ class Dispatcher:
         nsend = tok.size
 
         hidden = self.hidden
-        stage = self._stage[:nsend * hidden].reshape(nsend, hidden)
-        # mode="clip": the indices are valid, and "raise" would gather into a temporary first.
-        np.take(xr, tok, axis=0, out=stage, mode="clip")
 
         width = k if w is None else 2 * k
         meta_send, meta_recv = self._meta_buffers(width)
@@ -356,17 +353,18 @@ class Dispatcher:
             meta[:, k:].view(np.float64)[...] = np.where(mine, w[tok], 0.0)
 
         team = self.team
-        reqs = [team.alltoallv(stage.reshape(-1), send_rows * hidden, self._recv),
+        # The DPA gathers the token rows straight from x: no send buffer, no host copy.
+        reqs = [team.alltoallv_rows(np.ascontiguousarray(xr), tok, send_rows, self._recv),
                 team.alltoallv(meta.reshape(-1), send_rows * width, meta_recv)]
-        got_x, got_meta = _wait_all(reqs)
+        got_rows, got_meta = _wait_all(reqs)
 
-        recv_rows = np.asarray(got_x, np.int64) // hidden
-        if (recv_rows * hidden != got_x).any() or (recv_rows * width != got_meta).any():
+        recv_rows = np.asarray(got_rows, np.int64)
+        if (recv_rows * width != got_meta).any():
             raise OffloadError(
                 f"dispatch: rows and routing metadata from the ranks do not match (received "
-                f"{np.asarray(got_x).tolist()} elements of rows, "
-                f"{np.asarray(got_meta).tolist()} of metadata): all ranks must use the same "
-                "hidden and k, and all pass topk_weights or all pass None")
+                f"{recv_rows.tolist()} rows, {np.asarray(got_meta).tolist()} elements of "
+                "metadata): all ranks must use the same hidden and k, and all pass "
+                "topk_weights or all pass None")
         nrecv = int(recv_rows.sum())
         recv_x = self._recv[:nrecv * hidden].reshape(nrecv, hidden)
         got = meta_recv[:nrecv * width].reshape(nrecv, width)

@@ -574,3 +574,68 @@ def test_too_small_message_counts_elements_for_uint8(ctx):
     np.testing.assert_array_equal(small, 0)
     assert str(info.value) == ("alltoallv: destination too small: 3 elements arrive but dst "
                                "holds 2; nothing was written")
+
+
+# ---------------------------------------------------------------------------------------------
+# alltoallv_rows: the DPA gathers table rows by index (MoE dispatch without a send buffer)
+
+ROWS_SCRIPT = r'''
+ctx = ol.init()
+R, H = 50, 7
+
+
+def plan(trial, s):
+    """Rank s's rows_per_rank and row list in trial `trial` (every rank can recompute it)."""
+    rng = np.random.default_rng(1000 * trial + s)
+    per = rng.integers(0, 30, size=size)
+    per[(trial + s) % size] = 0 if trial % 4 == 1 else per[(trial + s) % size]
+    rows = rng.integers(0, R, size=per.sum())
+    if trial % 3 == 0:
+        rows = np.sort(rows)  # runs of adjacent rows merge into one gather piece
+    return per, rows
+
+
+base = np.arange(R * H, dtype=np.int32).reshape(R, H)
+for trial in range(12):
+    per, rows = plan(trial, rank)
+    table = base + 10000 * rank
+    plans = [plan(trial, s) for s in range(size)]
+    arriving = sum(int(p[0][rank]) for p in plans)
+    dst = ctx.empty((arriving + 2) * H, np.int32) if trial % 2 else np.full((arriving + 2, H), -1, np.int32)
+    dst.reshape(-1)[:] = -1
+    got = ctx.world.alltoallv_rows(table, rows, per, dst).wait(timeout=20)
+    want = [int(p[0][rank]) for p in plans]
+    assert got.tolist() == want, (got, want)
+    parts = []
+    for s, (ps, rs) in enumerate(plans):
+        start = int(ps[:rank].sum())
+        parts.append(base[rs[start:start + ps[rank]]] + 10000 * s)
+    expected = np.concatenate(parts).reshape(-1)
+    flat = dst.reshape(-1)
+    check_equal(flat[:expected.size], expected, f"trial {trial}")
+    check_equal(flat[expected.size:], np.full(flat.size - expected.size, -1, np.int32), "guard")
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [1, 3, 4])
+def test_alltoallv_rows_gathers_by_index(n):
+    run_ranks(n, ROWS_SCRIPT, timeout=90)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("src, rows, per, match", [
+    (np.zeros(12, np.int32), [0], [1], "2-D"),
+    (np.zeros((4, 3), np.int32), [4], [1], "index"),
+    (np.zeros((4, 3), np.int32), [-1], [1], "index"),
+    (np.zeros((4, 3), np.int32), [0, 1], [1], "adds up"),
+    (np.zeros((4, 3), np.int32), [[0]], [1], "1-D"),
+    (np.zeros((4, 3), np.int32), [0.5], [1], "1-D array of integer"),
+    (np.zeros((4, 3), np.int32), [0], [-1], "negative"),
+    (np.zeros((4, 3), np.float32), [0], [1], "same dtype"),
+], ids=["flat-src", "row-past-end", "negative-row", "count-mismatch", "2-D-rows",
+        "float-rows", "negative-count", "dtype"])
+def test_alltoallv_rows_bad_input(ctx, src, rows, per, match):
+    with pytest.raises(InvalidArgument, match=match):
+        ctx.world.alltoallv_rows(src, rows, per, np.zeros(12, np.int32))

@@ -240,6 +240,19 @@ class FakeTeam:
         return _FakeRequest(recv)
 
 
+    def alltoallv_rows(self, src, rows, rows_per_rank, dst):
+        assert isinstance(src, np.ndarray) and src.ndim == 2 and src.flags.c_contiguous
+        rows = np.asarray(rows)
+        assert rows.ndim == 1 and rows.size == np.asarray(rows_per_rank).sum()
+        width = src.shape[1]
+        req = self.alltoallv(np.ascontiguousarray(src[rows]), np.asarray(rows_per_rank) * width,
+                             dst)
+        try:
+            return _FakeRequest(req.wait() // width)
+        except InvalidArgument as exc:
+            return _FakeRequest(None, exc)
+
+
 def run_fake(n, fn, timeout=60):
     """fn(team) on n simulated ranks; returns the results; re-raises a rank's error."""
     world = _FakeWorld(n)
@@ -275,6 +288,8 @@ class _NoPostTeam:
 
     def alltoallv(self, *args, **kwargs):
         raise AssertionError("something was posted before the arguments were checked")
+
+    alltoallv_rows = alltoallv
 
 
 # -- 1. argument checks and layout, in this process ----------------------------------------------

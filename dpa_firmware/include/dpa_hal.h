@@ -46,6 +46,15 @@ int dpa_hal_rdma_write(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint3
 		       uint64_t raddr, uint32_t rkey, uint64_t len, uint64_t wr_id);
 int dpa_hal_rdma_read(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint32_t lkey,
 		      uint64_t raddr, uint32_t rkey, uint64_t len, uint64_t wr_id);
+/* One RDMA WRITE gathering up to DPA_HAL_MAX_SGE local pieces (all under lkey) into one
+ * contiguous remote range, as a send WR with a scatter-gather list does. */
+#define DPA_HAL_MAX_SGE 16
+struct dpa_hal_sge {
+	uint64_t addr;
+	uint64_t len;
+};
+int dpa_hal_rdma_write_sg(struct dpa_hal *hal, uint32_t peer, const struct dpa_hal_sge *sge,
+			  uint32_t nsge, uint32_t lkey, uint64_t raddr, uint32_t rkey, uint64_t wr_id);
 /* Small inline write (descriptors): data is copied at post time, and the write carries an
  * immediate, so it wakes the peer's progress threads like a signal does. */
 int dpa_hal_rdma_write_inline(struct dpa_hal *hal, uint32_t peer, const void *data,

@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define OFFLOAD_ABI_VERSION 2u
+#define OFFLOAD_ABI_VERSION 3u
 
 #define OFFLOAD_MAX_RANKS   64u   /* ranks in one job (team members index peer tables) */
 #define OFFLOAD_MAX_TEAMS   16u   /* teams alive at once, world included */
@@ -50,6 +50,7 @@ enum offload_opcode {
 
 /* Command flags. */
 #define OFFLOAD_CMD_F_EXPECT (1u << 0)  /* alltoallv: check arrivals against expect_bytes */
+#define OFFLOAD_CMD_F_ROWS   (1u << 1)  /* alltoallv: gather src rows by index (rows_addr) */
 
 /* Memory access rights, carried by registrations (rkeys/lkeys). */
 #define OFFLOAD_ACCESS_LOCAL_READ   (1u << 0)
@@ -141,6 +142,12 @@ struct offload_alltoallv_args {
 	uint64_t send_bytes[OFFLOAD_MAX_RANKS];    /* in: packed in src in team-rank order */
 	uint64_t recv_bytes[OFFLOAD_MAX_RANKS];    /* out: written by the firmware */
 	uint64_t expect_bytes[OFFLOAD_MAX_RANKS];  /* in, with OFFLOAD_CMD_F_EXPECT */
+	/* With OFFLOAD_CMD_F_ROWS (MoE dispatch): src is a table of row_bytes rows and what
+	 * goes to rank j is rows rows_addr[k] for its k's, in order; the row list (uint32) is
+	 * concatenated in team-rank order and send_bytes[j] is a multiple of row_bytes. The
+	 * DPA gathers the rows itself: the host never copies them into a send buffer. */
+	uint64_t rows_addr;
+	uint64_t row_bytes;
 };
 
 /*
@@ -187,7 +194,8 @@ _Static_assert(sizeof(struct offload_peer) == 16, "peer entry");
 _Static_assert(sizeof(struct offload_team_desc) == 16 + 16 * OFFLOAD_MAX_RANKS, "team desc");
 _Static_assert(sizeof(struct offload_ready) == 32, "ready descriptor");
 _Static_assert(sizeof(struct offload_count) == 16, "count descriptor");
-_Static_assert(sizeof(struct offload_alltoallv_args) == 24 * OFFLOAD_MAX_RANKS, "alltoallv args");
+_Static_assert(sizeof(struct offload_alltoallv_args) == 24 * OFFLOAD_MAX_RANKS + 16,
+	       "alltoallv args");
 _Static_assert(sizeof(struct offload_thread_stats) == 64, "stats are one cache line");
 
 #endif /* OFFLOAD_ABI_H */

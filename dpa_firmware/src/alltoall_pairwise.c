@@ -52,8 +52,9 @@ static int a2a_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, s
 		it->flags |= DPA_ITEM_READY_OUT;
 		work++;
 	}
-	return work + dpa_exchange_step(eng, op, i, hal, op->cmd.src_addr + (uint64_t)dst * count,
-					count);
+	struct dpa_send send = { .addr = op->cmd.src_addr + (uint64_t)dst * count, .len = count };
+
+	return work + dpa_exchange_step(eng, op, i, hal, &send);
 }
 
 const struct dpa_algo dpa_algo_alltoall_pairwise = {

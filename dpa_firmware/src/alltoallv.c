@@ -41,6 +41,32 @@ static int publish_count(struct dpa_engine *eng, struct dpa_op *op, struct dpa_h
 	return rc;
 }
 
+/* Rows mode: every block a whole number of rows, every row index inside src. */
+static int check_rows(struct dpa_hal *hal, const struct dpa_op *op,
+		      const struct offload_alltoallv_args *args, struct dpa_vlayout *v,
+		      uint64_t total)
+{
+	uint64_t row_bytes = args->row_bytes, nrows, table_rows;
+	const uint32_t *rows;
+
+	if (!row_bytes || total % row_bytes)
+		return 0;
+	nrows = total / row_bytes;
+	table_rows = op->cmd.count / row_bytes;
+	rows = dpa_hal_window_ptr(hal, DPA_HAL_WIN_AUX, args->rows_addr, nrows * sizeof(*rows));
+	if (nrows && !rows)
+		return 0;
+	for (uint64_t k = 0; k < nrows; k++)
+		if (rows[k] >= table_rows)
+			return 0;
+	for (uint32_t p = 0; p < OFFLOAD_MAX_RANKS; p++)
+		if (args->send_bytes[p] % row_bytes)
+			return 0;
+	v->rows = rows;
+	v->row_bytes = row_bytes;
+	return 1;
+}
+
 static int a2av_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
 {
 	const struct dpa_team *team = &eng->teams[op->team_id];
@@ -49,8 +75,10 @@ static int a2av_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 	uint32_t n = team->size, me = team->my_rank;
 	uint64_t off = 0;
 
-	if (!args || (op->cmd.flags & ~OFFLOAD_CMD_F_EXPECT))
+	if (!args || (op->cmd.flags & ~(OFFLOAD_CMD_F_EXPECT | OFFLOAD_CMD_F_ROWS)))
 		return OFFLOAD_ERR_INVALID;
+	v->rows = NULL;
+	v->row_bytes = 0;
 	/* Re-check what crosses the boundary: the sends must fit in src. */
 	for (uint32_t p = 0; p < n; p++) {
 		v->send_len[p] = args->send_bytes[p];
@@ -58,8 +86,14 @@ static int a2av_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 		if (__builtin_add_overflow(off, v->send_len[p], &off))
 			return OFFLOAD_ERR_INVALID;
 	}
-	if (off > op->cmd.count || (off && !op->cmd.src_addr))
+	if (off && !op->cmd.src_addr)
 		return OFFLOAD_ERR_INVALID;
+	if (op->cmd.flags & OFFLOAD_CMD_F_ROWS) {
+		if (!check_rows(hal, op, args, v, off))
+			return OFFLOAD_ERR_INVALID;
+	} else if (off > op->cmd.count) {
+		return OFFLOAD_ERR_INVALID;
+	}
 	op->v = v;
 	op->layout_done = 0;
 	for (uint32_t i = 0; i < n; i++) {
@@ -144,8 +178,14 @@ static int a2av_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 		it->flags |= DPA_ITEM_READY_OUT;
 		work++;
 	}
-	return work + dpa_exchange_step(eng, op, i, hal, op->cmd.src_addr + v->send_off[dst],
-					v->send_len[dst]);
+	struct dpa_send send = { .addr = op->cmd.src_addr + v->send_off[dst], .len = v->send_len[dst] };
+
+	if (v->rows) {
+		send.addr = op->cmd.src_addr;
+		send.rows = v->rows + v->send_off[dst] / v->row_bytes;
+		send.row_bytes = v->row_bytes;
+	}
+	return work + dpa_exchange_step(eng, op, i, hal, &send);
 }
 
 const struct dpa_algo dpa_algo_alltoallv = {

@@ -62,10 +62,20 @@ struct dpa_algo {
 
 /* All-to-all-v layout of one op, by team rank: where each block comes from and goes. */
 struct dpa_vlayout {
-	uint64_t send_off[OFFLOAD_MAX_RANKS];
+	uint64_t send_off[OFFLOAD_MAX_RANKS];  /* bytes into src, or (rows) into the row list */
 	uint64_t send_len[OFFLOAD_MAX_RANKS];
 	uint64_t recv_off[OFFLOAD_MAX_RANKS];
 	uint64_t recv_len[OFFLOAD_MAX_RANKS];
+	const uint32_t *rows;                  /* OFFLOAD_CMD_F_ROWS: the host's row list */
+	uint64_t row_bytes;
+};
+
+/* Where an item's outgoing block comes from: one range, or rows gathered by index. */
+struct dpa_send {
+	uint64_t addr;         /* the range's start, or the row table's */
+	uint64_t len;          /* bytes to send */
+	const uint32_t *rows;  /* NULL, or this block's row indices */
+	uint64_t row_bytes;
 };
 
 struct dpa_op {
@@ -112,10 +122,10 @@ extern const struct dpa_algo dpa_algo_alltoallv;
 /* p2p.c: the exchange step shared by all-to-all and all-to-all-v. */
 int dpa_publish_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 		      uint32_t src, uint64_t addr, uint64_t len, uint32_t flags);
-/* Item i: take the destination's ready, write [send_addr, +send_len), signal, and wait
+/* Item i: take the destination's ready, write the send block, signal, and wait
  * for the source's signal; sets DPA_ITEM_FINISHED once READY_OUT is set too. */
 int dpa_exchange_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal,
-		      uint64_t send_addr, uint64_t send_len);
+		      const struct dpa_send *send);
 
 /* Helpers for algorithms (engine.c). */
 void dpa_op_fail(struct dpa_op *op, int32_t status, uint32_t world_rank);

@@ -60,28 +60,67 @@ static int take_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 	return 1;
 }
 
-static int put_chunks(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
-		      struct dpa_item *it, uint32_t i, uint32_t dst, uint64_t laddr, uint64_t len)
+/* One write of up to chunk_size bytes from a contiguous block; returns its length. */
+static uint64_t post_range(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+			   const struct dpa_item *it, uint32_t i, uint32_t peer,
+			   const struct dpa_send *send, int *rc)
 {
-	const struct dpa_team *team = &eng->teams[op->team_id];
-	uint64_t chunk = eng->params.chunk_size;
+	uint64_t left = send->len - it->posted;
+	uint64_t piece = left < eng->params.chunk_size ? left : eng->params.chunk_size;
+
+	*rc = dpa_hal_rdma_write(hal, peer, send->addr + it->posted, op->cmd.src_key,
+				 it->raddr + it->posted, it->rkey, piece, dpa_wr_id(op, i, DPA_WR_DATA));
+	return piece;
+}
+
+/* One gather write of the next rows (runs of adjacent rows merged into one piece), up to
+ * DPA_HAL_MAX_SGE pieces and chunk_size bytes, at least one row; returns its length. */
+static uint64_t post_rows(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+			  const struct dpa_item *it, uint32_t i, uint32_t peer,
+			  const struct dpa_send *send, int *rc)
+{
+	struct dpa_hal_sge sge[DPA_HAL_MAX_SGE];
+	uint64_t k = it->posted / send->row_bytes, nrows = send->len / send->row_bytes;
+	uint64_t bytes = 0;
+	uint32_t n = 0;
+
+	for (; k < nrows && (bytes == 0 || bytes + send->row_bytes <= eng->params.chunk_size); k++) {
+		uint64_t addr = send->addr + (uint64_t)send->rows[k] * send->row_bytes;
+
+		if (n && sge[n - 1].addr + sge[n - 1].len == addr) {
+			sge[n - 1].len += send->row_bytes;
+		} else {
+			if (n == DPA_HAL_MAX_SGE)
+				break;
+			sge[n++] = (struct dpa_hal_sge){ .addr = addr, .len = send->row_bytes };
+		}
+		bytes += send->row_bytes;
+	}
+	*rc = dpa_hal_rdma_write_sg(hal, peer, sge, n, op->cmd.src_key, it->raddr + it->posted,
+				    it->rkey, dpa_wr_id(op, i, DPA_WR_DATA));
+	return bytes;
+}
+
+static int put_chunks(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		      struct dpa_item *it, uint32_t i, uint32_t dst, const struct dpa_send *send)
+{
+	uint32_t peer = eng->teams[op->team_id].peers[dst].world_rank;
 	int posted = 0;
 
-	while (it->posted < len && posted < (int)eng->params.chunks_per_pass) {
-		uint64_t piece = len - it->posted < chunk ? len - it->posted : chunk;
-		int rc = dpa_hal_rdma_write(hal, team->peers[dst].world_rank, laddr + it->posted,
-					    op->cmd.src_key, it->raddr + it->posted, it->rkey, piece,
-					    dpa_wr_id(op, i, DPA_WR_DATA));
+	while (it->posted < send->len && posted < (int)eng->params.chunks_per_pass) {
+		int rc;
+		uint64_t len = send->rows ? post_rows(eng, op, hal, it, i, peer, send, &rc) :
+					    post_range(eng, op, hal, it, i, peer, send, &rc);
 
 		if (rc == DPA_HAL_EAGAIN)
 			break;
 		if (rc) {
-			dpa_op_fail(op, OFFLOAD_ERR_INTERNAL, team->peers[dst].world_rank);
+			dpa_op_fail(op, OFFLOAD_ERR_INTERNAL, peer);
 			it->flags |= DPA_ITEM_FAILED;
-			it->posted = len;
+			it->posted = send->len;
 			break;
 		}
-		it->posted += piece;
+		it->posted += len;
 		it->inflight++;
 		posted++;
 	}
@@ -89,8 +128,9 @@ static int put_chunks(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 }
 
 int dpa_exchange_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal,
-		      uint64_t send_addr, uint64_t send_len)
+		      const struct dpa_send *send)
 {
+	uint64_t send_len = send->len;
 	const struct dpa_team *team = &eng->teams[op->team_id];
 	struct dpa_item *it = &op->items[i];
 	uint32_t n = team->size, me = team->my_rank;
@@ -106,7 +146,7 @@ int dpa_exchange_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, str
 		work++;
 	}
 	if (it->flags & DPA_ITEM_READY_IN) {
-		work += put_chunks(eng, op, hal, it, i, dst, send_addr, send_len);
+		work += put_chunks(eng, op, hal, it, i, dst, send);
 		/* Every piece completed (a failed one too): tell the receiver how it went. */
 		if (!(it->flags & DPA_ITEM_SIGNALED) && it->inflight == 0 && it->posted >= send_len &&
 		    dpa_signal_done(eng, op, hal, dst, !!(it->flags & DPA_ITEM_FAILED)) != DPA_HAL_EAGAIN) {
