@@ -56,6 +56,17 @@ def _resolve_threads(config: Config, ranks: int) -> int:
     return max(1, min(4, _cores() // ranks))
 
 
+def _src_dst(src: Any, dst: Any) -> tuple[Buffer, Buffer]:
+    """Both buffers of an exchange, checked: same dtype, dst writable, no overlap."""
+    s = as_buffer(src, writable=False, name="src")
+    d = as_buffer(dst, writable=True, name="dst")
+    if s.dtype != d.dtype or s.itemsize != d.itemsize:
+        raise InvalidArgument(f"src is {s.dtype_name} but dst is {d.dtype_name}: use the same dtype")
+    if s.overlaps(d):
+        raise InvalidArgument("src and dst overlap: in-place exchanges are not supported")
+    return s, d
+
+
 def _alltoallv_op(team: Team, s: Buffer, d: Buffer, send_bytes: np.ndarray) -> tuple[Any, np.ndarray]:
     """The command and its struct offload_alltoallv_args (send_bytes, recv_bytes (out),
     expect_bytes, rows_addr, row_bytes) as one uint64 array that lives until completion."""
@@ -103,12 +114,7 @@ class Team:
 
     # -- all-to-all -------------------------------------------------------------------------
     def _alltoall_args(self, src: Any, dst: Any) -> tuple[Buffer, Buffer]:
-        s = as_buffer(src, writable=False, name="src")
-        d = as_buffer(dst, writable=True, name="dst")
-        if s.dtype != d.dtype or s.itemsize != d.itemsize:
-            raise InvalidArgument(
-                f"src is {s.dtype_name} but dst is {d.dtype_name}: use the same dtype"
-            )
+        s, d = _src_dst(src, dst)
         if s.nbytes != d.nbytes:
             raise InvalidArgument(
                 f"src has {s.count} elements but dst has {d.count}: all-to-all needs equal sizes"
@@ -118,8 +124,6 @@ class Team:
                 f"{s.count} elements do not split evenly over {self.size} ranks: "
                 f"use a multiple of {self.size}"
             )
-        if s.overlaps(d):
-            raise InvalidArgument("src and dst overlap: in-place all-to-all is not supported")
         return s, d
 
     def _alltoall_op(self, s: Buffer, d: Buffer) -> Any:
@@ -166,14 +170,7 @@ class Team:
         ctx = self._ctx
         ctx._check_open()
         n = self.size
-        s = as_buffer(src, writable=False, name="src")
-        d = as_buffer(dst, writable=True, name="dst")
-        if s.dtype != d.dtype or s.itemsize != d.itemsize:
-            raise InvalidArgument(
-                f"src is {s.dtype_name} but dst is {d.dtype_name}: use the same dtype"
-            )
-        if s.overlaps(d):
-            raise InvalidArgument("src and dst overlap: in-place all-to-all-v is not supported")
+        s, d = _src_dst(src, dst)
         sends = _counts(send_counts, n, "send_counts")
         if sum(sends.tolist()) > s.count:
             raise InvalidArgument(
@@ -208,14 +205,7 @@ class Team:
         shape = getattr(src, "shape", None)
         if shape is None or len(shape) != 2:
             raise InvalidArgument("src must be a 2-D table of rows (e.g. a [tokens, hidden] array)")
-        s = as_buffer(src, writable=False, name="src")
-        d = as_buffer(dst, writable=True, name="dst")
-        if s.dtype != d.dtype or s.itemsize != d.itemsize:
-            raise InvalidArgument(
-                f"src is {s.dtype_name} but dst is {d.dtype_name}: use the same dtype"
-            )
-        if s.overlaps(d):
-            raise InvalidArgument("src and dst overlap")
+        s, d = _src_dst(src, dst)
         table_rows, row_elems = int(shape[0]), int(shape[1])
         per_rank = _counts(rows_per_rank, n, "rows_per_rank")
         index = np.asarray(rows)
