@@ -416,7 +416,7 @@ def _worker_meta(ctx: Any, comm: Any) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "backend": ctx.backend,
         "config": ctx.config.as_dict(),
-        "launcher": getattr(getattr(ctx, "_world_info", None), "launcher", None),
+        "launcher": ctx.launcher,
         "numpy": np.__version__,
         "python": platform.python_version(),
     }

@@ -250,7 +250,7 @@ class Context:
         self.size = world.size
         self.backend = backend
         self.job = world.job
-        self._world_info = world
+        self.launcher = world.launcher  # "dpa-offload", "mpi" or "single"
         self._lock = threading.Lock()
         self._orphans: dict[int, tuple[Any, ...]] = {}
         self._persistents: weakref.WeakSet[PersistentRequest] = weakref.WeakSet()
