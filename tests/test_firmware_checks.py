@@ -505,3 +505,54 @@ ctx.close()
 @pytest.mark.timeout(60)
 def test_ranks_disagreeing_on_block_size_get_errors_not_a_hang():
     run_ranks(2, BLOCK_SIZE_MISMATCH, timeout=45)
+
+
+REJECTED_ON_ONE_RANK = r'''
+from offload_lib._native import ffi, lib
+ctx = ol.init()
+h = ctx._handle()
+n = size
+src = np.arange(4 * n, dtype=np.int32) + 100 * rank
+dst = np.full(4 * n, -1, np.int32)
+
+
+def raw(opcode, **fields):
+    """Post a command straight into the ring, bypassing the Python checks."""
+    op = ffi.new("struct host_op *")
+    op.opcode, op.team = opcode, 0
+    for name, value in fields.items():
+        setattr(op, name, value)
+    tag = ffi.new("uint32_t *")
+    assert lib.host_post(h, op, 10**10, tag) == 0
+    comp = ffi.new("struct host_completion *")
+    assert lib.host_wait(h, tag[0], 20 * 10**9, 0, comp) == 0, "no completion: hang"
+    return comp.status
+
+
+good = dict(src_addr=src.ctypes.data, src_len=src.nbytes, dst_addr=dst.ctypes.data,
+            dst_len=dst.nbytes, count=16)
+for case, bad in (("all-to-all, dst_len too small", dict(good, dst_len=8)),
+                  ("all-to-all, unknown flags", dict(good, flags=0x80)),
+                  ("barrier with a count", None)):
+    if bad is None:
+        status = raw(2, count=7 if rank == 0 else 0)
+    else:
+        status = raw(3, **(bad if rank == 0 else good))
+    # The malformed command fails where it was posted, and its peers' ops fail cleanly.
+    assert status != 0 or (case.startswith("barrier") and rank != 0), (case, rank, status)
+    if rank == 0:
+        assert status == -1, (case, status)  # ERR_INVALID
+    # The team's sequence did not shift: the next op pairs up and delivers.
+    dst[:] = -1
+    ctx.world.alltoall(src, dst).wait(timeout=20)
+    want = np.concatenate([np.arange(4 * rank, 4 * rank + 4, dtype=np.int32) + 100 * s
+                           for s in range(n)])
+    check_equal(dst, want, f"after: {case}")
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("n", [2, 3])
+def test_a_command_rejected_on_one_rank_keeps_the_team_in_step(n):
+    run_ranks(n, REJECTED_ON_ONE_RANK, timeout=60)

@@ -8,6 +8,14 @@
  */
 #include "engine_internal.h"
 
+static int publish(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal, uint32_t src)
+{
+	if (op->refuse)
+		return dpa_publish_ready(eng, op, hal, src, 0, 0, OFFLOAD_READY_REFUSED);
+	return dpa_publish_ready(eng, op, hal, src, op->cmd.dst_addr + (uint64_t)src * op->cmd.count,
+				 op->cmd.count, 0);
+}
+
 static int a2a_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
 {
 	const struct dpa_team *team = &eng->teams[op->team_id];
@@ -15,17 +23,15 @@ static int a2a_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *
 	uint32_t n = team->size, me = team->my_rank;
 	uint64_t total;
 
-	if (__builtin_mul_overflow(cmd->count, n, &total) ||
+	if (cmd->flags || __builtin_mul_overflow(cmd->count, n, &total) ||
 	    (total && (!cmd->src_addr || !cmd->dst_addr || cmd->dst_len < total)))
-		return OFFLOAD_ERR_INVALID;
-	op->result0 = total;
+		dpa_op_refuse(eng, op, OFFLOAD_ERR_INVALID);
+	else
+		op->result0 = total;
 	/* Readies go out here in pairwise order, so that senders can start as soon as they
 	 * see them; one that found the queue full is published by its item's owner. */
 	for (uint32_t i = 0; i < n; i++) {
-		uint32_t src = (me + n - i) % n;
-
-		if (dpa_publish_ready(eng, op, hal, src, cmd->dst_addr + (uint64_t)src * cmd->count,
-				      cmd->count, 0) == DPA_HAL_EAGAIN)
+		if (publish(eng, op, hal, (me + n - i) % n) == DPA_HAL_EAGAIN)
 			break;
 		op->items[i].flags |= DPA_ITEM_READY_OUT;
 	}
@@ -46,8 +52,7 @@ static int a2a_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, s
 		it->flags |= DPA_ITEM_STARTED;
 	}
 	if (!(it->flags & DPA_ITEM_READY_OUT)) {
-		if (dpa_publish_ready(eng, op, hal, src, op->cmd.dst_addr + (uint64_t)src * count,
-				      count, 0) == DPA_HAL_EAGAIN)
+		if (publish(eng, op, hal, src) == DPA_HAL_EAGAIN)
 			return work;
 		it->flags |= DPA_ITEM_READY_OUT;
 		work++;

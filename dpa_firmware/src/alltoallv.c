@@ -67,32 +67,42 @@ static int check_rows(struct dpa_hal *hal, const struct dpa_op *op,
 	return 1;
 }
 
-static int a2av_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
+/* Validate the sends against src and fill v's send side; 0 if the command is malformed. */
+static int plan_sends(struct dpa_hal *hal, const struct dpa_op *op,
+		      const struct offload_alltoallv_args *args, struct dpa_vlayout *v, uint32_t n)
 {
-	const struct dpa_team *team = &eng->teams[op->team_id];
-	const struct offload_alltoallv_args *args = args_of(hal, op);
-	struct dpa_vlayout *v = &eng->vlayouts[op->index];
-	uint32_t n = team->size, me = team->my_rank;
 	uint64_t off = 0;
 
 	if (!args || (op->cmd.flags & ~(OFFLOAD_CMD_F_EXPECT | OFFLOAD_CMD_F_ROWS)))
-		return OFFLOAD_ERR_INVALID;
-	v->rows = NULL;
-	v->row_bytes = 0;
+		return 0;
 	/* Re-check what crosses the boundary: the sends must fit in src. */
 	for (uint32_t p = 0; p < n; p++) {
 		v->send_len[p] = args->send_bytes[p];
 		v->send_off[p] = off;
 		if (__builtin_add_overflow(off, v->send_len[p], &off))
-			return OFFLOAD_ERR_INVALID;
+			return 0;
 	}
 	if (off && !op->cmd.src_addr)
-		return OFFLOAD_ERR_INVALID;
-	if (op->cmd.flags & OFFLOAD_CMD_F_ROWS) {
-		if (!check_rows(hal, op, args, v, off))
-			return OFFLOAD_ERR_INVALID;
-	} else if (off > op->cmd.count) {
-		return OFFLOAD_ERR_INVALID;
+		return 0;
+	if (op->cmd.flags & OFFLOAD_CMD_F_ROWS)
+		return check_rows(hal, op, args, v, off);
+	return off <= op->cmd.count;
+}
+
+static int a2av_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
+{
+	const struct dpa_team *team = &eng->teams[op->team_id];
+	struct dpa_vlayout *v = &eng->vlayouts[op->index];
+	uint32_t n = team->size, me = team->my_rank;
+
+	v->rows = NULL;
+	v->row_bytes = 0;
+	if (!plan_sends(hal, op, args_of(hal, op), v, n)) {
+		/* Refused: announce zero bytes to everyone, so the peers still lay out. */
+		for (uint32_t p = 0; p < n; p++)
+			v->send_len[p] = v->send_off[p] = 0;
+		v->rows = NULL;
+		dpa_op_refuse(eng, op, OFFLOAD_ERR_INVALID);
 	}
 	op->v = v;
 	op->layout_done = 0;
@@ -128,9 +138,11 @@ static int try_layout(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 	for (uint32_t s = 0; s < team->size; s++) {
 		v->recv_len[s] = ctrl->counts[op->slot][s].bytes;
 		v->recv_off[s] = total;
-		args->recv_bytes[s] = v->recv_len[s];
 		if (__builtin_add_overflow(total, v->recv_len[s], &total))
 			st = OFFLOAD_ERR_INVALID;
+		if (!args)  /* a refused command may have no args to report into */
+			continue;
+		args->recv_bytes[s] = v->recv_len[s];
 		if ((op->cmd.flags & OFFLOAD_CMD_F_EXPECT) && args->expect_bytes[s] != v->recv_len[s])
 			st = OFFLOAD_ERR_INVALID;
 	}
@@ -138,10 +150,8 @@ static int try_layout(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 		st = OFFLOAD_ERR_NO_SPACE;
 	op->result0 = total;
 	op->result1 = op->cmd.dst_len;
-	if (st) {
-		dpa_op_fail(op, st, team->peers[team->my_rank].world_rank);
-		op->refuse = 1;
-	}
+	if (st && !op->refuse)
+		dpa_op_refuse(eng, op, st);
 	off_store_release(&op->layout_done, 1);
 	off_unlock(&op->layout_lock);
 	dpa_hal_notify(hal);  /* sibling threads publish their readies now */

@@ -8,10 +8,10 @@
 
 static int barrier_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
 {
-	(void)eng;
 	(void)hal;
-	if (op->cmd.count || op->cmd.src_addr || op->cmd.dst_addr)
-		return OFFLOAD_ERR_INVALID;
+	/* A malformed barrier still synchronizes (its peers are waiting), then fails. */
+	if (op->cmd.count || op->cmd.src_addr || op->cmd.dst_addr || op->cmd.flags)
+		dpa_op_refuse(eng, op, OFFLOAD_ERR_INVALID);
 	return 1;
 }
 

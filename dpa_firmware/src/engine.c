@@ -102,6 +102,12 @@ int dpa_peer_gone(const struct dpa_op *op, uint32_t world_rank)
 	       (st == OFFLOAD_ERR_PEER || st == OFFLOAD_ERR_REMOTE_ACCESS);
 }
 
+void dpa_op_refuse(struct dpa_engine *eng, struct dpa_op *op, int32_t status)
+{
+	dpa_op_fail(op, status, eng->teams[op->team_id].peers[eng->teams[op->team_id].my_rank].world_rank);
+	op->refuse = 1;
+}
+
 void dpa_expect_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_item *it, uint32_t src)
 {
 	struct dpa_team *team = &eng->teams[op->team_id];
@@ -234,14 +240,13 @@ static int32_t team_create(struct dpa_engine *eng, struct dpa_hal *hal, const st
 	return OFFLOAD_OK;
 }
 
-/* Checks that depend only on the command; the algorithm's start() checks the rest. */
+/* Checks without which there is no team to run on; the algorithm's start() checks the
+ * rest and refuses (see intake_one) rather than rejects. */
 static int32_t validate_collective(struct dpa_engine *eng, const struct offload_cmd *cmd)
 {
 	if (cmd->team >= OFFLOAD_MAX_TEAMS || !eng->teams[cmd->team].active)
 		return OFFLOAD_ERR_INVALID;
 	if (cmd->opcode >= OFFLOAD_OP_MAX || !dpa_algos[cmd->opcode])
-		return OFFLOAD_ERR_INVALID;
-	if (cmd->flags && cmd->opcode != OFFLOAD_OP_ALLTOALLV)
 		return OFFLOAD_ERR_INVALID;
 	return OFFLOAD_OK;
 }
@@ -278,9 +283,14 @@ static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct 
 	op->algo = dpa_algos[cmd->opcode];
 	for (uint32_t i = 0; i < team->size; i++)
 		op->items[i] = (struct dpa_item){ 0 };
+	/*
+	 * A command the algorithm rejects still takes its place in the team's sequence: the
+	 * op runs refusing everything (no data either way, error signals to every peer), so
+	 * the peers' matching ops fail cleanly and the next op pairs up again.
+	 */
 	n = op->algo->start(eng, op, hal);
 	if (n < 0)
-		return complete_now(eng, hal, cmd, n, 0);
+		return complete_now(eng, hal, cmd, OFFLOAD_ERR_INTERNAL, 0);
 	team->next_seq++;
 	op->nitems = (uint32_t)n;
 	op->remaining = (uint32_t)n;

@@ -54,7 +54,8 @@ struct dpa_op;
 
 struct dpa_algo {
 	const char *name;
-	/* Called once at intake; returns the number of items (or a negative status). */
+	/* Called once at intake; returns the number of items. A command it cannot run is
+	 * refused (dpa_op_refuse), not rejected: the op still runs, moving nothing. */
 	int (*start)(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal);
 	/* Advance item i; returns >0 if it did work. Must not block. */
 	int (*progress)(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal);
@@ -94,7 +95,7 @@ struct dpa_op {
 	uint32_t bulk;         /* counted in inflight_bulk */
 	uint32_t layout_done;  /* all-to-all-v: v is complete (release-stored) */
 	uint32_t layout_lock;
-	uint32_t refuse;       /* all-to-all-v: this rank refuses the data (its op failed) */
+	uint32_t refuse;       /* this rank's op failed: it moves no data and refuses peers' */
 	uint64_t result0;      /* completion's result0/result1 */
 	uint64_t result1;
 	struct dpa_vlayout *v;
@@ -139,6 +140,8 @@ int dpa_check_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *ha
 /* The op failed reaching this peer (dead, closed, or it refused our control write): it
  * will never answer this op, so waits on it end. */
 int dpa_peer_gone(const struct dpa_op *op, uint32_t world_rank);
+/* Fail the op on this rank and run it refusing: see intake_one(). */
+void dpa_op_refuse(struct dpa_engine *eng, struct dpa_op *op, int32_t status);
 void dpa_expect_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_item *it, uint32_t src);
 struct offload_thread_stats *dpa_stats(struct dpa_hal *hal);
 

@@ -139,6 +139,10 @@ int dpa_exchange_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, str
 
 	if (!(it->flags & DPA_ITEM_READY_IN) && take_ready(eng, op, hal, it, dst, send_len)) {
 		it->flags |= DPA_ITEM_READY_IN;
+		if (op->refuse) {  /* our op failed: send nothing, tell the peer */
+			it->flags |= DPA_ITEM_FAILED;
+			it->posted = send_len;
+		}
 		work++;
 	} else if (!(it->flags & DPA_ITEM_READY_IN) && dpa_peer_gone(op, team->peers[dst].world_rank)) {
 		it->flags |= DPA_ITEM_READY_IN | DPA_ITEM_FAILED;
