@@ -24,6 +24,7 @@ OP_ALLTOALL = 3
 OP_ALLTOALLV = 4
 F_EXPECT = 1  # OFFLOAD_CMD_F_EXPECT
 F_ROWS = 2  # OFFLOAD_CMD_F_ROWS
+F_SLOTS = 4  # OFFLOAD_CMD_F_SLOTS
 
 # access bits (offload_abi.h)
 _LOCAL_READ, _LOCAL_WRITE, _REMOTE_READ, _REMOTE_WRITE = 1, 2, 4, 8
@@ -69,8 +70,9 @@ def _src_dst(src: Any, dst: Any) -> tuple[Buffer, Buffer]:
 
 def _alltoallv_op(team: Team, s: Buffer, d: Buffer, send_bytes: np.ndarray) -> tuple[Any, np.ndarray]:
     """The command and its struct offload_alltoallv_args (send_bytes, recv_bytes (out),
-    expect_bytes, rows_addr, row_bytes) as one uint64 array that lives until completion."""
-    args = np.zeros(3 * MAX_RANKS + 2, np.uint64)
+    expect_bytes, rows_addr, row_bytes, slot_bytes) as one uint64 array that lives until
+    completion."""
+    args = np.zeros(3 * MAX_RANKS + 3, np.uint64)
     args[:team.size] = send_bytes
     op = ffi.new("struct host_op *")
     op.opcode = OP_ALLTOALLV
@@ -162,11 +164,17 @@ class Team:
         return ctx._persistent(op, "alltoall", keys, (s.obj, d.obj), nbytes=s.nbytes)
 
     # -- all-to-all-v -----------------------------------------------------------------------
-    def alltoallv(self, src: Any, send_counts: Any, dst: Any, recv_counts: Any = None) -> Request:
+    def alltoallv(self, src: Any, send_counts: Any, dst: Any, recv_counts: Any = None,
+                  slot: int | None = None) -> Request:
         """Post an all-to-all-v. ``src`` holds ``send_counts[j]`` elements for rank j, packed in
         rank order; the DPA exchanges the counts itself, and ``wait()`` returns the receive
         counts (numpy int64, one per source rank), the data packed by source rank in ``dst``.
-        With ``recv_counts`` the arrivals are checked against it."""
+        With ``recv_counts`` the arrivals are checked against it.
+
+        With ``slot`` (low latency, for small batches; every rank passes the same value):
+        ``dst`` holds one slot of ``slot`` elements per source rank and the data from rank s
+        lands at ``dst[s*slot : s*slot + recv_counts[s]]``; there is no count round, and each
+        send count must fit a slot."""
         ctx = self._ctx
         ctx._check_open()
         n = self.size
@@ -177,6 +185,18 @@ class Team:
                 f"send_counts add up to {sum(sends.tolist())} elements but src holds {s.count}"
             )
         op, args = _alltoallv_op(self, s, d, sends * s.itemsize)
+        if slot is not None:
+            if recv_counts is not None:
+                raise InvalidArgument("recv_counts cannot be checked in slot mode: pass one or the other")
+            slot = int(slot)
+            if slot < 0 or n * slot > d.count:
+                raise InvalidArgument(
+                    f"slot={slot} needs dst to hold {n} x {slot} elements; it holds {d.count}"
+                )
+            if any(c > slot for c in sends.tolist()):
+                raise InvalidArgument(f"send_counts {sends.tolist()} must each fit a slot of {slot}")
+            args[3 * MAX_RANKS + 2] = slot * s.itemsize
+            op.flags |= F_SLOTS
         if recv_counts is not None:
             expect = _counts(recv_counts, n, "recv_counts")
             if sum(expect.tolist()) > d.count:

@@ -639,3 +639,88 @@ def test_alltoallv_rows_gathers_by_index(n):
 def test_alltoallv_rows_bad_input(ctx, src, rows, per, match):
     with pytest.raises(InvalidArgument, match=match):
         ctx.world.alltoallv_rows(src, rows, per, np.zeros(12, np.int32))
+
+
+# ---------------------------------------------------------------------------------------------
+# slot mode: fixed per-source slots, no count round (DeepEP's low-latency layout)
+
+SLOTS_SCRIPT = r'''
+ctx = ol.init()
+SLOT = 40
+
+
+def counts_of(trial, s):
+    rng = np.random.default_rng(100 * trial + s)
+    c = rng.integers(0, SLOT + 1, size=size)
+    if trial % 5 == 0:
+        c[:] = 0
+    if trial % 5 == 1:
+        c[:] = SLOT  # every slot full
+    return c
+
+
+for trial in range(15):
+    sc = counts_of(trial, rank)
+    parts = [np.full(sc[j], 1000 * rank + j, np.int32) for j in range(size)]
+    src = np.concatenate(parts) if sc.sum() else np.zeros(0, np.int32)
+    dst = ctx.empty(size * SLOT + 3, np.int32) if trial % 2 else np.empty(size * SLOT + 3, np.int32)
+    dst[:] = -1
+    got = ctx.world.alltoallv(src, sc, dst, slot=SLOT).wait(timeout=20)
+    want = [int(counts_of(trial, s)[rank]) for s in range(size)]
+    assert got.tolist() == want, (trial, got, want)
+    for s in range(size):
+        check_equal(dst[s * SLOT:s * SLOT + want[s]], np.full(want[s], 1000 * s + rank, np.int32),
+                    f"trial {trial}: slot of rank {s}")
+        check_equal(dst[s * SLOT + want[s]:(s + 1) * SLOT],
+                    np.full(SLOT - want[s], -1, np.int32), f"trial {trial}: rest of slot {s}")
+    check_equal(dst[size * SLOT:], np.full(3, -1, np.int32), "guard")
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [1, 3, 4])
+def test_alltoallv_slots(n):
+    run_ranks(n, SLOTS_SCRIPT, timeout=90)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("counts, slot, dst_len, recv, match", [
+    ([5], 4, 8, None, "fit a slot"),
+    ([2], 9, 8, None, "needs dst to hold"),
+    ([2], -1, 8, None, "needs dst to hold"),
+    ([2], 4, 8, [2], "recv_counts cannot"),
+], ids=["count-over-slot", "dst-too-small", "negative-slot", "with-recv-counts"])
+def test_alltoallv_slots_bad_input(ctx, counts, slot, dst_len, recv, match):
+    with pytest.raises(InvalidArgument, match=match):
+        ctx.world.alltoallv(np.zeros(8, np.int32), counts, np.zeros(dst_len, np.int32),
+                            recv_counts=recv, slot=slot)
+
+
+SLOT_DISAGREEMENT = r'''
+ctx = ol.init()
+slot = 4 if rank == 0 else 8
+sends = [6 if (rank == 1 and j == 0) else 1 for j in range(size)]
+src = np.arange(sum(sends), dtype=np.int32)
+dst = np.full(size * slot, -1, np.int32)
+try:
+    ctx.world.alltoallv(src, sends, dst, slot=slot).wait(timeout=20)
+    outcome = "ok"
+except ol.OffloadError as e:
+    outcome = type(e).__name__
+if rank == 0:
+    # rank 1's 6 elements do not fit rank 0's 4-element slot: nothing of it lands there
+    check_equal(dst[4:8], np.full(4, -1, np.int32), "slot of rank 1")
+    assert outcome == "OffloadError", outcome
+if rank == 1:
+    assert outcome == "InvalidArgument", outcome
+dst = np.full(size * 8, -1, np.int32)
+got = ctx.world.alltoallv(np.arange(size, dtype=np.int32), [1] * size, dst, slot=8).wait(timeout=20)
+assert got.tolist() == [1] * size
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(60)
+def test_alltoallv_slot_overflow_is_refused_not_written():
+    run_ranks(2, SLOT_DISAGREEMENT, timeout=45)

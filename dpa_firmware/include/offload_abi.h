@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define OFFLOAD_ABI_VERSION 3u
+#define OFFLOAD_ABI_VERSION 4u
 
 #define OFFLOAD_MAX_RANKS   64u   /* ranks in one job (team members index peer tables) */
 #define OFFLOAD_MAX_TEAMS   16u   /* teams alive at once, world included */
@@ -51,6 +51,7 @@ enum offload_opcode {
 /* Command flags. */
 #define OFFLOAD_CMD_F_EXPECT (1u << 0)  /* alltoallv: check arrivals against expect_bytes */
 #define OFFLOAD_CMD_F_ROWS   (1u << 1)  /* alltoallv: gather src rows by index (rows_addr) */
+#define OFFLOAD_CMD_F_SLOTS  (1u << 2)  /* alltoallv: fixed slots, no count round (slot_bytes) */
 
 /* Memory access rights, carried by registrations (rkeys/lkeys). */
 #define OFFLOAD_ACCESS_LOCAL_READ   (1u << 0)
@@ -148,6 +149,10 @@ struct offload_alltoallv_args {
 	 * DPA gathers the rows itself: the host never copies them into a send buffer. */
 	uint64_t rows_addr;
 	uint64_t row_bytes;
+	/* With OFFLOAD_CMD_F_SLOTS (low latency): dst holds one slot of slot_bytes per source
+	 * in team-rank order, published at intake; each sender writes at most that much and
+	 * announces its byte count with its done signal, so there is no count round. */
+	uint64_t slot_bytes;
 };
 
 /*
@@ -194,7 +199,7 @@ _Static_assert(sizeof(struct offload_peer) == 16, "peer entry");
 _Static_assert(sizeof(struct offload_team_desc) == 16 + 16 * OFFLOAD_MAX_RANKS, "team desc");
 _Static_assert(sizeof(struct offload_ready) == 32, "ready descriptor");
 _Static_assert(sizeof(struct offload_count) == 16, "count descriptor");
-_Static_assert(sizeof(struct offload_alltoallv_args) == 24 * OFFLOAD_MAX_RANKS + 16,
+_Static_assert(sizeof(struct offload_alltoallv_args) == 24 * OFFLOAD_MAX_RANKS + 24,
 	       "alltoallv args");
 _Static_assert(sizeof(struct offload_thread_stats) == 64, "stats are one cache line");
 

@@ -18,29 +18,6 @@ static const struct offload_alltoallv_args *args_of(struct dpa_hal *hal, const s
 				  sizeof(struct offload_alltoallv_args));
 }
 
-static int publish_count(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
-			 uint32_t dst)
-{
-	const struct dpa_team *team = &eng->teams[op->team_id];
-	const struct offload_peer *peer = &team->peers[dst];
-	uint64_t raddr = dpa_peer_ctrl_addr(team, dst,
-					    dpa_ctrl_count_off(op->team_id, op->slot, team->my_rank));
-	uint64_t seq = op->seq;
-	uint64_t wr = dpa_wr_id(op, dst, DPA_WR_CTRL);
-	int rc;
-
-	/* Bytes first, then seq, as for readies. */
-	rc = dpa_hal_rdma_write_inline(hal, peer->world_rank, &op->v->send_len[dst],
-				       sizeof(uint64_t), raddr, peer->ctrl_key, wr);
-	if (!rc)
-		rc = dpa_hal_rdma_write_inline(hal, peer->world_rank, &seq, sizeof(seq),
-					       raddr + offsetof(struct offload_count, seq),
-					       peer->ctrl_key, wr);
-	if (rc && rc != DPA_HAL_EAGAIN)
-		dpa_op_fail(op, OFFLOAD_ERR_INTERNAL, peer->world_rank);
-	return rc;
-}
-
 /* Rows mode: every block a whole number of rows, every row index inside src. */
 static int check_rows(struct dpa_hal *hal, const struct dpa_op *op,
 		      const struct offload_alltoallv_args *args, struct dpa_vlayout *v,
@@ -107,7 +84,9 @@ static int a2av_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 	op->v = v;
 	op->layout_done = 0;
 	for (uint32_t i = 0; i < n; i++) {
-		if (publish_count(eng, op, hal, (me + i) % n) == DPA_HAL_EAGAIN)
+		uint32_t dst = (me + i) % n;
+
+		if (dpa_publish_count(eng, op, hal, dst, v->send_len[dst]) == DPA_HAL_EAGAIN)
 			break;
 		op->items[i].flags |= DPA_ITEM_COUNT_OUT;
 	}
@@ -173,7 +152,7 @@ static int a2av_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 		it->flags |= DPA_ITEM_STARTED;
 	}
 	if (!(it->flags & DPA_ITEM_COUNT_OUT)) {
-		if (publish_count(eng, op, hal, dst) == DPA_HAL_EAGAIN)
+		if (dpa_publish_count(eng, op, hal, dst, v->send_len[dst]) == DPA_HAL_EAGAIN)
 			return work;
 		it->flags |= DPA_ITEM_COUNT_OUT;
 		work++;

@@ -280,7 +280,8 @@ static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct 
 	op->fail = 0;
 	op->result0 = op->result1 = 0;
 	op->refuse = 0;
-	op->algo = dpa_algos[cmd->opcode];
+	op->algo = cmd->opcode == OFFLOAD_OP_ALLTOALLV && (cmd->flags & OFFLOAD_CMD_F_SLOTS) ?
+		   &dpa_algo_alltoallv_slots : dpa_algos[cmd->opcode];
 	for (uint32_t i = 0; i < team->size; i++)
 		op->items[i] = (struct dpa_item){ 0 };
 	/*

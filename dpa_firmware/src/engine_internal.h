@@ -37,6 +37,7 @@ struct dpa_item {
 #define DPA_ITEM_FINISHED  (1u << 6)
 #define DPA_ITEM_FAILED    (1u << 7)  /* a data write failed: the done signal carries an error */
 #define DPA_ITEM_COUNT_OUT (1u << 8)  /* all-to-all-v: our byte count is posted to the destination */
+#define DPA_ITEM_COUNT_IN  (1u << 9)  /* slots: the source's announced count was read */
 
 struct dpa_team {
 	uint32_t active;
@@ -71,12 +72,15 @@ struct dpa_vlayout {
 	uint64_t row_bytes;
 };
 
-/* Where an item's outgoing block comes from: one range, or rows gathered by index. */
+/* Where an item's outgoing block comes from (one range, or rows gathered by index), and
+ * how it must fit the receiver's ready. */
 struct dpa_send {
 	uint64_t addr;         /* the range's start, or the row table's */
 	uint64_t len;          /* bytes to send */
 	const uint32_t *rows;  /* NULL, or this block's row indices */
 	uint64_t row_bytes;
+	uint32_t slot;         /* the ready is a slot to fill up to its length, not an exact fit;
+				* the byte count is announced before the done signal */
 };
 
 struct dpa_op {
@@ -119,10 +123,14 @@ struct dpa_engine {
 extern const struct dpa_algo dpa_algo_alltoall_pairwise;
 extern const struct dpa_algo dpa_algo_barrier_dissemination;
 extern const struct dpa_algo dpa_algo_alltoallv;
+extern const struct dpa_algo dpa_algo_alltoallv_slots;
 
 /* p2p.c: the exchange step shared by all-to-all and all-to-all-v. */
 int dpa_publish_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 		      uint32_t src, uint64_t addr, uint64_t len, uint32_t flags);
+/* Tell dst how many bytes this op sends it (struct offload_count, seq last). */
+int dpa_publish_count(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		      uint32_t dst, uint64_t bytes);
 /* Item i: take the destination's ready, write the send block, signal, and wait
  * for the source's signal; sets DPA_ITEM_FINISHED once READY_OUT is set too. */
 int dpa_exchange_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal,

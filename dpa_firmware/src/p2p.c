@@ -34,10 +34,35 @@ int dpa_publish_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 	return rc;
 }
 
+int dpa_publish_count(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		      uint32_t dst, uint64_t bytes)
+{
+	const struct dpa_team *team = &eng->teams[op->team_id];
+	const struct offload_peer *peer = &team->peers[dst];
+	uint64_t raddr = dpa_peer_ctrl_addr(team, dst,
+					    dpa_ctrl_count_off(op->team_id, op->slot, team->my_rank));
+	uint64_t seq = op->seq;
+	uint64_t wr = dpa_wr_id(op, dst, DPA_WR_CTRL);
+	int rc;
+
+	/* Bytes first, then seq, as for readies. */
+	rc = dpa_hal_rdma_write_inline(hal, peer->world_rank, &bytes, sizeof(bytes), raddr,
+				       peer->ctrl_key, wr);
+	if (!rc)
+		rc = dpa_hal_rdma_write_inline(hal, peer->world_rank, &seq, sizeof(seq),
+					       raddr + offsetof(struct offload_count, seq),
+					       peer->ctrl_key, wr);
+	if (rc && rc != DPA_HAL_EAGAIN)
+		dpa_op_fail(op, OFFLOAD_ERR_INTERNAL, peer->world_rank);
+	return rc;
+}
+
 /* Returns 1 once the destination's ready for this op was seen (and judged). */
 static int take_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
-		      struct dpa_item *it, uint32_t dst, uint64_t send_len)
+		      struct dpa_item *it, uint32_t dst, const struct dpa_send *send)
 {
+	uint64_t send_len = send->len;
+
 	struct offload_ctrl_team *ctrl = dpa_my_ctrl(hal, op->team_id);
 	struct offload_ready *r = &ctrl->ready[op->slot][dst];
 	uint32_t dst_world = eng->teams[op->team_id].peers[dst].world_rank;
@@ -49,8 +74,8 @@ static int take_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 	it->rkey = r->key;
 	if (r->flags & OFFLOAD_READY_REFUSED)
 		dpa_op_fail(op, OFFLOAD_ERR_PEER_OP, dst_world);
-	else if (r->len != send_len)
-		/* The ranks disagree on the block size. */
+	else if (send->slot ? r->len < send_len : r->len != send_len)
+		/* The ranks disagree on the block size, or the block overflows the slot. */
 		dpa_op_fail(op, OFFLOAD_ERR_INVALID, dst_world);
 	else
 		return 1;
@@ -137,7 +162,7 @@ int dpa_exchange_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, str
 	uint32_t src = (me + n - i) % n, dst = (me + i) % n;
 	int work = 0;
 
-	if (!(it->flags & DPA_ITEM_READY_IN) && take_ready(eng, op, hal, it, dst, send_len)) {
+	if (!(it->flags & DPA_ITEM_READY_IN) && take_ready(eng, op, hal, it, dst, send)) {
 		it->flags |= DPA_ITEM_READY_IN;
 		if (op->refuse) {  /* our op failed: send nothing, tell the peer */
 			it->flags |= DPA_ITEM_FAILED;
@@ -151,8 +176,15 @@ int dpa_exchange_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, str
 	}
 	if (it->flags & DPA_ITEM_READY_IN) {
 		work += put_chunks(eng, op, hal, it, i, dst, send);
-		/* Every piece completed (a failed one too): tell the receiver how it went. */
+		/* Every piece completed (a failed one too): tell the receiver how it went, in a
+		 * slot with the byte count first (same QP: it lands before the signal). */
+		if (send->slot && !(it->flags & DPA_ITEM_COUNT_OUT) && it->inflight == 0 &&
+		    it->posted >= send_len &&
+		    dpa_publish_count(eng, op, hal, dst, it->flags & DPA_ITEM_FAILED ? 0 : send_len) !=
+		    DPA_HAL_EAGAIN)
+			it->flags |= DPA_ITEM_COUNT_OUT;
 		if (!(it->flags & DPA_ITEM_SIGNALED) && it->inflight == 0 && it->posted >= send_len &&
+		    (!send->slot || (it->flags & DPA_ITEM_COUNT_OUT)) &&
 		    dpa_signal_done(eng, op, hal, dst, !!(it->flags & DPA_ITEM_FAILED)) != DPA_HAL_EAGAIN) {
 			it->flags |= DPA_ITEM_SIGNALED;
 			work++;
