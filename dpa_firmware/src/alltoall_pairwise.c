@@ -41,25 +41,12 @@ static int a2a_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *
 static int a2a_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal)
 {
 	const struct dpa_team *team = &eng->teams[op->team_id];
-	struct dpa_item *it = &op->items[i];
-	uint32_t n = team->size, me = team->my_rank;
-	uint32_t src = (me + n - i) % n, dst = (me + i) % n;
+	uint32_t dst = (team->my_rank + i) % team->size;
 	uint64_t count = op->cmd.count;
-	int work = 0;
-
-	if (!(it->flags & DPA_ITEM_STARTED)) {
-		dpa_expect_done(eng, op, it, src);
-		it->flags |= DPA_ITEM_STARTED;
-	}
-	if (!(it->flags & DPA_ITEM_READY_OUT)) {
-		if (publish(eng, op, hal, src) == DPA_HAL_EAGAIN)
-			return work;
-		it->flags |= DPA_ITEM_READY_OUT;
-		work++;
-	}
 	struct dpa_send send = { .addr = op->cmd.src_addr + (uint64_t)dst * count, .len = count };
+	int work = dpa_item_begin(eng, op, i, hal, publish);
 
-	return work + dpa_exchange_step(eng, op, i, hal, &send);
+	return work < 0 ? 0 : work + dpa_exchange_step(eng, op, i, hal, &send);
 }
 
 const struct dpa_algo dpa_algo_alltoall_pairwise = {

@@ -95,18 +95,10 @@ static int slots_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 	struct dpa_send send = {
 		.addr = op->cmd.src_addr + v->send_off[dst], .len = v->send_len[dst], .slot = 1,
 	};
-	int work = 0;
+	int work = dpa_item_begin(eng, op, i, hal, publish);
 
-	if (!(it->flags & DPA_ITEM_STARTED)) {
-		dpa_expect_done(eng, op, it, src);
-		it->flags |= DPA_ITEM_STARTED;
-	}
-	if (!(it->flags & DPA_ITEM_READY_OUT)) {
-		if (publish(eng, op, hal, src) == DPA_HAL_EAGAIN)
-			return work;
-		it->flags |= DPA_ITEM_READY_OUT;
-		work++;
-	}
+	if (work < 0)
+		return 0;
 	work += dpa_exchange_step(eng, op, i, hal, &send);
 	if ((it->flags & DPA_ITEM_RECVD) && !(it->flags & DPA_ITEM_COUNT_IN)) {
 		take_count(eng, op, hal, src);

@@ -128,6 +128,13 @@ extern const struct dpa_algo dpa_algo_alltoallv_slots;
 /* p2p.c: the exchange step shared by all-to-all and all-to-all-v. */
 int dpa_publish_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 		      uint32_t src, uint64_t addr, uint64_t len, uint32_t flags);
+/* Publishes this rank's ready for one source (fixed-layout exchanges). */
+typedef int (*dpa_publish_fn)(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+			      uint32_t src);
+/* Item i's first steps in a fixed-layout exchange: expect the source's signal, publish our
+ * ready to it if start() could not. Returns the work done, or -1 to retry later. */
+int dpa_item_begin(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal,
+		   dpa_publish_fn publish);
 /* Tell dst how many bytes this op sends it (struct offload_count, seq last). */
 int dpa_publish_count(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 		      uint32_t dst, uint64_t bytes);

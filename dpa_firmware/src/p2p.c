@@ -8,53 +8,69 @@
  */
 #include "engine_internal.h"
 
-int dpa_publish_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
-		      uint32_t src, uint64_t addr, uint64_t len, uint32_t flags)
+/*
+ * Write a control descriptor into a peer's control region: the body, then its seq word.
+ * Writes on one QP land in order, so a reader that sees this op's seq sees the body.
+ */
+static int post_sequenced(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+			  uint32_t peer_rank, uint64_t off, const void *body, uint32_t len,
+			  uint32_t seq_off)
 {
 	const struct dpa_team *team = &eng->teams[op->team_id];
-	const struct offload_peer *peer = &team->peers[src];
-	struct offload_ready ready = {
-		.addr = addr, .len = len, .key = op->cmd.dst_key, .flags = flags,
-	};
-	uint64_t raddr = dpa_peer_ctrl_addr(team, src,
-					    dpa_ctrl_ready_off(op->team_id, op->slot, team->my_rank));
+	const struct offload_peer *peer = &team->peers[peer_rank];
+	uint64_t raddr = dpa_peer_ctrl_addr(team, peer_rank, off);
 	uint64_t seq = op->seq;
-	uint64_t wr = dpa_wr_id(op, src, DPA_WR_CTRL);
-	int rc;
+	uint64_t wr = dpa_wr_id(op, peer_rank, DPA_WR_CTRL);
+	int rc = dpa_hal_rdma_write_inline(hal, peer->world_rank, body, len, raddr,
+					   peer->ctrl_key, wr);
 
-	/* Body first, then seq: writes on one QP land in order, seq last makes it valid. */
-	rc = dpa_hal_rdma_write_inline(hal, peer->world_rank, &ready,
-				       offsetof(struct offload_ready, seq), raddr, peer->ctrl_key, wr);
 	if (!rc)
 		rc = dpa_hal_rdma_write_inline(hal, peer->world_rank, &seq, sizeof(seq),
-					       raddr + offsetof(struct offload_ready, seq),
-					       peer->ctrl_key, wr);
+					       raddr + seq_off, peer->ctrl_key, wr);
 	if (rc && rc != DPA_HAL_EAGAIN)
 		dpa_op_fail(op, OFFLOAD_ERR_INTERNAL, peer->world_rank);
 	return rc;
 }
 
+int dpa_publish_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		      uint32_t src, uint64_t addr, uint64_t len, uint32_t flags)
+{
+	uint32_t me = eng->teams[op->team_id].my_rank;
+	struct offload_ready ready = {
+		.addr = addr, .len = len, .key = op->cmd.dst_key, .flags = flags,
+	};
+
+	return post_sequenced(eng, op, hal, src, dpa_ctrl_ready_off(op->team_id, op->slot, me),
+			      &ready, offsetof(struct offload_ready, seq),
+			      offsetof(struct offload_ready, seq));
+}
+
 int dpa_publish_count(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 		      uint32_t dst, uint64_t bytes)
 {
-	const struct dpa_team *team = &eng->teams[op->team_id];
-	const struct offload_peer *peer = &team->peers[dst];
-	uint64_t raddr = dpa_peer_ctrl_addr(team, dst,
-					    dpa_ctrl_count_off(op->team_id, op->slot, team->my_rank));
-	uint64_t seq = op->seq;
-	uint64_t wr = dpa_wr_id(op, dst, DPA_WR_CTRL);
-	int rc;
+	uint32_t me = eng->teams[op->team_id].my_rank;
 
-	/* Bytes first, then seq, as for readies. */
-	rc = dpa_hal_rdma_write_inline(hal, peer->world_rank, &bytes, sizeof(bytes), raddr,
-				       peer->ctrl_key, wr);
-	if (!rc)
-		rc = dpa_hal_rdma_write_inline(hal, peer->world_rank, &seq, sizeof(seq),
-					       raddr + offsetof(struct offload_count, seq),
-					       peer->ctrl_key, wr);
-	if (rc && rc != DPA_HAL_EAGAIN)
-		dpa_op_fail(op, OFFLOAD_ERR_INTERNAL, peer->world_rank);
-	return rc;
+	return post_sequenced(eng, op, hal, dst, dpa_ctrl_count_off(op->team_id, op->slot, me),
+			      &bytes, sizeof(bytes), offsetof(struct offload_count, seq));
+}
+
+int dpa_item_begin(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal,
+		   dpa_publish_fn publish)
+{
+	const struct dpa_team *team = &eng->teams[op->team_id];
+	struct dpa_item *it = &op->items[i];
+	uint32_t src = (team->my_rank + team->size - i) % team->size;
+
+	if (!(it->flags & DPA_ITEM_STARTED)) {
+		dpa_expect_done(eng, op, it, src);
+		it->flags |= DPA_ITEM_STARTED;
+	}
+	if (it->flags & DPA_ITEM_READY_OUT)
+		return 0;
+	if (publish(eng, op, hal, src) == DPA_HAL_EAGAIN)
+		return -1;
+	it->flags |= DPA_ITEM_READY_OUT;
+	return 1;
 }
 
 /* Returns 1 once the destination's ready for this op was seen (and judged). */
