@@ -581,18 +581,25 @@ def render_rows(cols: Sequence[Column], rows: Sequence[dict[str, Any]]) -> list[
     return lines
 
 
-def format_table(meta: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
-    """nccl-tests style: ``#`` header lines, then one line per size."""
-    compare = bool(rows) and "mpi_time_us" in rows[0]
-    cols = _COLUMNS + (_MPI_COLUMNS if compare else ())
+def header_lines(meta: dict[str, Any]) -> list[str]:
+    """The header every table starts with: command, machine, collective and engine setup."""
     cfg = meta.get("config", {})
-    lines = [
+    return [
         f"# {meta.get('command', PROG)}",
         f"# date: {meta.get('date', '?')}  host: {meta.get('host', '?')} "
         f"({meta.get('cpus', '?')} CPUs)",
         f"# collective: {meta.get('collective', '?')}  n: {meta.get('nranks', '?')}  "
         f"backend: {meta.get('backend', '?')}  dpa_threads: {cfg.get('dpa_threads', '?')}  "
         f"chunk_size: {cfg.get('chunk_size', '?')}",
+    ]
+
+
+def format_table(meta: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
+    """nccl-tests style: ``#`` header lines, then one line per size."""
+    compare = bool(rows) and "mpi_time_us" in rows[0]
+    cols = _COLUMNS + (_MPI_COLUMNS if compare else ())
+    lines = [
+        *header_lines(meta),
         f"# buffers: {meta.get('buffers', '?')}  dtype: {meta.get('dtype', '?')}  "
         f"op: {'persistent' if meta.get('persistent') else 'one-shot'}  "
         f"iters: {meta.get('iters', '?')}  warmup: {meta.get('warmup', '?')}  "

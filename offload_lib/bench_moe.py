@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from offload_lib.bench import GB, PROG, WrongResult, render_rows, summarize
+from offload_lib.bench import GB, WrongResult, header_lines, render_rows, summarize
 
 __all__ = ["aggregate", "check_args", "format_table", "routing", "token_rows", "work"]
 
@@ -337,13 +337,8 @@ _MPI_COLUMNS = (
 def format_table(meta: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
     compare = bool(rows) and "mpi_time_us" in rows[0]
     cols = _COLUMNS + (_MPI_COLUMNS if compare else ())
-    cfg = meta.get("config", {})
     lines = [
-        f"# {meta.get('command', PROG)}",
-        f"# date: {meta.get('date', '?')}  host: {meta.get('host', '?')} "
-        f"({meta.get('cpus', '?')} CPUs)",
-        f"# collective: moe  n: {meta.get('nranks', '?')}  backend: {meta.get('backend', '?')}  "
-        f"dpa_threads: {cfg.get('dpa_threads', '?')}  chunk_size: {cfg.get('chunk_size', '?')}",
+        *header_lines({"collective": "moe", **meta}),
         f"# tokens: {meta.get('tokens', '?')}  hidden: {meta.get('hidden', '?')}  "
         f"topk: {meta.get('topk', '?')}  experts: {meta.get('experts', '?')}  "
         f"dtype: {meta.get('dtype', '?')}  buffers (x): {meta.get('buffers', '?')}  "
