@@ -15,6 +15,7 @@ stderr, the ``[rank] `` prefix removed), indexed by rank.
 from __future__ import annotations
 
 import io
+import re
 import os
 import sys
 import tempfile
@@ -26,7 +27,7 @@ import pytest
 
 from offload_lib.launcher import launch
 
-__all__ = ["run_ranks", "PRELUDE", "DONE_MARK"]
+__all__ = ["run_ranks", "probe_tag", "PRELUDE", "DONE_MARK"]
 
 DONE_MARK = "__rank_done__"
 
@@ -108,3 +109,12 @@ def run_ranks(n: int, script_body: str, timeout: float = 60,
             report.append("----- launcher -----\n" + "\n".join(other))
         pytest.fail("\n".join(report), pytrace=False)
     return [text.replace(DONE_MARK, "").rstrip("\n") for text in ranks]
+
+
+def probe_tag(ctx) -> int | None:
+    """Post (and finish) a barrier and return its tag. The host numbers posts 1, 2, 3, ...,
+    so two probes whose tags differ by one prove that nothing was posted in between."""
+    req = ctx.world.barrier()
+    req.wait(timeout=10)
+    m = re.search(r"tag=(\d+)", repr(req))
+    return int(m.group(1)) if m else None

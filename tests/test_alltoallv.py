@@ -28,7 +28,7 @@ from hypothesis import strategies as st
 
 from offload_lib import InvalidArgument, OffloadError
 
-from _mp import run_ranks
+from _mp import probe_tag, run_ranks
 
 TEAM_SIZES = (1, 2, 3, 5, 8)
 DTYPES = ("int32", "float64", "uint8")
@@ -375,18 +375,6 @@ def test_drawn_cases_are_deterministic_and_cover_the_corners():
 # bad input, on one rank in this process
 
 
-def _tag(req) -> int | None:
-    m = re.search(r"tag=(\d+)", repr(req))
-    return int(m.group(1)) if m else None
-
-
-def _probe(ctx) -> int | None:
-    """Post (and finish) a barrier; return its tag (the host numbers posts 1, 2, 3, ...)."""
-    req = ctx.world.barrier()
-    req.wait(timeout=10)
-    return _tag(req)
-
-
 def _readonly(k):
     a = np.zeros(k, np.int32)
     a.setflags(write=False)
@@ -455,11 +443,11 @@ def test_bad_input_raises_before_posting(ctx, src_f, counts, dst, recv, pattern)
     else:
         src = src_f()
     before = np.array(dst, copy=True) if isinstance(dst, np.ndarray) else None
-    tag = _probe(ctx)
+    tag = probe_tag(ctx)
     with pytest.raises(InvalidArgument) as info:
         ctx.world.alltoallv(src, counts, dst, recv_counts=recv)
     assert re.search(pattern, str(info.value)), str(info.value)
-    after = _probe(ctx)
+    after = probe_tag(ctx)
     if tag is not None and after is not None:
         assert after == tag + 1, f"a rejected call posted something: tags went {tag} -> {after}"
     if before is not None and dst.flags.writeable:
@@ -520,11 +508,11 @@ def test_huge_unsigned_counts_rejected_before_posting(ctx, which, value):
     src, dst = np.arange(10, dtype=np.int32), np.full(12, -1, np.int32)
     big = np.array([value], np.uint64)
     sends, recv = (big, None) if which == "send" else ([3], big)
-    tag = _probe(ctx)
+    tag = probe_tag(ctx)
     try:
         req = ctx.world.alltoallv(src, sends, dst, recv_counts=recv)
     except InvalidArgument:
-        after = _probe(ctx)
+        after = probe_tag(ctx)
         assert tag is None or after is None or after == tag + 1
         return
     try:

@@ -9,7 +9,6 @@ correctly, which it would not if the bad call had consumed a team sequence numbe
 from __future__ import annotations
 
 import gc
-import re
 
 import numpy as np
 import pytest
@@ -17,23 +16,11 @@ import pytest
 import offload_lib as ol
 from offload_lib import ConfigError, InvalidArgument, OffloadError
 
-from _mp import run_ranks
-
-
-def _tag(req) -> int | None:
-    m = re.search(r"tag=(\d+)", repr(req))
-    return int(m.group(1)) if m else None
-
-
-def _probe(ctx) -> int | None:
-    """Post (and finish) a barrier; return its tag."""
-    req = ctx.world.barrier()
-    req.wait(timeout=10)
-    return _tag(req)
+from _mp import probe_tag, run_ranks
 
 
 def _assert_nothing_posted(ctx, tag_before):
-    after = _probe(ctx)
+    after = probe_tag(ctx)
     if tag_before is not None and after is not None:
         assert after == tag_before + 1, (
             f"a rejected call posted something: tags went {tag_before} -> {after}")
@@ -87,7 +74,7 @@ BAD_ALLTOALL = [
 def test_bad_alltoall_arguments(ctx, make_src, make_dst, words, use_init):
     src, dst = make_src(), make_dst()
     dst_before = dst.copy() if isinstance(dst, np.ndarray) else None
-    before = _probe(ctx)
+    before = probe_tag(ctx)
     call = ctx.world.alltoall_init if use_init else ctx.world.alltoall
     with pytest.raises(InvalidArgument) as info:
         call(src, dst)
@@ -119,7 +106,7 @@ def _overlaps():
 @pytest.mark.parametrize("case", range(5))
 def test_overlapping_src_and_dst(ctx, case):
     name, src, dst = _overlaps()[case]
-    before = _probe(ctx)
+    before = probe_tag(ctx)
     with pytest.raises(InvalidArgument, match="overlap"):
         ctx.world.alltoall(src, dst)
     _assert_nothing_posted(ctx, before)
@@ -203,7 +190,7 @@ def test_persistent_request_misuse(ctx):
     with pytest.raises(InvalidArgument):
         p.wait(timeout=5)  # never posted
     p.post()
-    before = _probe(ctx)
+    before = probe_tag(ctx)
     with pytest.raises(InvalidArgument):
         p.post()  # still posted: wait() first
     _assert_nothing_posted(ctx, before)
