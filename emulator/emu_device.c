@@ -175,6 +175,7 @@ static void *progress_thread(void *arg)
 static void stop_threads(struct emu_device *dev)
 {
 	off_store_release(&dev->stop, 1);
+	emu_watch_stop(dev);
 	if (dev->ranks)
 		emu_wake_rank(dev, dev->attr.rank);
 	for (uint32_t i = 0; i < dev->nthreads_started; i++)
@@ -252,7 +253,10 @@ static int emu_start(struct host_device *hd, const struct dpa_engine_params *par
 		}
 		dev->nthreads_started++;
 	}
-	return 0;
+	rc = emu_watch_start(dev);
+	if (rc)
+		stop_threads(dev);
+	return rc;
 }
 
 /*

@@ -33,6 +33,7 @@ enum emu_rank_state {
 	EMU_RANK_ABSENT = 0,
 	EMU_RANK_ALIVE = 1,
 	EMU_RANK_CLOSED = 2,
+	EMU_RANK_DEAD = 3,    /* exited without closing; a survivor cleaned up after it */
 };
 
 struct emu_job_hdr {
@@ -114,6 +115,11 @@ struct emu_device {
 	pthread_t *threads;
 	uint32_t nthreads_started;
 	uint32_t stop;
+	/* peer watch (emu_watch.c) */
+	pthread_t watch;
+	int watch_stop_fd;
+	uint32_t watching;
+	uint32_t peers_failed;
 };
 
 static inline struct emu_device *to_emu(struct host_device *dev)
@@ -145,6 +151,9 @@ void emu_dma_copy(void *dst, const void *src, uint64_t len);
 
 /* emu_device.c */
 void emu_wake_rank(struct emu_device *dev, uint32_t rank);
+/* emu_watch.c: fail peers that exit without closing (see there). */
+int emu_watch_start(struct emu_device *dev);
+void emu_watch_stop(struct emu_device *dev);
 uint64_t emu_now_ns(void);
 
 #endif /* EMU_INTERNAL_H */

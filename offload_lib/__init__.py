@@ -10,6 +10,7 @@ import os
 from typing import TYPE_CHECKING, Any, Mapping
 
 from offload_lib.errors import (
+    Canceled,
     ConfigError,
     InvalidArgument,
     OffloadError,
@@ -24,6 +25,7 @@ if TYPE_CHECKING:
 __all__ = [
     "init", "Context", "Team", "Request", "PersistentRequest", "moe",
     "OffloadError", "InvalidArgument", "PeerFailure", "Timeout", "RemoteAccessError", "ConfigError",
+    "Canceled",
 ]
 
 

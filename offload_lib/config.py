@@ -140,6 +140,17 @@ def _seconds(minimum: float, inclusive: bool) -> Validator:
     return check
 
 
+def _op_timeout(value: Any) -> float:
+    allowed = "a number of seconds from 0 (never) to 86400"
+    try:
+        x = _seconds(0.0, inclusive=True)(value)
+    except ValueError:
+        raise ValueError(allowed) from None
+    if x > 86400:
+        raise ValueError(allowed)
+    return x
+
+
 def _threads(value: Any) -> int | str:
     allowed = "'auto' or an integer from 1 to 64"
     if isinstance(value, str) and value.strip().lower() == "auto":
@@ -181,6 +192,11 @@ TUNABLES: tuple[Tunable, ...] = (
     Tunable("post_timeout", float, 10.0,
             "seconds a post blocks while the command ring is full (> 0)",
             _seconds(0.0, inclusive=False)),
+    Tunable("op_timeout", float, 300.0,
+            "seconds after which the firmware aborts an op that has not completed (a peer "
+            "that never posts its part, a lost rank); the team is unusable afterwards. "
+            "0 = never (0..86400)",
+            _op_timeout),
     Tunable("bootstrap_timeout", float, 60.0,
             "seconds to wait for all ranks to join at init (> 0)",
             _seconds(0.0, inclusive=False)),
@@ -230,6 +246,7 @@ class Config:
     chunk_size: int = _default("chunk_size")
     ring_entries: int = _default("ring_entries")
     post_timeout: float = _default("post_timeout")
+    op_timeout: float = _default("op_timeout")
     bootstrap_timeout: float = _default("bootstrap_timeout")
     spin_us: int = _default("spin_us")
     yield_us: int = _default("yield_us")

@@ -289,6 +289,7 @@ class Context:
         params.spin_us = 0 if oversubscribed else config.spin_us
         params.yield_us = config.yield_us
         params.bootstrap_timeout_ns = int(config.bootstrap_timeout * 1e9)
+        params.op_timeout_ms = int(round(config.op_timeout * 1000))
         self._post_timeout_ns = int(config.post_timeout * 1e9)
         out = ffi.new("struct host_ctx **")
         check_rc(lib.host_ctx_open(params, out),
@@ -420,6 +421,12 @@ class Context:
                 del self._orphans[tag]
 
     # -- introspection ----------------------------------------------------------------------
+    def failed_ranks(self) -> list[int]:
+        """World ranks known to have died. Teams that hold one fail every op with
+        PeerFailure; ``create_team`` over the survivors gives a working team again."""
+        mask = int(lib.host_failed_ranks(self._handle()))
+        return [r for r in range(self.size) if mask >> r & 1]
+
     def stats(self) -> dict[str, Any]:
         """Firmware counters: totals and per DPA thread."""
         n = lib.host_num_threads(self._handle())
@@ -432,6 +439,7 @@ class Context:
         totals = {f: sum(t[f] for t in per_thread) for f in _STAT_FIELDS}
         return {
             "backend": self.backend,
+            "failed_ranks": self.failed_ranks(),
             "bytes": totals["bytes_written"],
             "chunks": totals["writes"],
             **totals,

@@ -29,6 +29,10 @@ class Timeout(OffloadError):
     """An operation did not complete within its time bound."""
 
 
+class Canceled(OffloadError):
+    """The request was cancelled with ``Request.cancel()``."""
+
+
 class RemoteAccessError(OffloadError):
     """A remote read/write was refused: bad rkey, out of bounds or wrong access."""
 
@@ -65,9 +69,14 @@ def completion_error(what: str, status: int, detail: int, result0: int, result1:
             " bounds, or wrong access rights)"
         )
     if status == ERR_PEER:
-        return PeerFailure(f"{what}: rank {detail} failed", rank=detail)
+        return PeerFailure(
+            f"{what}: rank {detail} failed (its process died or became unreachable); this"
+            " team fails every later op: continue on ctx.create_team() over the survivors"
+            " (ctx.failed_ranks() lists the dead)", rank=detail)
     if status == ERR_TIMEOUT:
-        return Timeout(f"{what}: the op timed out in the firmware (op_timeout)")
+        return Timeout(
+            f"{what}: the firmware aborted the op after op_timeout (a rank never posted its"
+            " part?); this team fails every later op: create a new team, or raise op_timeout")
     if status == ERR_NO_SPACE:
         unit, size = ("bytes", 1) if itemsize is None else ("elements", itemsize)
         return InvalidArgument(
@@ -75,7 +84,9 @@ def completion_error(what: str, status: int, detail: int, result0: int, result1:
             f" {result1 // size}; nothing was written"
         )
     if status == ERR_CANCELED:
-        return OffloadError(f"{what}: canceled")
+        return Canceled(
+            f"{what}: canceled (rank {detail} cancelled an op of this team); the team fails"
+            " every later op: create a new team")
     if status == ERR_PEER_OP:
         return OffloadError(
             f"{what}: rank {detail} failed its part of the op (its own error says why, e.g. a"

@@ -5,7 +5,14 @@ import time
 from typing import TYPE_CHECKING, Any, Callable
 
 from offload_lib._native import ffi, lib
-from offload_lib.errors import InvalidArgument, OffloadError, Timeout, check_rc, completion_error
+from offload_lib.errors import (
+    ERR_CANCELED,
+    InvalidArgument,
+    OffloadError,
+    Timeout,
+    check_rc,
+    completion_error,
+)
 
 if TYPE_CHECKING:
     from offload_lib.context import Context
@@ -19,8 +26,8 @@ Result = Callable[[Any], Any]
 class Request:
     """A one-shot, non-blocking op. Keeps its buffers alive until it completes."""
 
-    __slots__ = ("_ctx", "_tag", "_what", "_keep", "_done", "_value", "_result", "_poll_ns",
-                 "_itemsize", "__weakref__")
+    __slots__ = ("_ctx", "_tag", "_what", "_keep", "_done", "_value", "_error", "_result",
+                 "_poll_ns", "_itemsize", "__weakref__")
 
     def __init__(self, ctx: Context, tag: int, what: str, keep: tuple[Any, ...],
                  result: Result | None = None, poll_ns: int = 0,
@@ -33,6 +40,7 @@ class Request:
         self._keep = keep
         self._done = False
         self._value: Any = None
+        self._error: OffloadError | None = None
         self._result = result
 
     def __repr__(self) -> str:
@@ -43,14 +51,43 @@ class Request:
         self._done = True
         keep, self._keep = self._keep, ()
         if comp.status != 0:
-            raise completion_error(self._what, comp.status, comp.detail, comp.result0,
-                                   comp.result1, self._itemsize)
+            self._error = completion_error(self._what, comp.status, comp.detail, comp.result0,
+                                           comp.result1, self._itemsize)
+            raise self._error
         self._value = self._result(comp) if self._result else None
         del keep
+
+    def _outcome(self) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def cancel(self) -> bool:
+        """Abort the op on this rank: True if it was cancelled, False if it had completed.
+
+        Returns once the firmware let go of the buffers; ``wait()`` then raises Canceled.
+        The team fails every later op (its peers' sequence no longer pairs with ours), and
+        the peers' matching ops end at their op_timeout: use it to get out of a hang.
+        """
+        if self._done:
+            return False
+        handle = self._ctx._handle()
+        bound = self._ctx._post_timeout_ns
+        rc = lib.host_cancel(handle, self._tag, bound)
+        if rc not in (0, -2):  # -ENOENT: it completed before the cancel arrived
+            check_rc(rc, f"cancelling {self._what}")
+        comp = ffi.new("struct host_completion *")
+        check_rc(lib.host_wait(handle, self._tag, bound, 0, comp), f"cancelling {self._what}")
+        try:
+            self._finish(comp)
+        except OffloadError:
+            pass
+        return comp.status == ERR_CANCELED
 
     def test(self) -> bool:
         """True once the op completed (raises its error if it failed)."""
         if self._done:
+            self._outcome()
             return True
         comp = ffi.new("struct host_completion *")
         rc = lib.host_test(self._ctx._handle(), self._tag, comp)
@@ -63,7 +100,7 @@ class Request:
     def wait(self, timeout: float | None = None) -> Any:
         """Block until the op completes; raise Timeout after ``timeout`` seconds."""
         if self._done:
-            return self._value
+            return self._outcome()
         comp = ffi.new("struct host_completion *")
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         while True:
@@ -121,6 +158,12 @@ class PersistentRequest:
         self._active = self._ctx._post(self._op, self._what, self._keep, self._result,
                                        nbytes=self._nbytes)
         return self
+
+    def cancel(self) -> bool:
+        """Abort the posted op (see Request.cancel); False if none was in flight."""
+        self._check()
+        req, self._active = self._active, None
+        return req.cancel() if req is not None else False
 
     def test(self) -> bool:
         self._check()

@@ -27,7 +27,7 @@ import pytest
 
 from offload_lib.launcher import launch
 
-__all__ = ["run_ranks", "probe_tag", "PRELUDE", "DONE_MARK"]
+__all__ = ["run_ranks", "run_job", "probe_tag", "PRELUDE", "DONE_MARK"]
 
 DONE_MARK = "__rank_done__"
 
@@ -73,9 +73,11 @@ def _split_by_rank(text: str, n: int) -> tuple[list[str], list[str]]:
     return ["\n".join(lines) for lines in per_rank], other
 
 
-def run_ranks(n: int, script_body: str, timeout: float = 60,
-              env: Mapping[str, str] | None = None) -> list[str]:
-    """Run ``script_body`` as ``n`` ranks; fail the test unless every rank finished cleanly."""
+def run_job(n: int, script_body: str, timeout: float = 60,
+            env: Mapping[str, str] | None = None, grace: float = 3.0
+            ) -> tuple[int, list[str], list[str], float]:
+    """Run ``script_body`` as ``n`` ranks and report, without judging: (launcher exit code,
+    each rank's output, the launcher's own lines, seconds taken)."""
     body = textwrap.dedent(script_body)
     script = PRELUDE + body + f"\nprint({DONE_MARK!r}, flush=True)\n"
     run_env = dict(os.environ)
@@ -92,11 +94,17 @@ def run_ranks(n: int, script_body: str, timeout: float = 60,
         with open(path, "w", encoding="utf-8") as f:
             f.write(script)
         t0 = time.monotonic()
-        rc = launch(n, [sys.executable, path], env=run_env, grace=3.0, timeout=timeout,
+        rc = launch(n, [sys.executable, path], env=run_env, grace=grace, timeout=timeout,
                     stdout=out, stderr=err)
         elapsed = time.monotonic() - t0
-    combined = out.getvalue() + err.getvalue()
-    ranks, other = _split_by_rank(combined, n)
+    ranks, other = _split_by_rank(out.getvalue() + err.getvalue(), n)
+    return rc, ranks, other, elapsed
+
+
+def run_ranks(n: int, script_body: str, timeout: float = 60,
+              env: Mapping[str, str] | None = None) -> list[str]:
+    """Run ``script_body`` as ``n`` ranks; fail the test unless every rank finished cleanly."""
+    rc, ranks, other, elapsed = run_job(n, script_body, timeout, env)
     missing = [r for r in range(n) if DONE_MARK not in ranks[r]]
     if rc != 0 or missing:
         why = ("timed out after %g s" % timeout) if rc == 124 else f"exit code {rc}"

@@ -20,7 +20,7 @@ struct dpa_engine_params {
 	uint32_t cq_entries;    /* power of two */
 	uint64_t chunk_size;    /* RDMA write piece, bytes */
 	uint32_t chunks_per_pass; /* writes one thread posts per op before moving on */
-	uint32_t resv;
+	uint32_t op_timeout_ms; /* an op not done this long after intake aborts; 0: never */
 };
 
 uint64_t dpa_engine_state_size(void);

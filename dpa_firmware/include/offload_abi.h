@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define OFFLOAD_ABI_VERSION 4u
+#define OFFLOAD_ABI_VERSION 5u
 
 #define OFFLOAD_MAX_RANKS   64u   /* ranks in one job (team members index peer tables) */
 #define OFFLOAD_MAX_TEAMS   16u   /* teams alive at once, world included */
@@ -45,7 +45,8 @@ enum offload_opcode {
 	OFFLOAD_OP_BARRIER = 2,
 	OFFLOAD_OP_ALLTOALL = 3,    /* count: bytes per peer */
 	OFFLOAD_OP_ALLTOALLV = 4,   /* count: bytes in src; aux_addr: struct offload_alltoallv_args */
-	OFFLOAD_OP_MAX = 5,
+	OFFLOAD_OP_CANCEL = 5,      /* count: tag of the op to abort (it completes CANCELED) */
+	OFFLOAD_OP_MAX = 6,
 };
 
 /* Command flags. */
@@ -89,7 +90,11 @@ struct offload_cqe {
 
 struct offload_ring_hdr {
 	uint32_t sq_tail;   /* host producer */
-	uint32_t resv0[15];
+	uint32_t resv0a;
+	/* World ranks known dead (bit per rank), set by the host side (the emulator's process
+	 * watch; on hardware the QP error events). Ops on a team with a dead member abort. */
+	uint64_t failed_ranks;
+	uint32_t resv0[12];
 	uint32_t sq_head;   /* DPA consumer */
 	uint32_t resv1[15];
 	uint32_t cq_tail;   /* DPA producer; the host sleeps on it */
@@ -193,6 +198,7 @@ _Static_assert(offsetof(struct offload_cmd, root) == 60, "root offset");
 _Static_assert(sizeof(struct offload_cqe) == 32, "completion record is 32 bytes");
 _Static_assert(sizeof(struct offload_ring_hdr) == 256, "ring header is four cache lines");
 _Static_assert(offsetof(struct offload_ring_hdr, sq_head) == 64, "sq_head on its own line");
+_Static_assert(offsetof(struct offload_ring_hdr, failed_ranks) == 8, "host-written line");
 _Static_assert(offsetof(struct offload_ring_hdr, cq_tail) == 128, "cq_tail on its own line");
 _Static_assert(offsetof(struct offload_ring_hdr, cq_head) == 192, "cq_head on its own line");
 _Static_assert(sizeof(struct offload_peer) == 16, "peer entry");

@@ -234,8 +234,12 @@ static int32_t team_create(struct dpa_engine *eng, struct dpa_hal *hal, const st
 	team->size = d->size;
 	team->my_rank = d->my_rank;
 	team->next_seq = 1;
-	for (uint32_t i = 0; i < d->size; i++)
+	team->world_mask = 0;
+	team->poisoned = 0;
+	for (uint32_t i = 0; i < d->size; i++) {
 		team->peers[i] = d->peers[i];
+		team->world_mask |= 1ull << d->peers[i].world_rank;
+	}
 	team->active = 1;
 	return OFFLOAD_OK;
 }
@@ -251,9 +255,52 @@ static int32_t validate_collective(struct dpa_engine *eng, const struct offload_
 	return OFFLOAD_OK;
 }
 
+static uint64_t failed_ranks(struct dpa_hal *hal)
+{
+	struct offload_ring_hdr *ring = dpa_hal_window_ptr(hal, DPA_HAL_WIN_RING, 0, sizeof(*ring));
+
+	return off_load_acquire(&ring->failed_ranks);  /* host-written, any time */
+}
+
+static uint32_t lowest_rank(uint64_t mask)
+{
+	uint32_t r = 0;
+
+	while (!(mask & 1)) {
+		mask >>= 1;
+		r++;
+	}
+	return r;
+}
+
+static void poison_team(struct dpa_team *team, int32_t status, uint32_t detail)
+{
+	uint64_t none = 0;
+
+	off_cas(&team->poisoned, &none, ((uint64_t)detail << 32) | (uint32_t)status);
+}
+
+/* CANCEL: flag the op that carries the tag; the threads owning its items abort it. */
+static int32_t cancel_op(struct dpa_engine *eng, struct dpa_hal *hal, uint64_t target)
+{
+	for (uint32_t o = 0; o < OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW; o++) {
+		struct dpa_op *op = &eng->ops[o];
+
+		/* Slots are (re)filled only under the intake lock, which we hold. */
+		if (__atomic_load_n(&op->state, __ATOMIC_SEQ_CST) == DPA_OP_ACTIVE &&
+		    op->cmd.tag == target) {
+			__atomic_store_n(&op->cancel, 1, __ATOMIC_SEQ_CST);
+			dpa_hal_notify(hal);
+			return OFFLOAD_OK;
+		}
+	}
+	return OFFLOAD_ERR_INVALID;  /* no such op in flight: it completed already */
+}
+
 /* Returns 1 if the command was consumed, 0 if it must wait for a free op slot. */
 static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd)
 {
+	uint64_t dead, poisoned;
 	struct dpa_team *team;
 	struct dpa_op *op;
 	uint32_t slot;
@@ -264,10 +311,19 @@ static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct 
 		return complete_now(eng, hal, cmd, OFFLOAD_OK, 0);
 	if (cmd->opcode == OFFLOAD_OP_TEAM_CREATE)
 		return complete_now(eng, hal, cmd, team_create(eng, hal, cmd), 0);
+	if (cmd->opcode == OFFLOAD_OP_CANCEL)
+		return complete_now(eng, hal, cmd, cancel_op(eng, hal, cmd->count), 0);
 	st = validate_collective(eng, cmd);
 	if (st)
 		return complete_now(eng, hal, cmd, st, 0);
 	team = &eng->teams[cmd->team];
+	dead = failed_ranks(hal) & team->world_mask;
+	if (dead)
+		poison_team(team, OFFLOAD_ERR_PEER, lowest_rank(dead));
+	poisoned = off_load_acquire(&team->poisoned);
+	if (poisoned)
+		return complete_now(eng, hal, cmd, (int32_t)(uint32_t)poisoned,
+				    (uint32_t)(poisoned >> 32));
 	slot = team->next_seq % OFFLOAD_OP_WINDOW;
 	op = &eng->ops[cmd->team * OFFLOAD_OP_WINDOW + slot];
 	if (__atomic_load_n(&op->state, __ATOMIC_SEQ_CST) != DPA_OP_FREE ||
@@ -280,6 +336,10 @@ static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct 
 	op->fail = 0;
 	op->result0 = op->result1 = 0;
 	op->refuse = 0;
+	op->cancel = 0;
+	op->aborted = 0;
+	op->deadline_ns = eng->params.op_timeout_ms ?
+		dpa_hal_time_ns(hal) + (uint64_t)eng->params.op_timeout_ms * 1000000u : UINT64_MAX;
 	op->algo = cmd->opcode == OFFLOAD_OP_ALLTOALLV && (cmd->flags & OFFLOAD_CMD_F_SLOTS) ?
 		   &dpa_algo_alltoallv_slots : dpa_algos[cmd->opcode];
 	for (uint32_t i = 0; i < team->size; i++)
@@ -374,9 +434,50 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
 	return n;
 }
 
+/*
+ * Abort an op that cannot finish: a member died, it ran past the op timeout, or the host
+ * cancelled it. Its completion carries why (a dead member overrides an earlier error, so
+ * every survivor names the same rank), and the team is poisoned: its peers' sequence no
+ * longer pairs with ours.
+ */
+static void abort_op(struct dpa_engine *eng, struct dpa_op *op, int32_t status, uint32_t detail)
+{
+	uint64_t why = ((uint64_t)detail << 32) | (uint32_t)status;
+
+	if (status == OFFLOAD_ERR_PEER)
+		__atomic_store_n(&op->fail, why, __ATOMIC_SEQ_CST);
+	else
+		dpa_op_fail(op, status, detail);
+	poison_team(&eng->teams[op->team_id], status, detail);
+	__atomic_store_n(&op->aborted, 1, __ATOMIC_SEQ_CST);
+}
+
+static void check_abort(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+			uint64_t dead, uint64_t *now)
+{
+	const struct dpa_team *team = &eng->teams[op->team_id];
+
+	dead &= team->world_mask;
+	if (dead) {
+		abort_op(eng, op, OFFLOAD_ERR_PEER, lowest_rank(dead));
+		return;
+	}
+	if (__atomic_load_n(&op->cancel, __ATOMIC_SEQ_CST)) {
+		abort_op(eng, op, OFFLOAD_ERR_CANCELED, team->peers[team->my_rank].world_rank);
+		return;
+	}
+	if (op->deadline_ns != UINT64_MAX) {
+		if (!*now)
+			*now = dpa_hal_time_ns(hal);
+		if (*now > op->deadline_ns)
+			abort_op(eng, op, OFFLOAD_ERR_TIMEOUT, team->peers[team->my_rank].world_rank);
+	}
+}
+
 static int progress_ops(struct dpa_engine *eng, struct dpa_hal *hal)
 {
 	uint32_t me = dpa_hal_thread_index(hal), nthreads = dpa_hal_num_threads(hal);
+	uint64_t dead = failed_ranks(hal), now = 0;
 	int work = 0;
 
 	for (uint32_t o = 0; o < OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW; o++) {
@@ -386,11 +487,22 @@ static int progress_ops(struct dpa_engine *eng, struct dpa_hal *hal)
 			continue;
 		__atomic_fetch_add(&op->users, 1, __ATOMIC_SEQ_CST);
 		if (__atomic_load_n(&op->state, __ATOMIC_SEQ_CST) == DPA_OP_ACTIVE) {
+			if (!__atomic_load_n(&op->aborted, __ATOMIC_SEQ_CST))
+				check_abort(eng, op, hal, dead, &now);
 			for (uint32_t i = me; i < op->nitems; i += nthreads) {
 				struct dpa_item *it = &op->items[i];
 
 				if (it->flags & DPA_ITEM_FINISHED)
 					continue;
+				if (__atomic_load_n(&op->aborted, __ATOMIC_SEQ_CST)) {
+					/* Wait for nothing but our own writes still in flight. */
+					if (it->inflight == 0) {
+						it->flags |= DPA_ITEM_FINISHED;
+						off_fetch_sub(&op->remaining, 1);
+						work++;
+					}
+					continue;
+				}
 				work += op->algo->progress(eng, op, i, hal);
 				if (it->flags & DPA_ITEM_FINISHED)
 					off_fetch_sub(&op->remaining, 1);

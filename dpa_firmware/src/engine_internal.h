@@ -44,6 +44,11 @@ struct dpa_team {
 	uint32_t size;
 	uint32_t my_rank;
 	uint32_t next_seq;     /* sequence of the next op; starts at 1 */
+	uint64_t world_mask;   /* members, by world rank */
+	/* Set once an op of this team aborted (peer death, op timeout, cancel): the peers'
+	 * sequence no longer pairs with ours, so every later op fails at once with it.
+	 * (detail << 32) | (uint32_t)status, set by CAS from 0. */
+	uint64_t poisoned;
 	struct offload_peer peers[OFFLOAD_MAX_RANKS];
 	/* Done-counter bookkeeping per slot and source; touched only by the item owning it. */
 	uint32_t expect_lo[OFFLOAD_OP_WINDOW][OFFLOAD_MAX_RANKS];
@@ -100,6 +105,9 @@ struct dpa_op {
 	uint32_t layout_done;  /* all-to-all-v: v is complete (release-stored) */
 	uint32_t layout_lock;
 	uint32_t refuse;       /* this rank's op failed: it moves no data and refuses peers' */
+	uint32_t cancel;       /* a CANCEL command asked for this op (any thread sets it) */
+	uint32_t aborted;      /* items stop where they are and finish once nothing is in flight */
+	uint64_t deadline_ns;  /* op timeout: abort when the clock passes it; UINT64_MAX: never */
 	uint64_t result0;      /* completion's result0/result1 */
 	uint64_t result1;
 	struct dpa_vlayout *v;

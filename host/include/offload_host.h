@@ -25,6 +25,7 @@ struct host_ctx_params {
 	uint32_t spin_us;
 	uint32_t yield_us;
 	int64_t bootstrap_timeout_ns;
+	uint32_t op_timeout_ms;     /* the firmware aborts an op not done by then; 0: never */
 };
 
 /* One command as the host builds it; translated into the 64-byte ABI slot at post. */
@@ -72,6 +73,12 @@ int host_wait(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, int64_t po
 int host_test(struct host_ctx *ctx, uint32_t tag, struct host_completion *out);
 /* Forget a request nobody will wait for; its completion is dropped when it arrives. */
 void host_abandon(struct host_ctx *ctx, uint32_t tag);
+/* Ask the firmware to abort the op posted as tag (it then completes OFFLOAD_ERR_CANCELED
+ * and its team fails every later op). 0 if the op was in flight, -ENOENT if it had
+ * completed already, or a post/wait error. Wait on tag afterwards as usual. */
+int host_cancel(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns);
+/* World ranks known dead, one bit each (see offload_ring_hdr.failed_ranks). */
+uint64_t host_failed_ranks(struct host_ctx *ctx);
 
 /* A key for [addr, addr+len): the covering ctx.empty() allocation's (owned = 0) or a new
  * registration the caller must release (owned = 1). */

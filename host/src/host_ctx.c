@@ -116,6 +116,7 @@ int host_ctx_open(const struct host_ctx_params *p, struct host_ctx **out)
 	struct dpa_engine_params params = {
 		.abi_version = OFFLOAD_ABI_VERSION, .world_rank = p->rank, .world_size = p->size,
 		.num_threads = p->num_threads, .chunk_size = p->chunk_size, .chunks_per_pass = 4,
+		.op_timeout_ms = p->op_timeout_ms,
 	};
 	struct host_fw_windows win;
 	struct host_ctx *ctx;
@@ -358,6 +359,28 @@ void host_abandon(struct host_ctx *ctx, uint32_t tag)
 	else if (t->tag == tag && t->state == TAG_DONE)
 		t->state = TAG_FREE;
 	pthread_mutex_unlock(&ctx->lock);
+}
+
+int host_cancel(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns)
+{
+	struct host_op op = { .opcode = OFFLOAD_OP_CANCEL, .count = tag };
+	struct host_completion done;
+	uint32_t cancel_tag;
+	int rc = host_post(ctx, &op, timeout_ns, &cancel_tag);
+
+	if (rc)
+		return rc;
+	rc = host_wait(ctx, cancel_tag, timeout_ns, 0, &done);
+	if (rc) {
+		host_abandon(ctx, cancel_tag);
+		return rc;
+	}
+	return done.status == OFFLOAD_OK ? 0 : -ENOENT;
+}
+
+uint64_t host_failed_ranks(struct host_ctx *ctx)
+{
+	return __atomic_load_n(&ctx->ring->failed_ranks, __ATOMIC_ACQUIRE);
 }
 
 int host_team_create(struct host_ctx *ctx, uint32_t team_id, uint32_t nmembers,

@@ -1,0 +1,254 @@
+"""Faults the engine must survive: a rank killed mid-collective, an op that never completes
+(op timeout, cancel), a full command ring. Each ends in a named exception within its bound,
+and the survivors carry on with a new team."""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from tests._mp import DONE_MARK, run_job, run_ranks
+
+# Rank 3 posts its part of a large op and kills itself before it can finish; the survivors
+# are inside the same op. OP selects the collective.
+PEER_KILLED = r'''
+import glob
+
+def post(team, src, dst):
+    n = team.size
+    if OP == "alltoall":
+        return team.alltoall(src, dst)
+    counts = np.array([(len(src) // n) - 7 * p for p in range(n)], np.int64)
+    return team.alltoallv(src, counts, dst)
+
+def dpa_threads():
+    names = []
+    for comm in glob.glob(f"/proc/{os.getpid()}/task/*/comm"):
+        with open(comm) as f:
+            names.append(f.read().strip())
+    return [n for n in names if n.startswith("dpa-")]
+
+OP = os.environ["FAULT_OP"]
+ctx = ol.init()
+w = ctx.world
+per_peer = 4 << 20
+src = np.full(per_peer * size, rank, np.uint8)
+dst = np.zeros(per_peer * size, np.uint8)
+keep = ctx.empty(4096, np.uint8)       # a shared segment the dead rank leaves behind
+w.barrier().wait(timeout=30)
+if rank == 3:
+    post(w, src, dst)
+    os.kill(os.getpid(), signal.SIGKILL)
+
+t0 = time.monotonic()
+try:
+    post(w, src, dst).wait(timeout=10)
+except ol.PeerFailure as e:
+    took = time.monotonic() - t0
+    assert e.rank == 3 and "rank 3" in str(e), str(e)
+    assert took < 2.0, f"PeerFailure after {took:.2f} s"
+else:
+    raise AssertionError("the op completed although rank 3 died in it")
+for later in (lambda: w.barrier(), lambda: post(w, src, dst)):
+    try:
+        later().wait(timeout=5)
+    except ol.PeerFailure as e:
+        assert e.rank == 3
+    else:
+        raise AssertionError("a later op on the broken team completed")
+assert ctx.failed_ranks() == [3], ctx.failed_ranks()
+assert ctx.stats()["failed_ranks"] == [3]
+
+# Survivors go on without rank 3.
+team = ctx.create_team([0, 1, 2])
+s = np.arange(3 * 1000, dtype=np.int64) + 10_000 * rank
+d = np.zeros_like(s)
+team.alltoall(s, d).wait(timeout=30)
+check_equal(d, np.concatenate([np.arange(1000 * rank, 1000 * rank + 1000) + 10_000 * p
+                               for p in range(3)]), "survivors' all-to-all")
+team.barrier().wait(timeout=30)
+# The first survivor to notice removed the dead rank's shared segments.
+job = os.environ["OFFLOAD_JOB"]
+left = [n for n in os.listdir("/dev/shm") if n.startswith(job + "-r3-")]
+assert not left, f"dead rank's segments left behind: {left}"
+ctx.close()
+ctx.close()
+assert not dpa_threads(), f"threads left after close: {dpa_threads()}"
+'''
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("op", ["alltoall", "alltoallv"])
+def test_peer_killed_mid_collective(op):
+    rc, ranks, launcher, took = run_job(4, PEER_KILLED, timeout=60, grace=10.0,
+                                        env={"FAULT_OP": op})
+    report = "\n".join(f"--- rank {r} ---\n{t}" for r, t in enumerate(ranks))
+    report += "\n--- launcher ---\n" + "\n".join(launcher)
+    assert rc != 0, "dpa-offload run exited 0 although rank 3 was killed\n" + report
+    assert any("rank 3" in line for line in launcher), report
+    for r in range(3):
+        assert DONE_MARK in ranks[r], f"survivor {r} did not finish\n" + report
+    assert DONE_MARK not in ranks[3]
+    job_left = [n for n in os.listdir("/dev/shm") if n.startswith("dpaoff-")
+                and str(os.getpid()) in n]
+    assert not job_left, job_left
+
+
+OP_TIMEOUT = r'''
+ctx = ol.init()
+w = ctx.world
+src = np.arange(3 * 64, dtype=np.int32) + 1000 * rank
+dst = np.zeros_like(src)
+w.barrier().wait(timeout=30)
+if rank < 2:
+    t0 = time.monotonic()
+    req = w.alltoall(src, dst)
+    try:
+        req.wait(timeout=20)
+    except ol.Timeout as e:
+        took = time.monotonic() - t0
+        assert "op_timeout" in str(e), str(e)
+        assert 0.4 <= took < 3.0, f"timed out after {took:.2f} s with op_timeout 0.5"
+    else:
+        raise AssertionError("completed although rank 2 never posted")
+    t0 = time.monotonic()
+    try:
+        w.barrier().wait(timeout=20)
+    except ol.Timeout:
+        assert time.monotonic() - t0 < 0.3, "a later op on the aborted team waited"
+    else:
+        raise AssertionError("the aborted team ran a later op")
+else:
+    time.sleep(1.5)   # posts long after the others gave up: its op cannot finish either
+    try:
+        w.alltoall(src, dst).wait(timeout=20)
+    except (ol.Timeout, ol.RemoteAccessError, ol.OffloadError):
+        pass
+    else:
+        raise AssertionError("rank 2's op completed against ranks that aborted")
+# Outside the aborted team, so that nobody's op times out waiting for the others.
+open(os.path.join(os.environ["FLAG_DIR"], f"done{rank}"), "w").close()
+deadline = time.monotonic() + 30
+while len(os.listdir(os.environ["FLAG_DIR"])) < 3:
+    assert time.monotonic() < deadline
+    time.sleep(0.01)
+team = ctx.create_team([0, 1, 2])
+team.alltoall(src, dst).wait(timeout=30)
+check_equal(dst, np.concatenate([np.arange(64 * rank, 64 * rank + 64) + 1000 * p
+                                 for p in range(3)]).astype(np.int32), "new team")
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(60)
+def test_op_timeout_aborts_a_stuck_op_on_every_rank(tmp_path):
+    run_ranks(3, OP_TIMEOUT, timeout=45, env={"OFFLOAD_OP_TIMEOUT": "0.5",
+                                              "FLAG_DIR": str(tmp_path)})
+
+
+CANCEL = r'''
+ctx = ol.init()
+w = ctx.world
+src = np.arange(2 * 32, dtype=np.float64) + rank
+dst = np.zeros_like(src)
+done = w.barrier()
+done.wait(timeout=30)
+assert done.cancel() is False          # nothing to cancel: it completed
+w.barrier().wait(timeout=30)
+if rank == 0:
+    req = w.alltoall(src, dst)
+    try:
+        req.wait(timeout=0.2)
+    except ol.Timeout:
+        pass
+    assert req.cancel() is True
+    try:
+        req.test()
+    except ol.Canceled:
+        pass
+    else:
+        raise AssertionError("test() after cancel() did not raise Canceled")
+    for again in range(2):
+        try:
+            req.wait(timeout=5)
+        except ol.Canceled as e:
+            assert "cancel" in str(e)
+        else:
+            raise AssertionError("wait() after cancel() returned")
+    try:
+        w.barrier().wait(timeout=5)
+    except ol.Canceled:
+        pass
+    else:
+        raise AssertionError("the team of a cancelled op ran a later op")
+    p = w.alltoall_init(src, dst)
+    p.post()
+    assert p.cancel() is True       # fails at once on the poisoned team, or is cancelled
+    p.free()
+else:
+    # Posts late; rank 0 cancelled and its buffers are gone: op_timeout ends this one.
+    time.sleep(0.5)
+    try:
+        w.alltoall(src, dst).wait(timeout=20)
+    except ol.OffloadError:
+        pass
+    else:
+        raise AssertionError("completed against a rank that cancelled")
+open(os.path.join(os.environ["FLAG_DIR"], f"done{rank}"), "w").close()
+deadline = time.monotonic() + 30
+while len(os.listdir(os.environ["FLAG_DIR"])) < 2:
+    assert time.monotonic() < deadline
+    time.sleep(0.01)
+team = ctx.create_team([0, 1])
+team.alltoall(src, dst).wait(timeout=30)
+check_equal(dst, np.concatenate([np.arange(32 * rank, 32 * rank + 32.0) + p for p in range(2)]),
+            "new team after a cancel")
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(60)
+def test_cancel_a_request_that_cannot_complete(tmp_path):
+    run_ranks(2, CANCEL, timeout=45, env={"OFFLOAD_OP_TIMEOUT": "1", "FLAG_DIR": str(tmp_path)})
+
+
+RING_FULL = r'''
+flag = os.environ["FLAG_DIR"]
+ctx = ol.init()
+w = ctx.world
+w.barrier().wait(timeout=30)
+if rank == 0:
+    posted = []
+    t0 = time.monotonic()
+    try:
+        for _ in range(10_000):
+            posted.append(w.barrier())
+    except ol.Timeout as e:
+        took = time.monotonic() - t0
+        assert "ring" in str(e), str(e)
+    else:
+        raise AssertionError("10000 posts fit a ring of 8 with the peer absent")
+    assert 8 <= len(posted) <= 64, len(posted)
+    with open(os.path.join(flag, "count.tmp"), "w") as f:
+        f.write(str(len(posted)))
+    os.rename(os.path.join(flag, "count.tmp"), os.path.join(flag, "count"))
+    for r in posted:   # none was dropped: each completes once the peer joins
+        r.wait(timeout=30)
+else:
+    path = os.path.join(flag, "count")
+    deadline = time.monotonic() + 30
+    while not os.path.exists(path):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    for _ in range(int(open(path).read())):
+        w.barrier().wait(timeout=30)
+w.barrier().wait(timeout=30)
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(60)
+def test_full_ring_blocks_within_a_bound_then_raises_and_drops_nothing(tmp_path):
+    run_ranks(2, RING_FULL, timeout=45, env={"FLAG_DIR": str(tmp_path),
+                                              "OFFLOAD_RING_ENTRIES": "8",
+                                              "OFFLOAD_POST_TIMEOUT": "0.3"})
