@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from tests._mp import DONE_MARK, run_job, run_ranks
+from _mp import DONE_MARK, run_job, run_ranks
 
 # Rank 3 posts its part of a large op and kills itself before it can finish; the survivors
 # are inside the same op. OP selects the collective.
@@ -252,3 +252,50 @@ def test_full_ring_blocks_within_a_bound_then_raises_and_drops_nothing(tmp_path)
     run_ranks(2, RING_FULL, timeout=45, env={"FLAG_DIR": str(tmp_path),
                                               "OFFLOAD_RING_ENTRIES": "8",
                                               "OFFLOAD_POST_TIMEOUT": "0.3"})
+
+
+DEREG_WHILE_IN_USE = r'''
+import errno
+from offload_lib._native import ffi, lib
+from test_firmware_checks import Regs, alltoall_op, post, wait, SRC_ACCESS, DST_ACCESS
+
+flag = os.environ["FLAG_DIR"]
+ctx = ol.init()
+h = ctx._handle()
+src = np.arange(2 * 4096, dtype=np.uint8)
+dst = np.zeros_like(src)
+if rank == 0:
+    regs = Regs(h)
+    sk, dk = regs.acquire(src, SRC_ACCESS), regs.acquire(dst, DST_ACCESS)
+    tag = post(h, alltoall_op(src, dst, sk, dk, count=4096))
+    # rank 1 has not posted: the op is pending and the firmware holds both keys
+    for key in (sk, dk):
+        assert lib.host_mr_release(h, key) == -errno.EBUSY, "deregistered under a pending op"
+    shared = ctx.empty(8192, np.uint8)
+    skey = ffi.new("uint32_t *")
+    owned = ffi.new("int *")
+    assert lib.host_mr_acquire(h, ffi.from_buffer(shared), 8192, SRC_ACCESS, skey, owned) == 0
+    assert owned[0] == 0
+    tag2 = post(h, alltoall_op(shared, shared, int(skey[0]), int(skey[0]), count=4096))
+    base = ffi.cast("void *", ffi.from_buffer(shared))
+    assert lib.host_free_shared(h, base, 8192) == -errno.EBUSY, "freed under a pending op"
+    open(os.path.join(flag, "go"), "w").close()
+    assert wait(h, tag).status == 0
+    assert wait(h, tag2).status == 0
+    regs.release()              # now allowed
+    assert regs.keys == []
+else:
+    deadline = time.monotonic() + 30
+    while not os.path.exists(os.path.join(flag, "go")):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    ctx.world.alltoall(src, dst).wait(timeout=30)
+    ctx.world.alltoall(src, dst).wait(timeout=30)
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(60)
+def test_deregistration_is_refused_while_an_op_uses_the_region(tmp_path):
+    run_ranks(2, DEREG_WHILE_IN_USE, timeout=45,
+              env={"FLAG_DIR": str(tmp_path), "PYTHONPATH": os.path.dirname(__file__)})

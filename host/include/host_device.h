@@ -22,6 +22,10 @@ struct host_device_attr {
 	uint32_t spin_us;         /* adaptive polling: busy-poll, then yield, then sleep */
 	uint32_t yield_us;
 	int64_t bootstrap_timeout_ns;
+	/* Exchange of len bytes per rank: all[r * len ...] receives rank r's bytes; returns 0 or
+	 * -errno. Hardware backends connect RC QPs with it; the emulator ignores it. */
+	int (*allgather)(void *arg, const void *mine, uint32_t len, void *all);
+	void *allgather_arg;
 };
 
 /* Host memory the firmware reaches through windows. */

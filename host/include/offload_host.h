@@ -84,10 +84,12 @@ uint64_t host_failed_ranks(struct host_ctx *ctx);
  * registration the caller must release (owned = 1). */
 int host_mr_acquire(struct host_ctx *ctx, const void *addr, uint64_t len, uint32_t access,
 		    uint32_t *key, int *owned);
+/* -EBUSY while an op that names the key has not completed. */
 int host_mr_release(struct host_ctx *ctx, uint32_t key);
 
 int host_alloc_shared(struct host_ctx *ctx, uint64_t len, void **addr, uint32_t *key);
-/* ctx may be NULL after close: the mapping is then just released. */
+/* ctx may be NULL after close: the mapping is then just released. -EBUSY while an op
+ * that uses the allocation has not completed. */
 int host_free_shared(struct host_ctx *ctx, void *addr, uint64_t len);
 
 /* Copies per-thread firmware counters (8 uint64 per thread); returns the thread count. */

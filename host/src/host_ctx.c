@@ -35,6 +35,7 @@ struct host_tag {
 	uint32_t tag;
 	uint32_t state;
 	uint32_t release_keys[2];
+	uint32_t keys[3];     /* src, dst, aux: deregistering them is refused while pending */
 	struct host_completion done;
 };
 
@@ -221,7 +222,8 @@ static int post_locked(struct host_ctx *ctx, const struct host_op *op, const uin
 		.aux_addr = op->aux_addr, .aux_key = op->aux_key, .root = op->root,
 	};
 	*t = (struct host_tag){ .tag = tag, .state = TAG_PENDING,
-		.release_keys = { release[0], release[1] } };
+		.release_keys = { release[0], release[1] },
+		.keys = { op->src_key, op->dst_key, op->aux_key } };
 	ctx->inflight++;
 	ctx->next_tag = tag + 1 ? tag + 1 : 1;  /* tag 0 is never used */
 	off_store_release(&ctx->ring->sq_tail, tail + 1);  /* pairs with the DPA's acquire */
@@ -448,9 +450,32 @@ int host_mr_acquire(struct host_ctx *ctx, const void *addr, uint64_t len, uint32
 	return ctx->ops->mr_reg(ctx->dev, addr, len ? len : 1, access, key);
 }
 
+/* Is key used by an op the firmware may still be running? Call with ctx->lock held. */
+static int key_busy_locked(struct host_ctx *ctx, uint32_t key)
+{
+	reap_locked(ctx);
+	if (!ctx->inflight)
+		return 0;
+	for (uint32_t i = 0; i < HOST_TAGS; i++) {
+		const struct host_tag *t = &ctx->tags[i];
+
+		if ((t->state == TAG_PENDING || t->state == TAG_ABANDONED) &&
+		    (t->keys[0] == key || t->keys[1] == key || t->keys[2] == key))
+			return 1;
+	}
+	return 0;
+}
+
 int host_mr_release(struct host_ctx *ctx, uint32_t key)
 {
-	return ctx->ops->mr_dereg(ctx->dev, key);
+	int busy;
+
+	/* Like ibv_dereg_mr on a region a posted WR still uses: refused, not pulled from
+	 * under the DMA. */
+	pthread_mutex_lock(&ctx->lock);
+	busy = key && key_busy_locked(ctx, key);
+	pthread_mutex_unlock(&ctx->lock);
+	return busy ? -EBUSY : ctx->ops->mr_dereg(ctx->dev, key);
 }
 
 int host_alloc_shared(struct host_ctx *ctx, uint64_t len, void **addr, uint32_t *key)
@@ -478,9 +503,15 @@ int host_free_shared(struct host_ctx *ctx, void *addr, uint64_t len)
 	if (!ctx)  /* the context is closed: its device already revoked and unlinked it */
 		return munmap(addr, len ? (len + 4095) & ~4095ull : 4096) ? -errno : 0;
 	pthread_mutex_lock(&ctx->lock);
-	for (uint32_t i = 0; i < HOST_MAX_SHARED; i++)
-		if (ctx->shared[i].addr == addr)
-			ctx->shared[i] = (struct host_shared){ 0 };
+	for (uint32_t i = 0; i < HOST_MAX_SHARED; i++) {
+		if (ctx->shared[i].addr != addr)
+			continue;
+		if (key_busy_locked(ctx, ctx->shared[i].key)) {
+			pthread_mutex_unlock(&ctx->lock);
+			return -EBUSY;
+		}
+		ctx->shared[i] = (struct host_shared){ 0 };
+	}
 	pthread_mutex_unlock(&ctx->lock);
 	return ctx->ops->free_shared(ctx->dev, addr, len);
 }
