@@ -160,7 +160,18 @@ static void *progress_thread(void *arg)
 
 	while (!off_read_once(&dev->stop)) {
 		uint32_t snap = event_snapshot(dev);
-		int work = dpa_progress(dev->fw_state, hal);
+		uint64_t unreachable = off_read_once(&dev->hdr->unreachable) &
+				       ~(1ull << dev->attr.rank);
+		int work;
+
+		/* Peers the fabric lost behave like dead ones for the firmware. */
+		if (unreachable & ~off_read_once(&dev->unreachable_seen)) {
+			struct offload_ring_hdr *ring = dev->win.ring;
+
+			__atomic_fetch_or(&ring->failed_ranks, unreachable, __ATOMIC_SEQ_CST);
+			__atomic_fetch_or(&dev->unreachable_seen, unreachable, __ATOMIC_SEQ_CST);
+		}
+		work = dpa_progress(dev->fw_state, hal);
 		enum dpa_engine_load load = dpa_engine_load(dev->fw_state);
 
 		/* Published for every rank's park() and host waits (see job_bulk()). */
@@ -204,7 +215,8 @@ static int emu_open(const struct host_device_attr *attr, struct host_device **ou
 
 	if (!attr->job || strlen(attr->job) >= sizeof(dev->job) - 1 || strchr(attr->job, '/') ||
 	    attr->size == 0 || attr->size > OFFLOAD_MAX_RANKS || attr->rank >= attr->size ||
-	    attr->num_threads == 0 || attr->num_threads > OFFLOAD_MAX_THREADS)
+	    attr->num_threads == 0 || attr->num_threads > OFFLOAD_MAX_THREADS ||
+	    attr->rails == 0 || attr->rails > HOST_MAX_RAILS)
 		return -EINVAL;
 	dev = calloc(1, sizeof(*dev));
 	if (!dev)
@@ -212,6 +224,9 @@ static int emu_open(const struct host_device_attr *attr, struct host_device **ou
 	dev->attr = *attr;
 	strcpy(dev->job, attr->job);
 	dev->attr.job = dev->job;
+	for (uint32_t r = 0; r < attr->rails; r++)
+		if (attr->rail_down_after[r] != UINT64_MAX)
+			dev->rail_faults = 1;
 	pthread_mutex_init(&dev->mr_lock, NULL);
 	pthread_mutex_init(&dev->map_lock, NULL);
 	rc = emu_job_open(dev);
@@ -253,6 +268,10 @@ static int emu_start(struct host_device *hd, const struct dpa_engine_params *par
 		}
 		dev->nthreads_started++;
 	}
+	/* A port set to fail after 0 bytes is down from the start. */
+	for (uint32_t r = 0; r < dev->attr.rails; r++)
+		if (dev->attr.rail_down_after[r] == 0)
+			emu_rail_down(dev, r);
 	rc = emu_watch_start(dev);
 	if (rc)
 		stop_threads(dev);

@@ -49,13 +49,67 @@ void *dpa_hal_window_ptr(struct dpa_hal *hal, enum dpa_hal_window win, uint64_t 
 	return NULL;
 }
 
-static int push_cqe(struct dpa_hal *hal, uint64_t wr_id, int32_t status, uint64_t bytes)
+/* Our port `rail` failed; with none left, this rank is unreachable for the whole job
+ * (the fabric's view: every peer's connections to us fail). */
+void emu_rail_down(struct emu_device *dev, uint32_t rail)
+{
+	uint32_t all = (1u << dev->attr.rails) - 1;
+	uint32_t down = __atomic_or_fetch(&dev->ranks[dev->attr.rank].rails_down, 1u << rail,
+					  __ATOMIC_SEQ_CST);
+
+	if ((down & all) != all)
+		return;
+	__atomic_fetch_or(&dev->hdr->unreachable, 1ull << dev->attr.rank, __ATOMIC_SEQ_CST);
+	for (uint32_t i = 0; i < dev->attr.size; i++)
+		emu_wake_rank(dev, i);
+}
+
+uint32_t dpa_hal_num_rails(const struct dpa_hal *hal)
+{
+	return hal->dev->attr.rails;
+}
+
+void dpa_hal_set_rail(struct dpa_hal *hal, uint32_t peer, uint32_t rail)
+{
+	if (peer < OFFLOAD_MAX_RANKS && rail < hal->dev->attr.rails)
+		hal->rail[peer] = (uint8_t)rail;
+}
+
+/*
+ * The port a post to peer leaves on, and whether it is up. A port fails both ways: work
+ * on rail r fails when our port r or the peer's is down. Fault injection takes our port r
+ * down once this rank has sent rail_down_after[r] bytes through it; the post that crosses
+ * the mark fails whole (nothing of it is delivered).
+ */
+static int32_t rail_gate(struct dpa_hal *hal, uint32_t peer, uint64_t len, uint32_t *rail)
+{
+	struct emu_device *dev = hal->dev;
+	uint32_t r = peer < OFFLOAD_MAX_RANKS ? hal->rail[peer] : 0, bit = 1u << r;
+	struct emu_rank *me = &dev->ranks[dev->attr.rank];
+
+	*rail = r;
+	if (peer >= dev->attr.size)
+		return OFFLOAD_OK;  /* resolving the key refuses it */
+	if ((off_load_acquire(&me->rails_down) | off_load_acquire(&dev->ranks[peer].rails_down)) & bit)
+		return OFFLOAD_ERR_LINK_DOWN;
+	if (dev->rail_faults &&
+	    off_fetch_add(&dev->rail_sent[r], len) + len > dev->attr.rail_down_after[r]) {
+		emu_rail_down(dev, r);
+		return OFFLOAD_ERR_LINK_DOWN;
+	}
+	return OFFLOAD_OK;
+}
+
+static int push_cqe(struct dpa_hal *hal, uint64_t wr_id, int32_t status, uint64_t bytes,
+		    uint32_t rail)
 {
 	struct dpa_hal_cqe *c = &hal->cq[hal->cq_tail & (EMU_CQ_DEPTH - 1)];
 
 	c->wr_id = wr_id;
 	c->status = status;
 	c->bytes = (uint32_t)bytes;
+	c->rail = rail;
+	c->resv = 0;
 	hal->cq_tail++;
 	return 0;
 }
@@ -135,14 +189,17 @@ static int32_t check_local(struct emu_device *dev, uint64_t laddr, uint32_t lkey
 int dpa_hal_rdma_write(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint32_t lkey,
 		       uint64_t raddr, uint32_t rkey, uint64_t len, uint64_t wr_id)
 {
+	uint32_t rail = 0;
 	int32_t st;
 
 	if (cq_full(hal))
 		return DPA_HAL_EAGAIN;
 	st = check_local(hal->dev, laddr, lkey, len, OFFLOAD_ACCESS_LOCAL_READ);
 	if (!st)
+		st = rail_gate(hal, peer, len, &rail);
+	if (!st)
 		st = do_write(hal->dev, peer, (const void *)(uintptr_t)laddr, raddr, rkey, len);
-	return push_cqe(hal, wr_id, st, st ? 0 : len);
+	return push_cqe(hal, wr_id, st, st ? 0 : len, rail);
 }
 
 /* process_vm_writev of a gather list into one remote range, finishing partial transfers. */
@@ -184,6 +241,7 @@ int dpa_hal_rdma_write_sg(struct dpa_hal *hal, uint32_t peer, const struct dpa_h
 	struct emu_map *held = NULL;
 	uint64_t total = 0;
 	uint8_t *ptr;
+	uint32_t rail = 0;
 	int32_t pid, st = OFFLOAD_OK;
 
 	if (cq_full(hal))
@@ -197,6 +255,8 @@ int dpa_hal_rdma_write_sg(struct dpa_hal *hal, uint32_t peer, const struct dpa_h
 		iov[i] = (struct iovec){ .iov_base = (void *)(uintptr_t)sge[i].addr,
 					 .iov_len = sge[i].len };
 	}
+	if (!st)
+		st = rail_gate(hal, peer, total, &rail);
 	if (!st && total)
 		st = emu_mr_resolve(dev, peer, rkey, raddr, total, OFFLOAD_ACCESS_REMOTE_WRITE, &ptr,
 				    &pid, &held);
@@ -210,22 +270,25 @@ int dpa_hal_rdma_write_sg(struct dpa_hal *hal, uint32_t peer, const struct dpa_h
 		}
 		emu_map_release(held);
 	}
-	return push_cqe(hal, wr_id, st, st ? 0 : total);
+	return push_cqe(hal, wr_id, st, st ? 0 : total, rail);
 }
 
 int dpa_hal_rdma_write_inline(struct dpa_hal *hal, uint32_t peer, const void *data,
 			      uint32_t len, uint64_t raddr, uint32_t rkey, uint64_t wr_id)
 {
+	uint32_t rail;
 	int32_t st;
 
 	if (cq_full(hal))
 		return DPA_HAL_EAGAIN;
-	st = do_write(hal->dev, peer, data, raddr, rkey, len);
+	st = rail_gate(hal, peer, len, &rail);
+	if (!st)
+		st = do_write(hal->dev, peer, data, raddr, rkey, len);
 	/* Inline writes are control messages (write-with-immediate on hardware): they raise
 	 * a completion event that wakes the target's progress threads. */
 	if (!st)
 		emu_wake_rank(hal->dev, peer);
-	return push_cqe(hal, wr_id, st, st ? 0 : len);
+	return push_cqe(hal, wr_id, st, st ? 0 : len, rail);
 }
 
 int dpa_hal_rdma_read(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint32_t lkey,
@@ -234,11 +297,14 @@ int dpa_hal_rdma_read(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint32
 	struct emu_device *dev = hal->dev;
 	struct emu_map *held = NULL;
 	uint8_t *ptr;
+	uint32_t rail = 0;
 	int32_t pid, st;
 
 	if (cq_full(hal))
 		return DPA_HAL_EAGAIN;
 	st = check_local(dev, laddr, lkey, len, OFFLOAD_ACCESS_LOCAL_WRITE);
+	if (!st)
+		st = rail_gate(hal, peer, len, &rail);
 	if (!st && len)
 		st = emu_mr_resolve(dev, peer, rkey, raddr, len, OFFLOAD_ACCESS_REMOTE_READ, &ptr, &pid,
 				    &held);
@@ -249,7 +315,7 @@ int dpa_hal_rdma_read(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint32
 			st = vm_copy(pid, 0, (void *)(uintptr_t)laddr, raddr, len);
 		emu_map_release(held);
 	}
-	return push_cqe(hal, wr_id, st, st ? 0 : len);
+	return push_cqe(hal, wr_id, st, st ? 0 : len, rail);
 }
 
 int dpa_hal_rdma_signal_add(struct dpa_hal *hal, uint32_t peer, uint64_t raddr, uint32_t rkey,
@@ -258,12 +324,15 @@ int dpa_hal_rdma_signal_add(struct dpa_hal *hal, uint32_t peer, uint64_t raddr, 
 	struct emu_device *dev = hal->dev;
 	struct emu_map *held = NULL;
 	uint8_t *ptr = NULL;
+	uint32_t rail;
 	int32_t pid, st;
 
 	if (cq_full(hal))
 		return DPA_HAL_EAGAIN;
-	st = emu_mr_resolve(dev, peer, rkey, raddr, sizeof(uint64_t), OFFLOAD_ACCESS_REMOTE_ATOMIC,
-			    &ptr, &pid, &held);
+	st = rail_gate(hal, peer, sizeof(uint64_t), &rail);
+	if (!st)
+		st = emu_mr_resolve(dev, peer, rkey, raddr, sizeof(uint64_t),
+				    OFFLOAD_ACCESS_REMOTE_ATOMIC, &ptr, &pid, &held);
 	/* Atomics need the word mapped here: signal words always live in shared memory. */
 	if (!st && (!ptr || ((uintptr_t)ptr & 7)))
 		st = OFFLOAD_ERR_REMOTE_ACCESS;
@@ -274,7 +343,7 @@ int dpa_hal_rdma_signal_add(struct dpa_hal *hal, uint32_t peer, uint64_t raddr, 
 		emu_wake_rank(dev, peer);
 	}
 	emu_map_release(held);
-	return push_cqe(hal, wr_id, st, 0);
+	return push_cqe(hal, wr_id, st, 0, rail);
 }
 
 int dpa_hal_poll_cq(struct dpa_hal *hal, struct dpa_hal_cqe *out, int max)

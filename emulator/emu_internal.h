@@ -42,7 +42,10 @@ struct emu_job_hdr {
 	uint32_t nranks;
 	uint32_t arrived;
 	uint32_t closed;
-	uint32_t resv[11];
+	uint32_t resv0;
+	/* Ranks with every port down: unreachable, so peers fail them as if dead. */
+	uint64_t unreachable;
+	uint32_t resv[8];
 };
 
 struct emu_rank {
@@ -50,7 +53,8 @@ struct emu_rank {
 	uint32_t state;
 	uint64_t ctrl_addr;   /* the owner's address of its struct offload_ctrl */
 	uint32_t ctrl_key;
-	uint32_t resv0[11];
+	uint32_t rails_down;  /* this rank's failed ports (bit per rail), set by the rank */
+	uint32_t resv0[10];
 	/* Own line: bumped by doorbells and remote signals, slept on by progress threads. */
 	uint32_t event;
 	uint32_t sleepers;
@@ -86,6 +90,7 @@ struct emu_device;
 struct dpa_hal {
 	struct emu_device *dev;
 	uint32_t index;
+	uint8_t rail[OFFLOAD_MAX_RANKS];  /* per peer: the rail this thread posts on */
 	uint32_t cq_head;     /* consumer and producer are both this thread */
 	uint32_t cq_tail;
 	struct dpa_hal_cqe cq[EMU_CQ_DEPTH];
@@ -115,6 +120,9 @@ struct emu_device {
 	pthread_t *threads;
 	uint32_t nthreads_started;
 	uint32_t stop;
+	uint32_t rail_faults;         /* a rail of this rank is set to fail */
+	uint64_t unreachable_seen;    /* job's unreachable ranks already in failed_ranks */
+	uint64_t rail_sent[HOST_MAX_RAILS];
 	/* peer watch (emu_watch.c) */
 	pthread_t watch;
 	int watch_stop_fd;
@@ -151,6 +159,7 @@ void emu_dma_copy(void *dst, const void *src, uint64_t len);
 
 /* emu_device.c */
 void emu_wake_rank(struct emu_device *dev, uint32_t rank);
+void emu_rail_down(struct emu_device *dev, uint32_t rail);
 /* emu_watch.c: fail peers that exit without closing (see there). */
 int emu_watch_start(struct emu_device *dev);
 void emu_watch_stop(struct emu_device *dev);

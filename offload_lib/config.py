@@ -151,6 +151,38 @@ def _op_timeout(value: Any) -> float:
     return x
 
 
+MAX_RAILS = 8
+_RAIL_FAULTS_HINT = ("a comma-separated list of [RANK:]RAIL@BYTES, e.g. '0@512K' (rail 0 of "
+                     "every rank fails after 512 KiB sent on it) or '1:0@1M,2:1@0'; '' for none")
+
+
+def parse_rail_faults(spec: str) -> list[tuple[int | None, int, int]]:
+    """(rank or None for every rank, rail, bytes) for each entry of a rail_faults value."""
+    out: list[tuple[int | None, int, int]] = []
+    for item in filter(None, (p.strip() for p in spec.split(","))):
+        where, at, size = item.partition("@")
+        rank_s, colon, rail_s = where.rpartition(":")
+        if not at or not rail_s.strip().isdigit() or (colon and not rank_s.strip().isdigit()):
+            raise ValueError(_RAIL_FAULTS_HINT)
+        rail = int(rail_s)
+        if rail >= MAX_RAILS:
+            raise ValueError(f"rail numbers below {MAX_RAILS}; " + _RAIL_FAULTS_HINT)
+        out.append((int(rank_s) if colon else None, rail, parse_size(size)))
+    return out
+
+
+def _rail_faults(value: Any) -> str:
+    if value is None:
+        return ""
+    if not isinstance(value, str):
+        raise ValueError(_RAIL_FAULTS_HINT)
+    try:
+        parse_rail_faults(value)
+    except ValueError as e:
+        raise ValueError(str(e)) from None
+    return value.strip()
+
+
 def _threads(value: Any) -> int | str:
     allowed = "'auto' or an integer from 1 to 64"
     if isinstance(value, str) and value.strip().lower() == "auto":
@@ -197,6 +229,13 @@ TUNABLES: tuple[Tunable, ...] = (
             "that never posts its part, a lost rank); the team is unusable afterwards. "
             "0 = never (0..86400)",
             _op_timeout),
+    Tunable("rails", int, 1,
+            "network ports (rails) per rank (1..8); the firmware fails over between them",
+            _int_range(1, MAX_RAILS)),
+    Tunable("rail_faults", str, "",
+            "fault injection (emulator): [RANK:]RAIL@BYTES,... takes a rail down after that "
+            "many bytes sent on it; '' for none",
+            _rail_faults),
     Tunable("bootstrap_timeout", float, 60.0,
             "seconds to wait for all ranks to join at init (> 0)",
             _seconds(0.0, inclusive=False)),
@@ -247,6 +286,8 @@ class Config:
     ring_entries: int = _default("ring_entries")
     post_timeout: float = _default("post_timeout")
     op_timeout: float = _default("op_timeout")
+    rails: int = _default("rails")
+    rail_faults: str = _default("rail_faults")
     bootstrap_timeout: float = _default("bootstrap_timeout")
     spin_us: int = _default("spin_us")
     yield_us: int = _default("yield_us")

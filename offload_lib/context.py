@@ -14,8 +14,8 @@ import numpy as np
 from offload_lib._buffers import Buffer, as_buffer
 from offload_lib._native import ffi, lib
 from offload_lib.bootstrap import World
-from offload_lib.config import Config
-from offload_lib.errors import InvalidArgument, OffloadError, check_rc
+from offload_lib.config import MAX_RAILS, Config, parse_rail_faults
+from offload_lib.errors import ConfigError, InvalidArgument, OffloadError, check_rc
 from offload_lib.request import PersistentRequest, Request, Result
 
 # enum offload_opcode (offload_abi.h)
@@ -43,7 +43,21 @@ MAX_TEAMS = 16
 MAX_RANKS = 64
 
 _STAT_FIELDS = ("ops_completed", "bytes_written", "writes", "signals", "reads", "errors",
-                "progress_calls", "idle_calls")
+                "progress_calls", "idle_calls", "failovers", "resent_bytes")
+_STAT_WORDS = 16  # struct offload_thread_stats: the fields above, then reserved words
+
+
+def _rail_thresholds(config: Config, rank: int) -> list[int]:
+    """Bytes after which each of this rank's rails fails (rail_faults), 2**64-1 for never."""
+    never = 2**64 - 1
+    out = [never] * MAX_RAILS
+    for who, rail, after in parse_rail_faults(config.rail_faults):
+        if rail >= config.rails:
+            raise ConfigError(f"rail_faults names rail {rail} but rails is {config.rails}; "
+                              f"rails are numbered 0..{config.rails - 1}")
+        if who is None or who == rank:
+            out[rail] = min(out[rail], after)
+    return out
 
 
 def _cores() -> int:
@@ -290,6 +304,9 @@ class Context:
         params.yield_us = config.yield_us
         params.bootstrap_timeout_ns = int(config.bootstrap_timeout * 1e9)
         params.op_timeout_ms = int(round(config.op_timeout * 1000))
+        params.rails = config.rails
+        for r, after in enumerate(_rail_thresholds(config, world.rank)):
+            params.rail_down_after[r] = after
         self._post_timeout_ns = int(config.post_timeout * 1e9)
         out = ffi.new("struct host_ctx **")
         check_rc(lib.host_ctx_open(params, out),
@@ -430,10 +447,10 @@ class Context:
     def stats(self) -> dict[str, Any]:
         """Firmware counters: totals and per DPA thread."""
         n = lib.host_num_threads(self._handle())
-        raw = ffi.new("uint64_t[]", n * len(_STAT_FIELDS))
+        raw = ffi.new("uint64_t[]", n * _STAT_WORDS)
         lib.host_stats(self._ptr, raw, n)
         per_thread = [
-            {f: int(raw[t * len(_STAT_FIELDS) + i]) for i, f in enumerate(_STAT_FIELDS)}
+            {f: int(raw[t * _STAT_WORDS + i]) for i, f in enumerate(_STAT_FIELDS)}
             for t in range(n)
         ]
         totals = {f: sum(t[f] for t in per_thread) for f in _STAT_FIELDS}

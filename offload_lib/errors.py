@@ -52,6 +52,7 @@ ERR_CANCELED = -6
 ERR_UNSUPPORTED = -7
 ERR_INTERNAL = -8
 ERR_PEER_OP = -9
+ERR_LINK_DOWN = -10
 
 
 def completion_error(what: str, status: int, detail: int, result0: int, result1: int,
@@ -87,6 +88,10 @@ def completion_error(what: str, status: int, detail: int, result0: int, result1:
         return Canceled(
             f"{what}: canceled (rank {detail} cancelled an op of this team); the team fails"
             " every later op: create a new team")
+    if status == ERR_LINK_DOWN:
+        return PeerFailure(
+            f"{what}: every rail to rank {detail} is down (no port left to reach it); this"
+            " team fails every later op", rank=detail)
     if status == ERR_PEER_OP:
         return OffloadError(
             f"{what}: rank {detail} failed its part of the op (its own error says why, e.g. a"

@@ -299,3 +299,68 @@ ctx.close()
 def test_deregistration_is_refused_while_an_op_uses_the_region(tmp_path):
     run_ranks(2, DEREG_WHILE_IN_USE, timeout=45,
               env={"FLAG_DIR": str(tmp_path), "PYTHONPATH": os.path.dirname(__file__)})
+
+
+RAIL_FAILOVER = r'''
+ctx = ol.init()
+w = ctx.world
+per_peer = 1 << 20
+rng = np.random.default_rng(rank)
+for it in range(3):
+    src = rng.integers(0, 255, per_peer * size, dtype=np.uint8)
+    dst = np.zeros_like(src)
+    w.alltoall(src, dst).wait(timeout=30)
+    # what every rank sent me, regenerated from its seed
+    for p in range(size):
+        prng = np.random.default_rng(p)
+        for _ in range(it):
+            prng.integers(0, 255, per_peer * size, dtype=np.uint8)
+        theirs = prng.integers(0, 255, per_peer * size, dtype=np.uint8)
+        check_equal(dst[p * per_peer:(p + 1) * per_peer],
+                    theirs[rank * per_peer:(rank + 1) * per_peer], f"iter {it} from {p}")
+v_src = np.arange(10 * size, dtype=np.int32)
+v_dst = np.zeros(10 * size, np.int32)
+assert list(w.alltoallv(v_src, np.full(size, 10), v_dst).wait(timeout=30)) == [10] * size
+w.barrier().wait(timeout=30)
+st = ctx.stats()
+if rank == 1:
+    assert st["failovers"] >= 1, st
+    assert st["resent_bytes"] > 0 or st["failovers"] >= 1, st
+print("stats", rank, st["failovers"], st["resent_bytes"])
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(60)
+def test_rail_failover_mid_alltoall_gives_correct_results():
+    # Rank 1's rail 0 fails 1.5 MiB into the first all-to-all (it sends 4 x 1 MiB).
+    out = run_ranks(4, RAIL_FAILOVER, timeout=45,
+                    env={"OFFLOAD_RAILS": "2", "OFFLOAD_RAIL_FAULTS": "1:0@1536K"})
+    assert "stats 1 " in out[1]
+
+
+ALL_RAILS_DOWN = r'''
+ctx = ol.init()
+w = ctx.world
+src = np.arange(64 * size, dtype=np.int64)
+dst = np.zeros_like(src)
+t0 = time.monotonic()
+try:
+    w.alltoall(src, dst).wait(timeout=20)
+except ol.PeerFailure as e:
+    if rank == 2:       # its own ports are down: no rail reaches anyone
+        assert "rail" in str(e), str(e)
+    else:               # the fabric lost rank 2: unreachable, like a dead rank
+        assert e.rank == 2, (e.rank, str(e))
+    assert time.monotonic() - t0 < 2.0
+else:
+    raise AssertionError("completed with every rail of rank 2 down")
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(60)
+def test_every_rail_down_fails_the_op_with_a_clear_error():
+    run_ranks(4, ALL_RAILS_DOWN, timeout=45,
+              env={"OFFLOAD_RAILS": "2", "OFFLOAD_RAIL_FAULTS": "2:0@0,2:1@0",
+                   "OFFLOAD_OP_TIMEOUT": "10"})

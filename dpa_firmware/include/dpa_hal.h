@@ -24,6 +24,8 @@ struct dpa_hal_cqe {
 	uint64_t wr_id;
 	int32_t status;   /* OFFLOAD_OK or an error status (e.g. OFFLOAD_ERR_REMOTE_ACCESS) */
 	uint32_t bytes;
+	uint32_t rail;    /* the rail the work was posted on */
+	uint32_t resv;
 };
 
 /* Host-memory windows the host set up for this DPA process. */
@@ -62,6 +64,15 @@ int dpa_hal_rdma_write_inline(struct dpa_hal *hal, uint32_t peer, const void *da
 /* Remote 64-bit atomic add on a signal word; wakes the peer's progress threads. */
 int dpa_hal_rdma_signal_add(struct dpa_hal *hal, uint32_t peer, uint64_t raddr,
 			    uint32_t rkey, uint64_t value, uint64_t wr_id);
+
+/*
+ * Rails: each rank has dpa_hal_num_rails() ports, and a thread's queues to a peer exist on
+ * every rail. Work goes out on the rail set for that peer (rail 0 until set). When a rail
+ * fails (our port or the peer's), work posted on it completes with OFFLOAD_ERR_LINK_DOWN
+ * and nothing more is delivered on it: the firmware moves to another rail and resends.
+ */
+uint32_t dpa_hal_num_rails(const struct dpa_hal *hal);
+void dpa_hal_set_rail(struct dpa_hal *hal, uint32_t peer, uint32_t rail);
 
 /* Poll up to max completions of this thread's posted work; returns how many. */
 int dpa_hal_poll_cq(struct dpa_hal *hal, struct dpa_hal_cqe *out, int max);

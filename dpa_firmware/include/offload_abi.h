@@ -37,6 +37,7 @@ enum offload_status {
 	OFFLOAD_ERR_UNSUPPORTED = -7,
 	OFFLOAD_ERR_INTERNAL = -8,
 	OFFLOAD_ERR_PEER_OP = -9,       /* a peer reported that its part of this op failed */
+	OFFLOAD_ERR_LINK_DOWN = -10,    /* every rail to the peer (detail) is down */
 };
 
 enum offload_opcode {
@@ -188,6 +189,9 @@ struct offload_thread_stats {
 	uint64_t errors;
 	uint64_t progress_calls;
 	uint64_t idle_calls;
+	uint64_t failovers;         /* a peer's traffic moved to another rail */
+	uint64_t resent_bytes;      /* data written again after a rail failed */
+	uint64_t resv[6];
 };
 
 _Static_assert(sizeof(struct offload_cmd) == 64, "command slot is 64 bytes");
@@ -207,6 +211,101 @@ _Static_assert(sizeof(struct offload_ready) == 32, "ready descriptor");
 _Static_assert(sizeof(struct offload_count) == 16, "count descriptor");
 _Static_assert(sizeof(struct offload_alltoallv_args) == 24 * OFFLOAD_MAX_RANKS + 24,
 	       "alltoallv args");
-_Static_assert(sizeof(struct offload_thread_stats) == 64, "stats are one cache line");
+_Static_assert(sizeof(struct offload_thread_stats) == 128, "stats are two cache lines");
+
+/*
+ * ---- FlexIO hardware binding (dpa_firmware/hal/flexio/, host/src/flexio/) ----
+ *
+ * What the FlexIO host backend writes into DPA heap memory for each progress thread and
+ * the DPA event handler reads. The emulator does not use any of it. *_daddr are DPA heap
+ * addresses, haddr host virtual addresses reached through the window. Queue contents and
+ * doorbell records are big endian (mlx5 layout); everything in these structs is native.
+ */
+#define OFFLOAD_FLEXIO_CTX_MAGIC      0x584c464fu  /* "OFLX" */
+#define OFFLOAD_FLEXIO_CTX_VERSION    1u
+#define OFFLOAD_FLEXIO_HAL_BYTES      65536u   /* zeroed DPA memory per thread: HAL runtime state */
+#define OFFLOAD_FLEXIO_SQ_SLOT_BYTES  16u      /* per SQ WQE basic block: wr_id bookkeeping */
+#define OFFLOAD_FLEXIO_MAX_INLINE     64u      /* bytes dpa_hal_rdma_write_inline() carries */
+#define OFFLOAD_FLEXIO_MAX_RAILS      4u       /* ports of the device used as rails */
+#define OFFLOAD_FLEXIO_PEER_HOST      0xffffffffu
+/* QP user_index: rail * OFFLOAD_MAX_RANKS + world rank; the host loopback uses UIDX_HOST,
+ * the twin that answers a rank's QP to itself on rail r uses UIDX_HOST + 1 + r. */
+#define OFFLOAD_FLEXIO_UIDX_HOST      (OFFLOAD_FLEXIO_MAX_RAILS * OFFLOAD_MAX_RANKS)
+
+/* Windows, in the order of enum dpa_hal_window. */
+#define OFFLOAD_FLEXIO_WIN_RING  0u
+#define OFFLOAD_FLEXIO_WIN_STATS 1u
+#define OFFLOAD_FLEXIO_WIN_AUX   2u
+#define OFFLOAD_FLEXIO_WIN_CTRL  3u
+#define OFFLOAD_FLEXIO_NUM_WINS  4u
+
+/* dpa_offload_query_rpc(what) answers these. */
+#define OFFLOAD_FLEXIO_QUERY_ABI        0u
+#define OFFLOAD_FLEXIO_QUERY_STATE_SIZE 1u
+#define OFFLOAD_FLEXIO_QUERY_HAL_BYTES  2u
+
+struct offload_flexio_cq {
+	uint64_t ring_daddr;    /* 1 << log_depth CQEs of 64 bytes, owner bits preset to 1 */
+	uint64_t dbr_daddr;     /* doorbell record: consumer index */
+	uint32_t cqn;
+	uint32_t log_depth;
+};
+
+struct offload_flexio_qp {
+	uint64_t sq_daddr;      /* 1 << log_sq_depth basic blocks of 64 bytes */
+	uint64_t rq_daddr;      /* 1 << log_rq_depth receive WQEs of 16 bytes, posted by the host */
+	uint64_t dbr_daddr;     /* [0] RQ counter, [1] SQ counter */
+	uint64_t slots_daddr;   /* OFFLOAD_FLEXIO_SQ_SLOT_BYTES << log_sq_depth bytes, zeroed */
+	uint32_t qpn;
+	uint32_t log_sq_depth;
+	uint32_t log_rq_depth;
+	uint32_t peer;          /* world rank at the other end, or OFFLOAD_FLEXIO_PEER_HOST */
+	uint32_t rail;          /* the port it goes out on (0 for the host loopback) */
+	uint32_t resv;
+};
+
+struct offload_flexio_window {
+	uint64_t haddr;
+	uint64_t len;           /* 0: unbounded (the aux window names any host address) */
+};
+
+struct offload_flexio_thread_ctx {
+	uint32_t magic;
+	uint32_t version;
+	uint32_t thread_index;
+	uint32_t num_threads;
+	uint32_t world_rank;
+	uint32_t world_size;      /* qps_daddr holds a QP per rail and world rank, self included */
+	uint32_t window_id;       /* flexio_window_get_id() */
+	uint32_t window_mkey;     /* one mkey that covers every window below */
+	uint64_t state_daddr;     /* engine state, dpa_engine_state_size() bytes */
+	uint64_t hal_daddr;       /* OFFLOAD_FLEXIO_HAL_BYTES, zeroed */
+	uint64_t qps_daddr;       /* struct offload_flexio_qp[num_rails][world_size + 1]; the
+				   * last column is the twin our own rank's QP is paired with */
+	uint64_t board_daddr;     /* uint32_t[num_threads], zeroed: 1 while that thread is parked */
+	uint64_t scratch_daddr;   /* 8 bytes of this thread's: fetch-add results land here */
+	uint32_t scratch_lkey;
+	uint32_t tick_ns;         /* nanoseconds per __dpa_thread_time() tick */
+	uint32_t max_outstanding; /* signaled sends in flight per thread (CQ room) */
+	uint32_t stop;            /* host sets it before teardown: finish, do not re-arm */
+	struct offload_flexio_window win[OFFLOAD_FLEXIO_NUM_WINS];
+	struct offload_flexio_cq cq;       /* completions of all this thread's QPs, both directions */
+	struct offload_flexio_cq wake_cq;  /* siblings' notify() triggers it */
+	struct offload_flexio_qp host_qp;  /* loopback to the host: doorbells in, host_notify out */
+	uint32_t wake_cqn[OFFLOAD_MAX_THREADS];
+	uint32_t num_rails;       /* 1..OFFLOAD_FLEXIO_MAX_RAILS */
+	uint32_t resv;
+};
+
+_Static_assert(sizeof(struct offload_flexio_cq) == 24, "flexio cq descriptor");
+_Static_assert(sizeof(struct offload_flexio_qp) == 56, "flexio qp descriptor");
+_Static_assert(sizeof(struct offload_flexio_window) == 16, "flexio window");
+_Static_assert(offsetof(struct offload_flexio_thread_ctx, state_daddr) == 32, "ctx state_daddr");
+_Static_assert(offsetof(struct offload_flexio_thread_ctx, stop) == 84, "ctx stop");
+_Static_assert(offsetof(struct offload_flexio_thread_ctx, win) == 88, "ctx windows");
+_Static_assert(offsetof(struct offload_flexio_thread_ctx, host_qp) == 200, "ctx host qp");
+_Static_assert(offsetof(struct offload_flexio_thread_ctx, wake_cqn) == 256, "ctx wake cqns");
+_Static_assert(sizeof(struct offload_flexio_thread_ctx) == 264 + 4 * OFFLOAD_MAX_THREADS,
+	       "flexio thread context");
 
 #endif /* OFFLOAD_ABI_H */

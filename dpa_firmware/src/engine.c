@@ -79,18 +79,23 @@ int dpa_signal_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *h
 		    uint32_t peer, int error)
 {
 	struct dpa_team *team = &eng->teams[op->team_id];
-	uint64_t raddr = dpa_peer_ctrl_addr(team, peer,
-					    dpa_ctrl_done_off(op->team_id, op->slot, team->my_rank));
-	int rc = dpa_hal_rdma_signal_add(hal, team->peers[peer].world_rank, raddr,
-					 team->peers[peer].ctrl_key,
-					 error ? OFFLOAD_SIGNAL_ERROR : OFFLOAD_SIGNAL_OK,
-					 dpa_wr_id(op, peer, DPA_WR_CTRL));
+	struct dpa_ctrl_msg m = {
+		.wr_id = dpa_wr_id(op, peer, DPA_WR_SIGNAL),
+		.raddr = dpa_peer_ctrl_addr(team, peer,
+					    dpa_ctrl_done_off(op->team_id, op->slot, team->my_rank)),
+		.value = error ? OFFLOAD_SIGNAL_ERROR : OFFLOAD_SIGNAL_OK,
+		.peer = team->peers[peer].world_rank, .rkey = team->peers[peer].ctrl_key,
+		.kind = DPA_WR_SIGNAL,
+	};
+	int rc = dpa_ctrl_post(eng, hal, &m);
 
 	if (rc == 0)
 		dpa_stats(hal)->signals++;
+	else if (rc == OFFLOAD_ERR_LINK_DOWN)
+		dpa_op_abort(eng, op, OFFLOAD_ERR_LINK_DOWN, m.peer);
 	else if (rc != DPA_HAL_EAGAIN)
-		dpa_op_fail(op, OFFLOAD_ERR_INTERNAL, team->peers[peer].world_rank);
-	return rc;
+		dpa_op_fail(op, OFFLOAD_ERR_INTERNAL, m.peer);
+	return rc == DPA_HAL_EAGAIN ? rc : 0;
 }
 
 int dpa_peer_gone(const struct dpa_op *op, uint32_t world_rank)
@@ -405,6 +410,10 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
 
 		if (opi >= OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW || item >= OFFLOAD_MAX_RANKS)
 			continue;
+		/* Control words are resent from the log even after their op finished. */
+		if (kind != DPA_WR_DATA && dpa_ctrl_completed(eng, hal, &cqes[i]) &&
+		    cqes[i].status == OFFLOAD_ERR_LINK_DOWN)
+			continue;
 		op = &eng->ops[opi];
 		team = &eng->teams[op->team_id];
 		/* A control write's completion may trail its op: the op finished without waiting
@@ -412,10 +421,19 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
 		if (seq16 != (op->seq & 0xffffu))
 			continue;
 		if (kind == DPA_WR_DATA) {
-			op->items[item].inflight--;
+			struct dpa_item *it = &op->items[item];
+
+			it->inflight--;
 			if (cqes[i].status == OFFLOAD_OK) {
+				it->acked += cqes[i].bytes;
 				dpa_stats(hal)->writes++;
 				dpa_stats(hal)->bytes_written += cqes[i].bytes;
+			} else if (cqes[i].status == OFFLOAD_ERR_LINK_DOWN &&
+				   !(it->flags & DPA_ITEM_FAILED)) {
+				dpa_rail_failed(eng, hal, team->peers[(team->my_rank + item) %
+						team->size].world_rank, cqes[i].rail);
+				it->flags |= DPA_ITEM_RESEND;
+				continue;
 			}
 		}
 		if (cqes[i].status != OFFLOAD_OK) {
@@ -440,7 +458,7 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
  * every survivor names the same rank), and the team is poisoned: its peers' sequence no
  * longer pairs with ours.
  */
-static void abort_op(struct dpa_engine *eng, struct dpa_op *op, int32_t status, uint32_t detail)
+void dpa_op_abort(struct dpa_engine *eng, struct dpa_op *op, int32_t status, uint32_t detail)
 {
 	uint64_t why = ((uint64_t)detail << 32) | (uint32_t)status;
 
@@ -452,6 +470,19 @@ static void abort_op(struct dpa_engine *eng, struct dpa_op *op, int32_t status, 
 	__atomic_store_n(&op->aborted, 1, __ATOMIC_SEQ_CST);
 }
 
+void dpa_op_abort_wr(struct dpa_engine *eng, uint64_t wr_id, int32_t status, uint32_t detail)
+{
+	uint32_t opi = (uint32_t)(wr_id >> 32);
+	struct dpa_op *op;
+
+	if (opi >= OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW)
+		return;
+	op = &eng->ops[opi];
+	if (__atomic_load_n(&op->state, __ATOMIC_SEQ_CST) == DPA_OP_ACTIVE &&
+	    (op->seq & 0xffffu) == ((wr_id >> 16) & 0xffffu))
+		dpa_op_abort(eng, op, status, detail);
+}
+
 static void check_abort(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 			uint64_t dead, uint64_t *now)
 {
@@ -459,18 +490,18 @@ static void check_abort(struct dpa_engine *eng, struct dpa_op *op, struct dpa_ha
 
 	dead &= team->world_mask;
 	if (dead) {
-		abort_op(eng, op, OFFLOAD_ERR_PEER, lowest_rank(dead));
+		dpa_op_abort(eng, op, OFFLOAD_ERR_PEER, lowest_rank(dead));
 		return;
 	}
 	if (__atomic_load_n(&op->cancel, __ATOMIC_SEQ_CST)) {
-		abort_op(eng, op, OFFLOAD_ERR_CANCELED, team->peers[team->my_rank].world_rank);
+		dpa_op_abort(eng, op, OFFLOAD_ERR_CANCELED, team->peers[team->my_rank].world_rank);
 		return;
 	}
 	if (op->deadline_ns != UINT64_MAX) {
 		if (!*now)
 			*now = dpa_hal_time_ns(hal);
 		if (*now > op->deadline_ns)
-			abort_op(eng, op, OFFLOAD_ERR_TIMEOUT, team->peers[team->my_rank].world_rank);
+			dpa_op_abort(eng, op, OFFLOAD_ERR_TIMEOUT, team->peers[team->my_rank].world_rank);
 	}
 }
 
@@ -538,6 +569,7 @@ int dpa_progress(void *state, struct dpa_hal *hal)
 	struct offload_thread_stats *stats = dpa_stats(hal);
 	int work = poll_completions(eng, hal);
 
+	work += dpa_ctrl_resend(eng, hal);
 	stats->progress_calls++;
 	if (off_trylock(&eng->intake_lock)) {
 		work += intake(eng, hal);

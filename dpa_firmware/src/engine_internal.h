@@ -21,6 +21,7 @@ struct dpa_item {
 	uint32_t flags;
 	uint32_t inflight;     /* posted writes not yet completed */
 	uint64_t posted;       /* bytes posted (all of them, once a piece failed) */
+	uint64_t acked;        /* bytes whose writes completed: a prefix of posted */
 	uint64_t raddr;        /* the receiver's ready: where to write */
 	uint32_t rkey;
 	uint32_t expect_lo;    /* done-counter value that means "src finished" */
@@ -38,6 +39,7 @@ struct dpa_item {
 #define DPA_ITEM_FAILED    (1u << 7)  /* a data write failed: the done signal carries an error */
 #define DPA_ITEM_COUNT_OUT (1u << 8)  /* all-to-all-v: our byte count is posted to the destination */
 #define DPA_ITEM_COUNT_IN  (1u << 9)  /* slots: the source's announced count was read */
+#define DPA_ITEM_RESEND    (1u << 10) /* a rail dropped a write: rewind to `acked` and resend */
 
 struct dpa_team {
 	uint32_t active;
@@ -116,6 +118,27 @@ struct dpa_op {
 	struct dpa_item items[OFFLOAD_MAX_RANKS];
 };
 
+#define DPA_MAX_RAILS  8u
+#define DPA_NO_RAIL    0xffffffffu
+#define DPA_CTRL_LOG   32u
+#define DPA_CTRL_RESEND 0xffu  /* pending value: dropped by a failed rail, to post again */
+
+/* A control word in flight (rails.c): everything needed to post it again. */
+struct dpa_ctrl_msg {
+	uint64_t wr_id;
+	uint64_t raddr;
+	uint64_t value;        /* signal: the add; sequenced write: the seq word */
+	uint32_t peer;         /* world rank */
+	uint32_t rkey;
+	uint32_t kind;         /* DPA_WR_SIGNAL, or a sequenced write (READY/COUNT) */
+	uint32_t len;          /* body bytes */
+	uint32_t seq_off;      /* where the seq word goes, from raddr */
+	uint8_t pending;       /* completions still due; 0: free; DPA_CTRL_RESEND */
+	uint8_t resend;
+	uint8_t resv[2];
+	uint8_t body[32];
+};
+
 struct dpa_engine {
 	struct dpa_engine_params params;
 	uint32_t intake_lock;
@@ -125,6 +148,9 @@ struct dpa_engine {
 	struct dpa_team teams[OFFLOAD_MAX_TEAMS];
 	struct dpa_op ops[OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW];
 	struct dpa_vlayout vlayouts[OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW];
+	uint32_t rails_down[OFFLOAD_MAX_RANKS];  /* per world peer: rails known to have failed */
+	uint8_t thread_rail[OFFLOAD_MAX_THREADS][OFFLOAD_MAX_RANKS];  /* rail set in the HAL */
+	struct dpa_ctrl_msg ctrl_log[OFFLOAD_MAX_THREADS][DPA_CTRL_LOG];
 };
 
 /* Algorithm registry entries, one per file. */
@@ -132,6 +158,14 @@ extern const struct dpa_algo dpa_algo_alltoall_pairwise;
 extern const struct dpa_algo dpa_algo_barrier_dissemination;
 extern const struct dpa_algo dpa_algo_alltoallv;
 extern const struct dpa_algo dpa_algo_alltoallv_slots;
+
+/* rails.c: failover between rails (see there). */
+uint32_t dpa_rail_select(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t peer);
+void dpa_rail_failed(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t peer, uint32_t rail);
+/* Post a logged control word; DPA_HAL_EAGAIN, OFFLOAD_ERR_LINK_DOWN (no rail) or 0. */
+int dpa_ctrl_post(struct dpa_engine *eng, struct dpa_hal *hal, const struct dpa_ctrl_msg *msg);
+int dpa_ctrl_completed(struct dpa_engine *eng, struct dpa_hal *hal, const struct dpa_hal_cqe *c);
+int dpa_ctrl_resend(struct dpa_engine *eng, struct dpa_hal *hal);
 
 /* p2p.c: the exchange step shared by all-to-all and all-to-all-v. */
 int dpa_publish_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
@@ -153,6 +187,10 @@ int dpa_exchange_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, str
 
 /* Helpers for algorithms (engine.c). */
 void dpa_op_fail(struct dpa_op *op, int32_t status, uint32_t world_rank);
+/* Abort an op (see engine.c): its items stop, the team fails every later op. */
+void dpa_op_abort(struct dpa_engine *eng, struct dpa_op *op, int32_t status, uint32_t detail);
+/* The same for the op a wr_id names, if it is still that op. */
+void dpa_op_abort_wr(struct dpa_engine *eng, uint64_t wr_id, int32_t status, uint32_t detail);
 struct offload_ctrl_team *dpa_my_ctrl(struct dpa_hal *hal, uint32_t team);
 uint64_t dpa_peer_ctrl_addr(const struct dpa_team *team, uint32_t peer, uint64_t offset);
 int dpa_signal_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
@@ -179,7 +217,9 @@ static inline uint64_t dpa_wr_id(const struct dpa_op *op, uint32_t item, uint32_
 }
 
 #define DPA_WR_DATA   1u
-#define DPA_WR_CTRL   2u
+#define DPA_WR_READY  2u   /* control words: wr_id's item is the team peer */
+#define DPA_WR_COUNT  3u
+#define DPA_WR_SIGNAL 4u
 
 /* Offsets of one rank's control words inside struct offload_ctrl. */
 static inline uint64_t dpa_ctrl_team_off(uint32_t team)

@@ -14,22 +14,25 @@
  */
 static int post_sequenced(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 			  uint32_t peer_rank, uint64_t off, const void *body, uint32_t len,
-			  uint32_t seq_off)
+			  uint32_t seq_off, uint32_t kind)
 {
 	const struct dpa_team *team = &eng->teams[op->team_id];
 	const struct offload_peer *peer = &team->peers[peer_rank];
-	uint64_t raddr = dpa_peer_ctrl_addr(team, peer_rank, off);
-	uint64_t seq = op->seq;
-	uint64_t wr = dpa_wr_id(op, peer_rank, DPA_WR_CTRL);
-	int rc = dpa_hal_rdma_write_inline(hal, peer->world_rank, body, len, raddr,
-					   peer->ctrl_key, wr);
+	struct dpa_ctrl_msg m = {
+		.wr_id = dpa_wr_id(op, peer_rank, kind),
+		.raddr = dpa_peer_ctrl_addr(team, peer_rank, off),
+		.value = op->seq, .peer = peer->world_rank, .rkey = peer->ctrl_key,
+		.kind = kind, .len = len, .seq_off = seq_off,
+	};
+	int rc;
 
-	if (!rc)
-		rc = dpa_hal_rdma_write_inline(hal, peer->world_rank, &seq, sizeof(seq),
-					       raddr + seq_off, peer->ctrl_key, wr);
-	if (rc && rc != DPA_HAL_EAGAIN)
+	__builtin_memcpy(m.body, body, len);
+	rc = dpa_ctrl_post(eng, hal, &m);
+	if (rc == OFFLOAD_ERR_LINK_DOWN)
+		dpa_op_abort(eng, op, OFFLOAD_ERR_LINK_DOWN, peer->world_rank);
+	else if (rc && rc != DPA_HAL_EAGAIN)
 		dpa_op_fail(op, OFFLOAD_ERR_INTERNAL, peer->world_rank);
-	return rc;
+	return rc == DPA_HAL_EAGAIN ? rc : 0;
 }
 
 int dpa_publish_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
@@ -42,7 +45,7 @@ int dpa_publish_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 
 	return post_sequenced(eng, op, hal, src, dpa_ctrl_ready_off(op->team_id, op->slot, me),
 			      &ready, offsetof(struct offload_ready, seq),
-			      offsetof(struct offload_ready, seq));
+			      offsetof(struct offload_ready, seq), DPA_WR_READY);
 }
 
 int dpa_publish_count(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
@@ -51,7 +54,7 @@ int dpa_publish_count(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 	uint32_t me = eng->teams[op->team_id].my_rank;
 
 	return post_sequenced(eng, op, hal, dst, dpa_ctrl_count_off(op->team_id, op->slot, me),
-			      &bytes, sizeof(bytes), offsetof(struct offload_count, seq));
+			      &bytes, sizeof(bytes), offsetof(struct offload_count, seq), DPA_WR_COUNT);
 }
 
 int dpa_item_begin(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal,
@@ -148,6 +151,17 @@ static int put_chunks(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 	uint32_t peer = eng->teams[op->team_id].peers[dst].world_rank;
 	int posted = 0;
 
+	if (it->flags & DPA_ITEM_RESEND) {
+		if (it->inflight)
+			return 0;  /* the failed rail flushes what it still holds first */
+		dpa_stats(hal)->resent_bytes += it->posted - it->acked;
+		it->posted = it->acked;
+		it->flags &= ~DPA_ITEM_RESEND;
+	}
+	if (it->posted < send->len && dpa_rail_select(eng, hal, peer) == DPA_NO_RAIL) {
+		dpa_op_abort(eng, op, OFFLOAD_ERR_LINK_DOWN, peer);
+		return 0;
+	}
 	while (it->posted < send->len && posted < (int)eng->params.chunks_per_pass) {
 		int rc;
 		uint64_t len = send->rows ? post_rows(eng, op, hal, it, i, peer, send, &rc) :

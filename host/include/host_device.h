@@ -14,6 +14,8 @@
 
 struct host_device;
 
+#define HOST_MAX_RAILS 8u
+
 struct host_device_attr {
 	const char *job;          /* job name: names the job's shared resources */
 	uint32_t rank;
@@ -22,6 +24,10 @@ struct host_device_attr {
 	uint32_t spin_us;         /* adaptive polling: busy-poll, then yield, then sleep */
 	uint32_t yield_us;
 	int64_t bootstrap_timeout_ns;
+	uint32_t rails;           /* ports per rank, 1..HOST_MAX_RAILS */
+	/* Fault injection: rail r goes down once this rank sent this many bytes on it
+	 * (UINT64_MAX: never). */
+	uint64_t rail_down_after[HOST_MAX_RAILS];
 	/* Exchange of len bytes per rank: all[r * len ...] receives rank r's bytes; returns 0 or
 	 * -errno. Hardware backends connect RC QPs with it; the emulator ignores it. */
 	int (*allgather)(void *arg, const void *mine, uint32_t len, void *all);

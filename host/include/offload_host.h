@@ -26,6 +26,9 @@ struct host_ctx_params {
 	uint32_t yield_us;
 	int64_t bootstrap_timeout_ns;
 	uint32_t op_timeout_ms;     /* the firmware aborts an op not done by then; 0: never */
+	uint32_t rails;             /* ports per rank (1..8) */
+	uint64_t rail_down_after[8];/* fault injection: rail r fails after this many bytes
+				     * sent on it (UINT64_MAX: never) */
 };
 
 /* One command as the host builds it; translated into the 64-byte ABI slot at post. */
@@ -92,7 +95,7 @@ int host_alloc_shared(struct host_ctx *ctx, uint64_t len, void **addr, uint32_t 
  * that uses the allocation has not completed. */
 int host_free_shared(struct host_ctx *ctx, void *addr, uint64_t len);
 
-/* Copies per-thread firmware counters (8 uint64 per thread); returns the thread count. */
+/* Copies per-thread firmware counters (16 uint64 per thread); returns the thread count. */
 int host_stats(struct host_ctx *ctx, uint64_t *out, uint32_t max_threads);
 /* cffi:end */
 

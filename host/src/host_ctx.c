@@ -112,7 +112,7 @@ int host_ctx_open(const struct host_ctx_params *p, struct host_ctx **out)
 	struct host_device_attr attr = {
 		.job = p->job, .rank = p->rank, .size = p->size, .num_threads = p->num_threads,
 		.spin_us = p->spin_us, .yield_us = p->yield_us,
-		.bootstrap_timeout_ns = p->bootstrap_timeout_ns,
+		.bootstrap_timeout_ns = p->bootstrap_timeout_ns, .rails = p->rails,
 	};
 	struct dpa_engine_params params = {
 		.abi_version = OFFLOAD_ABI_VERSION, .world_rank = p->rank, .world_size = p->size,
@@ -126,6 +126,8 @@ int host_ctx_open(const struct host_ctx_params *p, struct host_ctx **out)
 	if (p->ring_entries < 8 || (p->ring_entries & (p->ring_entries - 1)) ||
 	    p->ring_entries * 2 > HOST_TAGS || !p->chunk_size)
 		return -EINVAL;
+	_Static_assert(sizeof(p->rail_down_after) == sizeof(attr.rail_down_after), "rails");
+	memcpy(attr.rail_down_after, p->rail_down_after, sizeof(attr.rail_down_after));
 	ctx = calloc(1, sizeof(*ctx));
 	if (!ctx)
 		return -ENOMEM;

@@ -1,0 +1,135 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Multi-rail failover. Every post to a peer goes out on the first rail to that peer not
+ * known to be down. A rail fails by completing work with OFFLOAD_ERR_LINK_DOWN; from then
+ * on the peer's traffic moves to the next rail:
+ *  - data: the item rewinds to the bytes acknowledged so far (completions on one queue
+ *    arrive in order, so they are a prefix) and writes the rest again (p2p.c);
+ *  - control words (ready, count, done signal): each is kept in a small per-thread log
+ *    until its completions arrive, and posted again if the rail dropped it.
+ * With no rail left to the peer, the op aborts with OFFLOAD_ERR_LINK_DOWN naming it.
+ */
+#include "engine_internal.h"
+
+static uint32_t first_up_rail(const struct dpa_engine *eng, struct dpa_hal *hal, uint32_t peer)
+{
+	uint32_t down = off_load_acquire(&eng->rails_down[peer]);
+	uint32_t n = dpa_hal_num_rails(hal);
+
+	for (uint32_t r = 0; r < n && r < DPA_MAX_RAILS; r++)
+		if (!(down & (1u << r)))
+			return r;
+	return DPA_NO_RAIL;
+}
+
+uint32_t dpa_rail_select(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t peer)
+{
+	uint32_t t = dpa_hal_thread_index(hal);
+	uint32_t r = first_up_rail(eng, hal, peer);
+
+	if (r != DPA_NO_RAIL && eng->thread_rail[t][peer] != r) {
+		dpa_hal_set_rail(hal, peer, r);
+		eng->thread_rail[t][peer] = (uint8_t)r;
+	}
+	return r;
+}
+
+void dpa_rail_failed(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t peer, uint32_t rail)
+{
+	uint32_t bit = 1u << (rail % DPA_MAX_RAILS);
+
+	/* Every queue on the rail reports it; count the failover once. */
+	if (!(__atomic_fetch_or(&eng->rails_down[peer], bit, __ATOMIC_SEQ_CST) & bit))
+		dpa_stats(hal)->failovers++;
+}
+
+static struct dpa_ctrl_msg *log_of(struct dpa_engine *eng, struct dpa_hal *hal)
+{
+	return eng->ctrl_log[dpa_hal_thread_index(hal)];
+}
+
+static int post_msg(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa_ctrl_msg *m)
+{
+	uint32_t rail = dpa_rail_select(eng, hal, m->peer);
+	int rc;
+
+	if (rail == DPA_NO_RAIL)
+		return OFFLOAD_ERR_LINK_DOWN;
+	if (m->kind == DPA_WR_SIGNAL)
+		return dpa_hal_rdma_signal_add(hal, m->peer, m->raddr, m->rkey, m->value, m->wr_id);
+	/* The body, then the seq word: writes on one queue land in order, so a reader that
+	 * sees this op's seq sees the body. */
+	rc = dpa_hal_rdma_write_inline(hal, m->peer, m->body, m->len, m->raddr, m->rkey, m->wr_id);
+	if (!rc)
+		rc = dpa_hal_rdma_write_inline(hal, m->peer, &m->value, sizeof(m->value),
+					       m->raddr + m->seq_off, m->rkey, m->wr_id);
+	return rc;
+}
+
+int dpa_ctrl_post(struct dpa_engine *eng, struct dpa_hal *hal, const struct dpa_ctrl_msg *msg)
+{
+	struct dpa_ctrl_msg *log = log_of(eng, hal);
+	struct dpa_ctrl_msg *m = NULL;
+	int rc;
+
+	for (uint32_t i = 0; i < DPA_CTRL_LOG && !m; i++)
+		if (!log[i].pending)
+			m = &log[i];
+	if (!m)
+		return DPA_HAL_EAGAIN;  /* older control words not acknowledged yet */
+	*m = *msg;
+	rc = post_msg(eng, hal, m);
+	if (rc == 0)
+		m->pending = m->kind == DPA_WR_SIGNAL ? 1 : 2;
+	return rc;
+}
+
+/* A control word's completion: forget it, or mark it for resending. Returns 1 if the
+ * wr_id was a logged control word. */
+int dpa_ctrl_completed(struct dpa_engine *eng, struct dpa_hal *hal, const struct dpa_hal_cqe *c)
+{
+	struct dpa_ctrl_msg *log = log_of(eng, hal);
+
+	for (uint32_t i = 0; i < DPA_CTRL_LOG; i++) {
+		struct dpa_ctrl_msg *m = &log[i];
+
+		if (!m->pending || m->wr_id != c->wr_id)
+			continue;
+		if (c->status == OFFLOAD_ERR_LINK_DOWN) {
+			dpa_rail_failed(eng, hal, m->peer, c->rail);
+			m->resend = 1;
+		}
+		if (--m->pending == 0 && m->resend)
+			m->pending = DPA_CTRL_RESEND;
+		return 1;
+	}
+	return 0;
+}
+
+/* Post again the control words a failed rail dropped; 1 if any went out. An op whose peer
+ * has no rail left is aborted. */
+int dpa_ctrl_resend(struct dpa_engine *eng, struct dpa_hal *hal)
+{
+	struct dpa_ctrl_msg *log = log_of(eng, hal);
+	int work = 0;
+
+	for (uint32_t i = 0; i < DPA_CTRL_LOG; i++) {
+		struct dpa_ctrl_msg *m = &log[i];
+		int rc;
+
+		if (m->pending != DPA_CTRL_RESEND)
+			continue;
+		rc = post_msg(eng, hal, m);
+		if (rc == DPA_HAL_EAGAIN)
+			continue;
+		if (rc == 0) {
+			m->resend = 0;
+			m->pending = m->kind == DPA_WR_SIGNAL ? 1 : 2;
+			work++;
+			continue;
+		}
+		dpa_op_abort_wr(eng, m->wr_id, OFFLOAD_ERR_LINK_DOWN, m->peer);
+		m->pending = 0;
+	}
+	return work;
+}
