@@ -40,7 +40,7 @@ def init(config: str | os.PathLike[str] | Mapping[str, Any] | None = None) -> "C
 
     cfg = load_config(config)
     backend, _reason = select_backend(cfg)
-    world = discover()
+    world = discover(one_host=backend == "emulator")
     if world.rank == 0:
         cleanup_stale_segments()
     return Context(cfg, world, backend)

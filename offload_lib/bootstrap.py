@@ -42,7 +42,7 @@ def _from_env(env: dict[str, str]) -> World:
     return World(rank, size, job, "dpa-offload")
 
 
-def _from_mpi() -> World | None:
+def _from_mpi(one_host: bool) -> World | None:
     try:
         from mpi4py import MPI
     except ImportError:
@@ -50,19 +50,20 @@ def _from_mpi() -> World | None:
     comm = MPI.COMM_WORLD
     job = comm.bcast(new_job_name() if comm.rank == 0 else None, root=0)
     hosts = comm.allgather(socket.gethostname())
-    if len(set(hosts)) > 1:
+    if one_host and len(set(hosts)) > 1:
         raise OffloadError(
             f"the emulator runs every rank on one machine, but the job spans {sorted(set(hosts))}"
         )
     return World(comm.rank, comm.size, job, "mpi", comm)
 
 
-def discover(env: dict[str, str] | None = None) -> World:
+def discover(env: dict[str, str] | None = None, one_host: bool = True) -> World:
+    """one_host: the emulator's ranks must share a machine; hardware backends need not."""
     env = dict(os.environ) if env is None else env
     if "OFFLOAD_RANK" in env or "OFFLOAD_SIZE" in env:
         return _from_env(env)
     if any(k in env for k in _MPI_ENV):
-        world = _from_mpi()
+        world = _from_mpi(one_host)
         if world is not None:
             return world
     return World(0, 1, new_job_name(), "single")

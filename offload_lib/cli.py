@@ -87,17 +87,22 @@ def _cmd_run(args: argparse.Namespace) -> int:
 
 
 def _format_info(info: dict[str, Any]) -> str:
-    lines = [f"backend: {info.get('backend')} \N{EM DASH} {info.get('reason')}"]
-    if "requested" in info:
-        lines.append(f"requested: {info['requested']}")
+    """The first line says which backend and why; then a device table and the libraries."""
+    lines = [f"backend: {info.get('backend')} \N{EM DASH} {info.get('reason')}",
+             f"requested: {info.get('requested', '?')}"]
     devices = info.get("devices") or []
-    lines.append("devices: " + ("none" if not devices else ""))
-    for dev in devices:
-        if isinstance(dev, dict):
-            extra = " ".join(f"{k}={v}" for k, v in dev.items() if k != "name")
-            lines.append(f"  {dev.get('name', '?')}  {extra}".rstrip())
-        else:
-            lines.append(f"  {dev}")
+    if not devices:
+        lines.append("RDMA devices: none")
+    else:
+        lines.append("RDMA devices:")
+        rows = [("NAME", "MODEL", "PART", "DPA", "FIRMWARE")] + [
+            (d.get("name", "?"), d.get("model", "?"),
+             "-" if d.get("part_id") is None else f"0x{d['part_id']:04x}",
+             "yes" if d.get("dpa") else "no", d.get("fw_ver") or "-")
+            for d in devices]
+        widths = [max(len(str(r[i])) for r in rows) for i in range(len(rows[0]))]
+        for r in rows:
+            lines.append("  " + "  ".join(str(v).ljust(w) for v, w in zip(r, widths)))
     for key, value in (info.get("details") or {}).items():
         lines.append(f"{key}: {'-' if value in (None, {}, []) else value}")
     return "\n".join(line.rstrip() for line in lines)

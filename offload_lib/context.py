@@ -1,6 +1,7 @@
 """Context and Team: the user-facing objects that post collectives to the DPA."""
 from __future__ import annotations
 
+import errno
 import math
 import os
 import threading
@@ -45,6 +46,18 @@ MAX_RANKS = 64
 _STAT_FIELDS = ("ops_completed", "bytes_written", "writes", "signals", "reads", "errors",
                 "progress_calls", "idle_calls", "failovers", "resent_bytes")
 _STAT_WORDS = 16  # struct offload_thread_stats: the fields above, then reserved words
+
+
+def _backend_load_error(path: str) -> str:
+    """Why the host could not use the backend library at path, in the loader's words."""
+    import ctypes
+
+    try:
+        ctypes.CDLL(path)
+    except OSError as e:
+        return f"loading the backend library {path} failed: {e}"
+    return (f"loading the backend library {path} failed: it has no dpaoffload_flexio_ops "
+            "(is it dpa-offload's FlexIO backend? build it with scripts/build_flexio.sh)")
 
 
 def _rail_thresholds(config: Config, rank: int) -> list[int]:
@@ -294,6 +307,12 @@ class Context:
         job_c = ffi.new("char[]", world.job.encode())
         backend_c = ffi.new("char[]", backend.encode())
         params.job, params.backend = job_c, backend_c
+        lib_c = ffi.NULL
+        if backend != "emulator":
+            from offload_lib.discovery import backend_library_path
+
+            lib_c = ffi.new("char[]", backend_library_path().encode())
+        params.backend_lib = lib_c
         params.rank, params.size = world.rank, world.size
         params.num_threads = self.dpa_threads = _resolve_threads(config, world.size)
         # Busy-polling only pays when every emulated thread has a core of its own.
@@ -309,8 +328,11 @@ class Context:
             params.rail_down_after[r] = after
         self._post_timeout_ns = int(config.post_timeout * 1e9)
         out = ffi.new("struct host_ctx **")
-        check_rc(lib.host_ctx_open(params, out),
-                 f"opening the {backend} device for rank {world.rank}/{world.size} (job {world.job})")
+        rc = lib.host_ctx_open(params, out)
+        what = f"opening the {backend} device for rank {world.rank}/{world.size} (job {world.job})"
+        if rc in (-errno.ENOENT, -errno.ENOEXEC) and backend != "emulator":
+            raise OffloadError(f"{what}: {_backend_load_error(ffi.string(lib_c).decode())}")
+        check_rc(rc, what)
         self._ptr = out[0]
         self.world = self._make_team(0, list(range(self.size)))
 

@@ -1,103 +1,241 @@
-"""Which backend to use: look for an RDMA device with a DPA, else fall back to the emulator.
+"""Which backend to use: a BlueField DPA through FlexIO when one is usable, else the emulator.
 
-pyverbs is optional and imported lazily; every "not available" answer names what is missing.
+``probe()`` looks (RDMA devices through pyverbs, the DOCA FlexIO runtime, dpa-offload's own
+FlexIO backend library); ``decide()`` turns what it saw into a backend and one sentence
+saying why. Both are plain functions over plain data, so tests feed them fake devices and
+fake libraries. pyverbs is optional and imported lazily; every "not available" names what
+is missing and how to get it.
 """
 from __future__ import annotations
 
+import ctypes
 import ctypes.util
-from dataclasses import dataclass, field
+import os
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 from offload_lib.config import Config, load_config
 from offload_lib.errors import OffloadError
 
-__all__ = ["describe", "select_backend"]
+__all__ = ["RdmaDevice", "Library", "Probe", "probe", "decide", "describe", "select_backend",
+           "backend_library_path"]
 
-# The FlexIO / DOCA DPA host runtimes; either one can load our firmware.
-_DPA_RUNTIMES = ("flexio", "doca_dpa")
+MELLANOX_VENDOR_ID = 0x15B3
+# PCI device ids (ibv_device_attr.vendor_part_id) of NVIDIA/Mellanox adapters: (model, has DPA).
+# The DPA is on BlueField-3 and on the ConnectX-8 SuperNIC; earlier parts have none.
+KNOWN_PARTS: dict[int, tuple[str, bool]] = {
+    0x1017: ("ConnectX-5", False),
+    0x1019: ("ConnectX-5 Ex", False),
+    0x101B: ("ConnectX-6", False),
+    0x101D: ("ConnectX-6 Dx", False),
+    0x101F: ("ConnectX-6 Lx", False),
+    0x1021: ("ConnectX-7", False),
+    0x1023: ("ConnectX-8", True),
+    0xA2D2: ("BlueField", False),
+    0xA2D6: ("BlueField-2", False),
+    0xA2DC: ("BlueField-3", True),
+}
+# Host runtimes that can load DPA code: the FlexIO SDK (what our backend uses) and DOCA DPA.
+RUNTIMES = (("flexio", "libflexio"), ("doca_dpa", "libdoca_dpa"))
+BACKEND_LIBRARY = "libdpaoffload_flexio.so"
+PYVERBS_HINT = "pip install 'dpa-offload[hw]', or Debian's python3-pyverbs"
+
+
+@dataclass(frozen=True)
+class RdmaDevice:
+    name: str
+    vendor_id: int | None = None
+    part_id: int | None = None
+    fw_ver: str = ""
+
+    @property
+    def model(self) -> str:
+        if self.vendor_id not in (None, MELLANOX_VENDOR_ID):
+            return f"vendor 0x{self.vendor_id:04x} part 0x{self.part_id or 0:04x}"
+        if self.part_id is None:
+            return "unknown model"
+        known = KNOWN_PARTS.get(self.part_id)
+        return known[0] if known else f"mlx5 part 0x{self.part_id:04x}"
+
+    @property
+    def has_dpa(self) -> bool:
+        if self.vendor_id not in (None, MELLANOX_VENDOR_ID) or self.part_id is None:
+            return False
+        known = KNOWN_PARTS.get(self.part_id)
+        return bool(known and known[1])
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "model": self.model, "dpa": self.has_dpa}
+
+
+@dataclass(frozen=True)
+class Library:
+    name: str
+    path: str | None = None     # what was (or would be) loaded
+    loaded: bool = False
+    error: str = ""             # why it could not be loaded
 
 
 @dataclass
-class _Probe:
-    dpa_device: str | None  # name of a usable DPA-capable device, None if there is none
-    reason: str             # why that device was picked, or what is missing
-    devices: list[dict[str, Any]] = field(default_factory=list)
-    details: dict[str, Any] = field(default_factory=dict)
+class Probe:
+    pyverbs: str | None = None  # the module's file, None when it cannot be imported
+    pyverbs_error: str = ""
+    devices: list[RdmaDevice] = field(default_factory=list)
+    device_error: str = ""      # why there is no device list
+    runtimes: list[Library] = field(default_factory=list)
+    backend: Library = field(default_factory=lambda: Library(BACKEND_LIBRARY))
 
 
-def _device_info(dev: Any) -> dict[str, Any]:
-    name = getattr(dev, "name", b"?")
-    info: dict[str, Any] = {"name": name.decode() if isinstance(name, bytes) else str(name)}
-    for attr in ("node_type", "transport_type", "guid"):
+# ---------------------------------------------------------------------------------------------
+# looking
+
+
+def _sysfs_ids(name: str) -> tuple[int | None, int | None]:
+    base = Path("/sys/class/infiniband") / name / "device"
+    ids: list[int | None] = []
+    for what in ("vendor", "device"):
         try:
-            info[attr] = getattr(dev, attr)
-        except Exception:  # pyverbs properties may raise on odd devices; the name is enough
-            pass
-    return info
+            ids.append(int((base / what).read_text().strip(), 16))
+        except (OSError, ValueError):
+            ids.append(None)
+    return ids[0], ids[1]
 
 
-def _probe() -> _Probe:
+def _device(verbs: Any, dev: Any) -> RdmaDevice:
+    raw = getattr(dev, "name", b"?")
+    name = raw.decode() if isinstance(raw, bytes) else str(raw)
     try:
-        import pyverbs.device as verbs_device  # type: ignore[import-not-found, unused-ignore]
+        with verbs.Context(name=name) as ctx:
+            attr = ctx.query_device()
+            return RdmaDevice(name, int(attr.vendor_id), int(attr.vendor_part_id),
+                              str(getattr(attr, "fw_ver", "")))
+    except Exception:  # no permission to open it: sysfs still has the PCI ids
+        vendor, part = _sysfs_ids(name)
+        return RdmaDevice(name, vendor, part)
+
+
+def _load_library(name: str, path: str | None) -> Library:
+    if path is None:
+        return Library(name, None, False, "not found")
+    try:
+        ctypes.CDLL(path)
+    except OSError as e:
+        return Library(name, path, False, str(e))
+    return Library(name, path, True)
+
+
+def backend_library_path() -> str:
+    """Where dpa-offload's FlexIO backend is looked for: OFFLOAD_FLEXIO_LIB, else what
+    scripts/build_flexio.sh builds (build/flexio/ of the source tree), else next to the
+    package."""
+    env = os.environ.get("OFFLOAD_FLEXIO_LIB")
+    if env:
+        return env
+    pkg = Path(__file__).resolve().parent
+    for candidate in (pkg.parent / "build" / "flexio" / BACKEND_LIBRARY, pkg / BACKEND_LIBRARY):
+        if candidate.exists():
+            return str(candidate)
+    return str(pkg.parent / "build" / "flexio" / BACKEND_LIBRARY)
+
+
+def probe(import_verbs: Callable[[], Any] | None = None,
+          find_library: Callable[[str], str | None] = ctypes.util.find_library,
+          load: Callable[[str, str | None], Library] = _load_library,
+          backend_path: str | None = None) -> Probe:
+    """Look at this machine; the arguments let tests substitute what is looked at."""
+    p = Probe()
+    try:
+        if import_verbs is None:
+            import pyverbs.device as verbs  # type: ignore[import-not-found, unused-ignore]
+        else:
+            verbs = import_verbs()
+        p.pyverbs = str(getattr(verbs, "__file__", "?"))
     except ImportError:
-        return _Probe(None, "pyverbs is not installed", details={"pyverbs": None})
+        p.pyverbs_error = f"pyverbs is not installed ({PYVERBS_HINT})"
     except Exception as e:  # a broken install, e.g. a libibverbs ABI mismatch
-        return _Probe(None, f"pyverbs failed to import: {e}", details={"pyverbs": None})
-
-    details: dict[str, Any] = {"pyverbs": getattr(verbs_device, "__file__", "?")}
-    try:
-        devices = [_device_info(d) for d in verbs_device.get_device_list()]
-    except Exception as e:
-        return _Probe(None, f"no RDMA devices found: {e}", details=details)
-    if not devices:
-        return _Probe(None, "no RDMA devices found", details=details)
-
-    runtimes = {lib: ctypes.util.find_library(lib) for lib in _DPA_RUNTIMES}
-    details["dpa_runtime"] = {k: v for k, v in runtimes.items() if v}
-    names = ", ".join(d["name"] for d in devices)
-    # Only mlx5 devices (ConnectX-7 / BlueField-3) carry a DPA.
-    mlx5 = [d["name"] for d in devices if d["name"].startswith("mlx5")]
-    if not mlx5:
-        return _Probe(None, f"no DPA-capable device (found {names}; need an mlx5 device)",
-                      devices, details)
-    if not details["dpa_runtime"]:
-        return _Probe(None, f"no DPA-capable device usable: found {', '.join(mlx5)} but neither "
-                            "libflexio nor libdoca_dpa (DOCA) is installed", devices, details)
-    return _Probe(mlx5[0], f"DPA-capable device {mlx5[0]}", devices, details)
+        p.pyverbs_error = f"pyverbs failed to import: {e}"
+    if p.pyverbs is not None:
+        try:
+            p.devices = [_device(verbs, d) for d in verbs.get_device_list()]
+        except Exception as e:  # pyverbs raises when the kernel has no RDMA support
+            p.device_error = f"listing RDMA devices failed ({e})"
+    p.runtimes = [load(lib, find_library(short)) for short, lib in RUNTIMES]
+    path = backend_path if backend_path is not None else backend_library_path()
+    p.backend = (load(BACKEND_LIBRARY, path) if os.path.exists(path) else
+                 Library(BACKEND_LIBRARY, path, False, "not built"))
+    return p
 
 
-def _select(cfg: Config, probe: _Probe | None) -> tuple[str, str]:
-    if cfg.backend == "emulator":
+# ---------------------------------------------------------------------------------------------
+# deciding
+
+
+def _why_not_flexio(p: Probe) -> str | None:
+    """What keeps the FlexIO backend from running here, as a clause; None if nothing."""
+    if p.pyverbs is None:
+        return f"no DPA to use: RDMA devices cannot be listed because {p.pyverbs_error}"
+    if p.device_error or not p.devices:
+        why = p.device_error or "the kernel lists none"
+        return f"no DPA to use: no RDMA device found ({why})"
+    dpa = [d for d in p.devices if d.has_dpa]
+    if not dpa:
+        seen = ", ".join(f"{d.name} ({d.model})" for d in p.devices)
+        return f"no DPA to use: found {seen}, none with a DPA (BlueField-3 or ConnectX-8)"
+    flexio = next((r for r in p.runtimes if r.name == "libflexio"), None)
+    if flexio is None or not flexio.loaded:
+        why = flexio.error if flexio else "not looked for"
+        return (f"{dpa[0].name} ({dpa[0].model}) has a DPA, but the DOCA FlexIO runtime "
+                f"libflexio cannot be loaded ({why}); install DOCA (doca-runtime)")
+    if not p.backend.loaded:
+        return (f"{dpa[0].name} ({dpa[0].model}) has a DPA and libflexio loads, but "
+                f"dpa-offload's FlexIO backend {p.backend.path} is {p.backend.error}; build it "
+                "with scripts/build_flexio.sh (needs dpacc from DOCA)")
+    return None
+
+
+def decide(requested: str, p: Probe) -> tuple[str, str]:
+    """(backend, reason). Raises OffloadError when 'flexio' is requested but not usable."""
+    if requested == "emulator":
         return "emulator", "requested by config (backend: emulator)"
-    probe = _probe() if probe is None else probe
-    if probe.dpa_device is not None:
-        return "flexio", probe.reason
-    if cfg.backend == "flexio":
+    missing = _why_not_flexio(p)
+    if missing is None:
+        dev = next(d for d in p.devices if d.has_dpa)
+        return "flexio", f"{dev.name} ({dev.model}) has a DPA and the FlexIO runtime loads"
+    if requested == "flexio":
         raise OffloadError(
-            f"backend 'flexio' was requested but is not available: {probe.reason}; "
-            "set backend to 'auto' or 'emulator' (e.g. OFFLOAD_BACKEND=emulator) "
-            "to use the emulator"
+            f"backend 'flexio' was requested but cannot be used: {missing}. Set backend to "
+            "'auto' or 'emulator' (e.g. OFFLOAD_BACKEND=emulator) to run on the emulator"
         )
-    return "emulator", probe.reason
+    return "emulator", missing
 
 
-def select_backend(config: Config | None = None) -> tuple[str, str]:
+def select_backend(config: Config | None = None, seen: Probe | None = None) -> tuple[str, str]:
     """(backend, reason); raises OffloadError when 'flexio' is requested but unavailable."""
-    return _select(config if isinstance(config, Config) else load_config(config), None)
-
-
-def describe(config: Config | None = None) -> dict[str, Any]:
-    """What hardware was found and which backend would be used, for ``dpa-offload info``."""
     cfg = config if isinstance(config, Config) else load_config(config)
-    probe = _probe()
+    if cfg.backend == "emulator":
+        return decide("emulator", Probe())
+    return decide(cfg.backend, probe() if seen is None else seen)
+
+
+def describe(config: Config | None = None, seen: Probe | None = None) -> dict[str, Any]:
+    """What was found and which backend would be used, for ``dpa-offload info``."""
+    cfg = config if isinstance(config, Config) else load_config(config)
+    p = probe() if seen is None else seen
     try:
-        backend, reason = _select(cfg, probe)
+        backend, reason = decide(cfg.backend, p)
     except OffloadError as e:
         backend, reason = "none", str(e)
     return {
         "backend": backend,
         "reason": reason,
         "requested": cfg.backend,
-        "devices": probe.devices,
-        "details": probe.details,
+        "devices": [d.as_dict() for d in p.devices],
+        "details": {
+            "pyverbs": p.pyverbs or p.pyverbs_error,
+            **{r.name: r.path if r.loaded else f"not loadable: {r.error}" for r in p.runtimes},
+            "backend library": (p.backend.path if p.backend.loaded else
+                                f"{p.backend.path}: {p.backend.error}"),
+        },
     }

@@ -14,9 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from offload_lib import cli, discovery
-from offload_lib.config import Config
-from offload_lib.errors import InvalidArgument, OffloadError
+from offload_lib import cli
+from offload_lib.errors import InvalidArgument
 from offload_lib.launcher import SHM_DIR, cleanup_stale_segments, job_segments, launch, new_job_name
 
 REPO = Path(__file__).resolve().parents[1]
@@ -308,16 +307,3 @@ def test_cli_info(capsys, monkeypatch):
     assert cli.main(["info", "--json"]) == 0
     info = json.loads(capsys.readouterr().out)
     assert {"backend", "reason", "devices", "details"} <= set(info)
-
-
-def test_flexio_requested_but_missing(monkeypatch, capsys):
-    no_device = discovery._Probe(None, "no RDMA devices found")
-    monkeypatch.setattr(discovery, "_probe", lambda: no_device)
-    assert discovery.select_backend(Config()) == ("emulator", "no RDMA devices found")
-    with pytest.raises(OffloadError, match="flexio.*no RDMA devices found"):
-        discovery.select_backend(Config(backend="flexio"))
-    monkeypatch.setenv("OFFLOAD_BACKEND", "flexio")
-    assert cli.main(["info"]) == 1
-    assert "no RDMA devices found" in capsys.readouterr().out
-
-

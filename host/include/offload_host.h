@@ -16,7 +16,8 @@ struct host_ctx;
 
 struct host_ctx_params {
 	const char *job;            /* job name shared by all ranks */
-	const char *backend;        /* "emulator" (the FlexIO backend plugs in the same way) */
+	const char *backend;        /* "emulator", or "flexio": loaded from backend_lib */
+	const char *backend_lib;    /* shared library of a run-time loaded backend */
 	uint32_t rank;
 	uint32_t size;
 	uint32_t num_threads;
@@ -55,6 +56,8 @@ struct host_completion {
 	uint64_t result1;
 };
 
+/* -ENODEV: unknown backend; -ENOENT / -ENOEXEC: its library did not load / lacks the
+ * entry point dpaoffload_flexio_ops. */
 int host_ctx_open(const struct host_ctx_params *params, struct host_ctx **out);
 void host_ctx_close(struct host_ctx *ctx);
 uint32_t host_num_threads(const struct host_ctx *ctx);

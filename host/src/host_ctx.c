@@ -7,6 +7,7 @@
  * It is never held while sleeping.
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
@@ -47,6 +48,7 @@ struct host_shared {
 
 struct host_ctx {
 	const struct host_device_ops *ops;
+	void *backend_dl;             /* dlopen handle of a run-time loaded backend */
 	struct host_device *dev;
 	uint32_t rank;
 	uint32_t size;
@@ -74,12 +76,29 @@ static int64_t now_ns(void)
 	return (int64_t)ts.tv_sec * 1000000000ll + ts.tv_nsec;
 }
 
-static const struct host_device_ops *find_backend(const char *name)
+/* The FlexIO backend needs DOCA's libraries: it is a separate shared object
+ * (scripts/build_flexio.sh), loaded only when asked for, so this library builds and runs
+ * where DOCA is absent. */
+#define FLEXIO_OPS_SYMBOL "dpaoffload_flexio_ops"
+
+static int find_backend(struct host_ctx *ctx, const char *name, const char *lib)
 {
-	if (!name || !strcmp(name, "emulator"))
-		return &emu_device_ops;
-	return NULL;
+	const struct host_device_ops *(*get_ops)(void);
+
+	if (!name || !strcmp(name, "emulator")) {
+		ctx->ops = &emu_device_ops;
+		return 0;
+	}
+	if (strcmp(name, "flexio") || !lib)
+		return -ENODEV;
+	ctx->backend_dl = dlopen(lib, RTLD_NOW | RTLD_LOCAL);
+	if (!ctx->backend_dl)
+		return -ENOENT;
+	*(void **)&get_ops = dlsym(ctx->backend_dl, FLEXIO_OPS_SYMBOL);
+	ctx->ops = get_ops ? get_ops() : NULL;
+	return ctx->ops ? 0 : -ENOEXEC;
 }
+
 
 uint32_t host_num_threads(const struct host_ctx *ctx)
 {
@@ -132,12 +151,13 @@ int host_ctx_open(const struct host_ctx_params *p, struct host_ctx **out)
 	if (!ctx)
 		return -ENOMEM;
 	pthread_mutex_init(&ctx->lock, NULL);
-	ctx->ops = find_backend(p->backend);
+	rc = find_backend(ctx, p->backend, p->backend_lib);
 	ctx->rank = p->rank;
 	ctx->size = p->size;
 	ctx->num_threads = p->num_threads;
 	ctx->next_tag = 1;
-	rc = ctx->ops ? map_rings(ctx, p->ring_entries) : -ENODEV;
+	if (!rc)
+		rc = map_rings(ctx, p->ring_entries);
 	if (rc)
 		goto err;
 	ctx->stats = calloc(p->num_threads, sizeof(*ctx->stats));
@@ -173,6 +193,8 @@ void host_ctx_close(struct host_ctx *ctx)
 	if (ctx->ring_mem)
 		munmap(ctx->ring_mem, ctx->ring_len);
 	free(ctx->stats);
+	if (ctx->backend_dl)
+		dlclose(ctx->backend_dl);
 	pthread_mutex_destroy(&ctx->lock);
 	free(ctx);
 }
