@@ -14,6 +14,8 @@ def _cdef_section(text: str) -> str:
 
 ffibuilder = FFI()
 ffibuilder.cdef(_cdef_section(HEADER.read_text()))
+# The bootstrap's allgather, called back by hardware backends (offload_lib/context.py).
+ffibuilder.cdef('extern "Python" int offload_allgather(void *, const void *, uint32_t, void *);')
 ffibuilder.set_source(
     "offload_lib._native",
     '#include "offload_host.h"\n',

@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import os
 import socket
+import time
 from dataclasses import dataclass
 from typing import Any
 
 from offload_lib.errors import InvalidArgument, OffloadError
-from offload_lib.launcher import new_job_name
+from offload_lib.launcher import SHM_DIR, new_job_name
 
 _MPI_ENV = ("OMPI_COMM_WORLD_SIZE", "PMI_SIZE", "PMIX_RANK", "MPI_LOCALNRANKS", "HYDRA_CONTROL_FD")
 
@@ -55,6 +56,39 @@ def _from_mpi(one_host: bool) -> World | None:
             f"the emulator runs every rank on one machine, but the job spans {sorted(set(hosts))}"
         )
     return World(comm.rank, comm.size, job, "mpi", comm)
+
+
+_ROUNDS: dict[str, int] = {}
+
+
+def allgather(world: World, data: bytes, timeout: float) -> list[bytes]:
+    """Every rank's ``data``, in rank order, over the launcher's own channel: mpi4py under
+    mpirun; under `dpa-offload run`, files in the job's private shared-memory namespace
+    (0600, named after the job, so the launcher's sweep removes them)."""
+    if world.size == 1:
+        return [data]
+    if world.comm is not None:
+        return list(world.comm.allgather(data))
+    rnd = _ROUNDS.get(world.job, 0)
+    _ROUNDS[world.job] = rnd + 1
+    base = os.path.join(SHM_DIR, f"{world.job}-ag{rnd}")
+    tmp = f"{base}-r{world.rank}.tmp"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.replace(tmp, f"{base}-r{world.rank}")
+    deadline = time.monotonic() + timeout
+    out: list[bytes] = []
+    for r in range(world.size):
+        path = f"{base}-r{r}"
+        while not os.path.exists(path):
+            if time.monotonic() > deadline:
+                raise OffloadError(f"bootstrap allgather: rank {r} did not answer within "
+                                   f"{timeout:g} s (bootstrap_timeout)")
+            time.sleep(0.001)
+        with open(path, "rb") as f:
+            out.append(f.read())
+    return out
 
 
 def discover(env: dict[str, str] | None = None, one_host: bool = True) -> World:

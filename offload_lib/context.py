@@ -14,7 +14,7 @@ import numpy as np
 
 from offload_lib._buffers import Buffer, as_buffer
 from offload_lib._native import ffi, lib
-from offload_lib.bootstrap import World
+from offload_lib.bootstrap import World, allgather
 from offload_lib.config import MAX_RAILS, Config, parse_rail_faults
 from offload_lib.errors import ConfigError, InvalidArgument, OffloadError, check_rc
 from offload_lib.request import PersistentRequest, Request, Result
@@ -46,6 +46,22 @@ MAX_RANKS = 64
 _STAT_FIELDS = ("ops_completed", "bytes_written", "writes", "signals", "reads", "errors",
                 "progress_calls", "idle_calls", "failovers", "resent_bytes")
 _STAT_WORDS = 16  # struct offload_thread_stats: the fields above, then reserved words
+
+
+@ffi.def_extern()
+def offload_allgather(arg: Any, mine: Any, length: int, out: Any) -> int:
+    """host_device_attr.allgather for hardware backends: the bootstrap's allgather."""
+    try:
+        ctx = ffi.from_handle(arg)
+        parts = allgather(ctx._world, bytes(ffi.buffer(mine, length)),
+                          ctx.config.bootstrap_timeout)
+        if any(len(p) != length for p in parts):
+            return -errno.EPROTO
+        ffi.memmove(out, b"".join(parts), length * len(parts))
+        return 0
+    except Exception as e:  # an exception must not unwind through C
+        warnings.warn(f"bootstrap allgather failed: {e}", RuntimeWarning, stacklevel=1)
+        return -errno.EIO
 
 
 def _backend_load_error(path: str) -> str:
@@ -323,6 +339,11 @@ class Context:
         params.yield_us = config.yield_us
         params.bootstrap_timeout_ns = int(config.bootstrap_timeout * 1e9)
         params.op_timeout_ms = int(round(config.op_timeout * 1000))
+        # Hardware backends connect their queues through the bootstrap (see _allgather).
+        self._world = world
+        self._self_handle = ffi.new_handle(self)
+        params.allgather = lib.offload_allgather
+        params.allgather_arg = self._self_handle
         params.rails = config.rails
         for r, after in enumerate(_rail_thresholds(config, world.rank)):
             params.rail_down_after[r] = after

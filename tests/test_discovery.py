@@ -199,3 +199,28 @@ def test_flexio_backend_library_that_does_not_load(monkeypatch, tmp_path):
     monkeypatch.setenv("OFFLOAD_FLEXIO_LIB", "libm.so.6")   # loads, but is not our backend
     with pytest.raises(OffloadError, match="dpaoffload_flexio_ops"):
         Context(Config(), World(0, 1, "dpaoff-test-flexio", "single"), "flexio")
+
+
+ALLGATHER = r'''
+from offload_lib._native import ffi, lib
+from offload_lib.bootstrap import allgather
+
+ctx = ol.init()
+# the bootstrap's own channel, twice (rounds must not mix)
+for rnd in range(2):
+    got = allgather(ctx._world, f"r{rank}-{rnd}".encode(), 10)
+    assert got == [f"r{p}-{rnd}".encode() for p in range(size)], got
+# through the C callback a hardware backend calls
+mine = ffi.new("uint64_t *", 1000 + rank)
+out = ffi.new("uint64_t[]", size)
+assert lib.offload_allgather(ctx._self_handle, mine, 8, out) == 0
+assert list(out) == [1000 + p for p in range(size)]
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(60)
+def test_bootstrap_allgather_for_hardware_backends():
+    from _mp import run_ranks
+
+    run_ranks(3, ALLGATHER, timeout=45)

@@ -226,7 +226,7 @@ _Static_assert(sizeof(struct offload_thread_stats) == 128, "stats are two cache 
 #define OFFLOAD_FLEXIO_HAL_BYTES      65536u   /* zeroed DPA memory per thread: HAL runtime state */
 #define OFFLOAD_FLEXIO_SQ_SLOT_BYTES  16u      /* per SQ WQE basic block: wr_id bookkeeping */
 #define OFFLOAD_FLEXIO_MAX_INLINE     64u      /* bytes dpa_hal_rdma_write_inline() carries */
-#define OFFLOAD_FLEXIO_MAX_RAILS      4u       /* ports of the device used as rails */
+#define OFFLOAD_FLEXIO_MAX_RAILS      8u       /* ports of the device used as rails */
 #define OFFLOAD_FLEXIO_PEER_HOST      0xffffffffu
 /* QP user_index: rail * OFFLOAD_MAX_RANKS + world rank; the host loopback uses UIDX_HOST,
  * the twin that answers a rank's QP to itself on rail r uses UIDX_HOST + 1 + r. */

@@ -27,6 +27,10 @@ struct host_ctx_params {
 	uint32_t yield_us;
 	int64_t bootstrap_timeout_ns;
 	uint32_t op_timeout_ms;     /* the firmware aborts an op not done by then; 0: never */
+	/* Exchange of len bytes per rank among all ranks (all[r*len] gets rank r's): hardware
+	 * backends connect their queue pairs with it; the emulator does not call it. */
+	int (*allgather)(void *arg, const void *mine, uint32_t len, void *all);
+	void *allgather_arg;
 	uint32_t rails;             /* ports per rank (1..8) */
 	uint64_t rail_down_after[8];/* fault injection: rail r fails after this many bytes
 				     * sent on it (UINT64_MAX: never) */

@@ -132,6 +132,7 @@ int host_ctx_open(const struct host_ctx_params *p, struct host_ctx **out)
 		.job = p->job, .rank = p->rank, .size = p->size, .num_threads = p->num_threads,
 		.spin_us = p->spin_us, .yield_us = p->yield_us,
 		.bootstrap_timeout_ns = p->bootstrap_timeout_ns, .rails = p->rails,
+		.allgather = p->allgather, .allgather_arg = p->allgather_arg,
 	};
 	struct dpa_engine_params params = {
 		.abi_version = OFFLOAD_ABI_VERSION, .world_rank = p->rank, .world_size = p->size,

@@ -1,0 +1,131 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Private to the FlexIO binding of dpa_hal.h: the per-thread runtime state (struct dpa_hal)
+ * and the mlx5 constants the FlexIO device headers do not name. Built by dpacc only.
+ *
+ * Ownership: one struct dpa_hal per DPA thread, in host-allocated DPA heap memory
+ * (offload_flexio_thread_ctx.hal_daddr). Only that thread's event handler touches it, and a
+ * FlexIO event handler never runs twice at once, so nothing here takes a lock. The only
+ * memory shared between threads is the engine state and the parked board (see notify).
+ */
+#ifndef FLEXIO_HAL_DEV_H
+#define FLEXIO_HAL_DEV_H
+
+/* The device API changed signatures at 24.10 (no thread context argument, window entity
+ * argument); pin the version we are written against before flexio_dev.h reads it. */
+#include <libflexio-dev/flexio_dev_ver.h>
+#ifndef FLEXIO_DEV_VER_USED
+#define FLEXIO_DEV_VER_USED FLEXIO_DEV_VER(24, 10, 0)
+#endif
+#include <libflexio-dev/flexio_dev.h>
+#include <libflexio-dev/flexio_dev_err.h>
+#include <libflexio-dev/flexio_dev_queue_access.h>
+#include <dpaintrin.h>
+#include <stdint.h>
+
+#include "dpa_hal.h"
+#include "offload_abi.h"
+
+/* CQE opcodes and error syndromes (rdma-core providers/mlx5/mlx5dv.h, same values). */
+enum {
+	DPA_MLX5_CQE_REQ = 0x0,
+	DPA_MLX5_CQE_RESP_WR_IMM = 0x1,
+	DPA_MLX5_CQE_RESP_SEND = 0x2,
+	DPA_MLX5_CQE_RESP_SEND_IMM = 0x3,
+	DPA_MLX5_CQE_REQ_ERR = 0xd,
+	DPA_MLX5_CQE_RESP_ERR = 0xe,
+};
+
+enum {
+	DPA_MLX5_SYND_LOCAL_LENGTH_ERR = 0x01,
+	DPA_MLX5_SYND_LOCAL_QP_OP_ERR = 0x02,
+	DPA_MLX5_SYND_LOCAL_PROT_ERR = 0x04,
+	DPA_MLX5_SYND_WR_FLUSH_ERR = 0x05,
+	DPA_MLX5_SYND_BAD_RESP_ERR = 0x10,
+	DPA_MLX5_SYND_LOCAL_ACCESS_ERR = 0x11,
+	DPA_MLX5_SYND_REMOTE_INVAL_REQ_ERR = 0x12,
+	DPA_MLX5_SYND_REMOTE_ACCESS_ERR = 0x13,
+	DPA_MLX5_SYND_REMOTE_OP_ERR = 0x14,
+	DPA_MLX5_SYND_TRANSPORT_RETRY_EXC_ERR = 0x15,
+	DPA_MLX5_SYND_RNR_RETRY_EXC_ERR = 0x16,
+	DPA_MLX5_SYND_REMOTE_ABORTED_ERR = 0x22,
+};
+
+/* Control segment fm_ce_se byte: "initiator small fence" waits for earlier RDMA READs and
+ * atomics of this SQ to complete (rdma-core MLX5_WQE_CTRL_INITIATOR_SMALL_FENCE). */
+#define DPA_MLX5_FENCE_SMALL   (1u << 5)
+#define DPA_MLX5_INLINE_SEG    0x80000000u  /* byte_count flag of an inline data segment */
+#define DPA_MLX5_SEGS_PER_BB   4u           /* 16-byte segments per 64-byte basic block */
+
+#define DPA_FLEXIO_HAL_MAGIC   0x48584c46u  /* "FLXH": runtime state initialised */
+#define DPA_FLEXIO_SOFT_DEPTH  1024u        /* completions made up locally, power of two */
+#define DPA_FLEXIO_MAX_MSG     0x7fffffffu  /* one RDMA message: 31-bit byte count */
+#define DPA_FLEXIO_NOTIFY_SIGNAL 16u        /* signal every Nth unsolicited host notify */
+
+/* enum dpa_flexio_err: codes for flexio_dev_error() (user range 0x80..0xff). */
+#define DPA_FLEXIO_ERR_BAD_CTX 0x81u
+#define DPA_FLEXIO_ERR_WINDOW  0x82u
+
+/* Bookkeeping of one SQ basic block, at the block where a WQE starts. */
+struct dpa_flexio_slot {
+	uint64_t wr_id;
+	uint32_t bytes;
+	uint16_t nbb;           /* basic blocks of this WQE */
+	uint16_t flags;         /* DPA_FLEXIO_SLOT_* */
+};
+_Static_assert(sizeof(struct dpa_flexio_slot) == OFFLOAD_FLEXIO_SQ_SLOT_BYTES, "sq slot");
+
+#define DPA_FLEXIO_SLOT_FW       (1u << 0)  /* the firmware posted it: report its wr_id */
+#define DPA_FLEXIO_SLOT_SIGNALED (1u << 1)  /* produces a CQE on success */
+
+struct dpa_flexio_cq {
+	struct flexio_dev_cqe64 *ring;
+	uint32_t *dbr;
+	uint32_t cqn;
+	uint32_t mask;
+	uint32_t ci;            /* consumer index, free running */
+	uint32_t hw_owner;      /* owner bit value that still means "hardware's" */
+};
+
+struct dpa_flexio_qp {
+	union flexio_dev_sqe_seg *sq;
+	uint32_t *dbr;
+	struct dpa_flexio_slot *slots;
+	uint32_t qpn;
+	uint32_t peer;
+	uint32_t rail;
+	uint32_t bb_mask;       /* basic blocks - 1 */
+	uint32_t seg_mask;      /* 16-byte segments - 1 */
+	uint32_t pi;            /* next free basic block, free running */
+	uint32_t ci;            /* first basic block not known complete */
+	int32_t broken;         /* 0, or the status that moved the QP to error */
+};
+
+struct dpa_hal {
+	uint32_t magic;
+	uint32_t thread_index;
+	uint32_t num_threads;
+	uint32_t world_rank;
+	uint32_t world_size;
+	uint32_t num_rails;
+	uint32_t max_outstanding;
+	uint32_t outstanding;   /* FW completions owed: hardware ones plus soft ones queued */
+	uint32_t notifies;      /* host notifies posted, for periodic signaling */
+	struct offload_flexio_thread_ctx *ctx;
+	uint32_t *board;        /* parked flags of all threads of this process */
+	uint64_t win_base;      /* window address of host address 0 (see dpa_hal_window_ptr) */
+	uint64_t tick_ns;
+	struct dpa_flexio_cq cq;
+	struct dpa_flexio_cq wake_cq;
+	struct dpa_flexio_qp host_qp;
+	uint8_t rail_of[OFFLOAD_MAX_RANKS];   /* the rail each peer's work goes out on */
+	struct dpa_flexio_qp qps[OFFLOAD_FLEXIO_MAX_RAILS][OFFLOAD_MAX_RANKS];
+	struct dpa_flexio_qp twins[OFFLOAD_FLEXIO_MAX_RAILS];  /* receive what we send to self */
+	uint32_t soft_head;     /* completions made up here: posts to a broken QP, flushes */
+	uint32_t soft_tail;
+	struct dpa_hal_cqe soft[DPA_FLEXIO_SOFT_DEPTH];
+};
+_Static_assert(sizeof(struct dpa_hal) <= OFFLOAD_FLEXIO_HAL_BYTES,
+	       "HAL runtime state must fit what the host allocates");
+
+#endif /* FLEXIO_HAL_DEV_H */
