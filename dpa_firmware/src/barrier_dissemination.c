@@ -35,7 +35,7 @@ static int barrier_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t 
 			work++;
 		}
 		if (!dpa_check_done(eng, op, hal, it, src) &&
-		    !dpa_peer_gone(op, team->peers[src].world_rank))
+		    !dpa_peer_gone(eng, op, team->peers[src].world_rank))
 			return work;
 		it->flags &= ~DPA_ITEM_WAITING;
 		it->round++;

@@ -12,6 +12,7 @@
 
 #define DPA_INTAKE_BUDGET 16
 #define DPA_POLL_BUDGET   256
+#define DPA_DEAD_GRACE_NS 200000000ull  /* see check_abort() */
 #define EINVAL_ 22
 
 static const struct dpa_algo *const dpa_algos[OFFLOAD_OP_MAX] = {
@@ -98,11 +99,15 @@ int dpa_signal_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *h
 	return rc == DPA_HAL_EAGAIN ? rc : 0;
 }
 
-int dpa_peer_gone(const struct dpa_op *op, uint32_t world_rank)
+int dpa_peer_gone(struct dpa_engine *eng, struct dpa_op *op, uint32_t world_rank)
 {
 	uint64_t fail = off_load_acquire(&op->fail);
 	int32_t st = (int32_t)(uint32_t)fail;
 
+	if (off_read_once(&eng->failed_ranks) & (1ull << world_rank)) {
+		dpa_op_fail(op, OFFLOAD_ERR_PEER, world_rank);
+		return 1;
+	}
 	return fail && (uint32_t)(fail >> 32) == world_rank &&
 	       (st == OFFLOAD_ERR_PEER || st == OFFLOAD_ERR_REMOTE_ACCESS);
 }
@@ -182,9 +187,35 @@ static int commands_waiting(struct dpa_hal *hal)
 	return off_load_acquire(&ring->sq_tail) != off_read_once(&ring->sq_head);
 }
 
+static uint64_t failed_ranks(struct dpa_hal *hal)
+{
+	struct offload_ring_hdr *ring = dpa_hal_window_ptr(hal, DPA_HAL_WIN_RING, 0, sizeof(*ring));
+
+	return off_load_acquire(&ring->failed_ranks);  /* host-written, any time */
+}
+
+static uint32_t lowest_rank(uint64_t mask)
+{
+	uint32_t r = 0;
+
+	while (!(mask & 1)) {
+		mask >>= 1;
+		r++;
+	}
+	return r;
+}
+
 static int try_complete_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
 {
+	uint64_t dead = off_read_once(&eng->failed_ranks) & eng->teams[op->team_id].world_mask;
 	uint64_t fail = off_load_acquire(&op->fail);
+
+	/* An op that failed in a team that lost a member fails because of it, whatever the
+	 * first symptom was (a refused write into its revoked memory, a peer's error signal):
+	 * every survivor names the same rank. One that finished cleanly had everything it
+	 * needed from the dead rank before it died, and succeeds. */
+	if (fail && dead)
+		fail = ((uint64_t)lowest_rank(dead) << 32) | (uint32_t)OFFLOAD_ERR_PEER;
 	struct offload_cqe cqe = {
 		.tag = op->cmd.tag,
 		.status = (int32_t)(uint32_t)fail,
@@ -260,24 +291,6 @@ static int32_t validate_collective(struct dpa_engine *eng, const struct offload_
 	return OFFLOAD_OK;
 }
 
-static uint64_t failed_ranks(struct dpa_hal *hal)
-{
-	struct offload_ring_hdr *ring = dpa_hal_window_ptr(hal, DPA_HAL_WIN_RING, 0, sizeof(*ring));
-
-	return off_load_acquire(&ring->failed_ranks);  /* host-written, any time */
-}
-
-static uint32_t lowest_rank(uint64_t mask)
-{
-	uint32_t r = 0;
-
-	while (!(mask & 1)) {
-		mask >>= 1;
-		r++;
-	}
-	return r;
-}
-
 static void poison_team(struct dpa_team *team, int32_t status, uint32_t detail)
 {
 	uint64_t none = 0;
@@ -343,6 +356,7 @@ static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct 
 	op->refuse = 0;
 	op->cancel = 0;
 	op->aborted = 0;
+	op->dead_since = 0;
 	op->deadline_ns = eng->params.op_timeout_ms ?
 		dpa_hal_time_ns(hal) + (uint64_t)eng->params.op_timeout_ms * 1000000u : UINT64_MAX;
 	op->algo = cmd->opcode == OFFLOAD_OP_ALLTOALLV && (cmd->flags & OFFLOAD_CMD_F_SLOTS) ?
@@ -490,7 +504,15 @@ static void check_abort(struct dpa_engine *eng, struct dpa_op *op, struct dpa_ha
 
 	dead &= team->world_mask;
 	if (dead) {
-		dpa_op_abort(eng, op, OFFLOAD_ERR_PEER, lowest_rank(dead));
+		/* Waits on the dead rank end at once (dpa_peer_gone); an op still stuck after a
+		 * grace period waits on it indirectly (counts, a barrier round): abort it. */
+		uint64_t none = 0;
+
+		if (!*now)
+			*now = dpa_hal_time_ns(hal);
+		if (!off_cas(&op->dead_since, &none, *now) &&
+		    *now - off_load_acquire(&op->dead_since) > DPA_DEAD_GRACE_NS)
+			dpa_op_abort(eng, op, OFFLOAD_ERR_PEER, lowest_rank(dead));
 		return;
 	}
 	if (__atomic_load_n(&op->cancel, __ATOMIC_SEQ_CST)) {
@@ -510,6 +532,9 @@ static int progress_ops(struct dpa_engine *eng, struct dpa_hal *hal)
 	uint32_t me = dpa_hal_thread_index(hal), nthreads = dpa_hal_num_threads(hal);
 	uint64_t dead = failed_ranks(hal), now = 0;
 	int work = 0;
+
+	if (dead != off_read_once(&eng->failed_ranks))
+		off_write_once(&eng->failed_ranks, dead);
 
 	for (uint32_t o = 0; o < OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW; o++) {
 		struct dpa_op *op = &eng->ops[o];

@@ -110,6 +110,7 @@ struct dpa_op {
 	uint32_t cancel;       /* a CANCEL command asked for this op (any thread sets it) */
 	uint32_t aborted;      /* items stop where they are and finish once nothing is in flight */
 	uint64_t deadline_ns;  /* op timeout: abort when the clock passes it; UINT64_MAX: never */
+	uint64_t dead_since;   /* when a dead member was first seen (0: none) */
 	uint64_t result0;      /* completion's result0/result1 */
 	uint64_t result1;
 	struct dpa_vlayout *v;
@@ -145,6 +146,7 @@ struct dpa_engine {
 	uint32_t cq_lock;
 	uint32_t inflight;     /* active ops; read by the runtime to choose how to idle */
 	uint32_t inflight_bulk; /* of which move more than DPA_ENGINE_SMALL_BYTES per rank */
+	uint64_t failed_ranks;  /* the ring header's failed_ranks, as last read */
 	struct dpa_team teams[OFFLOAD_MAX_TEAMS];
 	struct dpa_op ops[OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW];
 	struct dpa_vlayout vlayouts[OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW];
@@ -198,9 +200,9 @@ int dpa_signal_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *h
 /* Returns 1 if peer's done signal for this item arrived, 0 if not yet; fails the op on error. */
 int dpa_check_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 		   struct dpa_item *it, uint32_t src);
-/* The op failed reaching this peer (dead, closed, or it refused our control write): it
- * will never answer this op, so waits on it end. */
-int dpa_peer_gone(const struct dpa_op *op, uint32_t world_rank);
+/* The peer will never answer this op: it died (the op fails naming it), or the op failed
+ * reaching it (closed, or it refused our control write). Waits on it end. */
+int dpa_peer_gone(struct dpa_engine *eng, struct dpa_op *op, uint32_t world_rank);
 /* Fail the op on this rank and run it refusing: see intake_one(). */
 void dpa_op_refuse(struct dpa_engine *eng, struct dpa_op *op, int32_t status);
 void dpa_expect_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_item *it, uint32_t src);

@@ -199,7 +199,8 @@ int dpa_exchange_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, str
 			it->posted = send_len;
 		}
 		work++;
-	} else if (!(it->flags & DPA_ITEM_READY_IN) && dpa_peer_gone(op, team->peers[dst].world_rank)) {
+	} else if (!(it->flags & DPA_ITEM_READY_IN) &&
+		   dpa_peer_gone(eng, op, team->peers[dst].world_rank)) {
 		it->flags |= DPA_ITEM_READY_IN | DPA_ITEM_FAILED;
 		it->posted = send_len;
 		work++;
@@ -221,7 +222,7 @@ int dpa_exchange_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, str
 		}
 	}
 	if (!(it->flags & DPA_ITEM_RECVD) && (dpa_check_done(eng, op, hal, it, src) ||
-					       dpa_peer_gone(op, team->peers[src].world_rank))) {
+					       dpa_peer_gone(eng, op, team->peers[src].world_rank))) {
 		it->flags |= DPA_ITEM_RECVD;
 		work++;
 	}
