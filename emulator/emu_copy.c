@@ -11,6 +11,15 @@
 
 #define EMU_STREAM_MIN (64u * 1024u)
 
+/* A forged command can name a destination overlapping its own source in one registered
+ * region (a rank writing to itself): DMA copes, memcpy is undefined there. */
+static int overlaps(const void *dst, const void *src, uint64_t len)
+{
+	uintptr_t d = (uintptr_t)dst, s = (uintptr_t)src;
+
+	return d != s && d < s + len && s < d + len;
+}
+
 #if defined(__x86_64__)
 #include <immintrin.h>
 
@@ -41,7 +50,9 @@ static void stream_copy_avx2(uint8_t *dst, const uint8_t *src, uint64_t len)
 
 void emu_dma_copy(void *dst, const void *src, uint64_t len)
 {
-	if (len >= EMU_STREAM_MIN && __builtin_cpu_supports("avx2"))
+	if (overlaps(dst, src, len))
+		memmove(dst, src, len);
+	else if (len >= EMU_STREAM_MIN && __builtin_cpu_supports("avx2"))
 		stream_copy_avx2(dst, src, len);
 	else
 		memcpy(dst, src, len);
@@ -49,6 +60,9 @@ void emu_dma_copy(void *dst, const void *src, uint64_t len)
 #else
 void emu_dma_copy(void *dst, const void *src, uint64_t len)
 {
-	memcpy(dst, src, len);
+	if (overlaps(dst, src, len))
+		memmove(dst, src, len);
+	else
+		memcpy(dst, src, len);
 }
 #endif

@@ -371,17 +371,23 @@ static int emu_free_shared(struct host_device *hd, void *addr, uint64_t len)
 	struct emu_device *dev = to_emu(hd);
 	struct emu_mr *table = &dev->mrs[(uint64_t)dev->attr.rank * EMU_MAX_MRS];
 	uint64_t maplen = len ? (len + 4095) & ~4095ull : 4096;
+	uint32_t key = 0;
 	char name[160];
 
-	for (uint32_t i = 0; i < EMU_MAX_MRS; i++) {
-		uint32_t key = off_load_acquire(&table[i].key);
+	/* Under mr_lock: another host thread may be filling a free slot of the table. */
+	pthread_mutex_lock(&dev->mr_lock);
+	for (uint32_t i = 0; i < EMU_MAX_MRS && !key; i++) {
+		uint32_t k = off_load_acquire(&table[i].key);
 
-		if (!key || table[i].kind != EMU_MR_SHARED || table[i].addr != (uintptr_t)addr)
+		if (!k || table[i].kind != EMU_MR_SHARED || table[i].addr != (uintptr_t)addr)
 			continue;
 		emu_shared_name(dev, dev->attr.rank, table[i].serial, name, sizeof(name));
+		key = k;
+	}
+	pthread_mutex_unlock(&dev->mr_lock);
+	if (key) {
 		emu_mr_dereg(dev, key);
 		shm_unlink(name);
-		break;
 	}
 	return munmap(addr, maplen) ? -errno : 0;
 }

@@ -38,9 +38,6 @@ void *dpa_hal_window_ptr(struct dpa_hal *hal, enum dpa_hal_window win, uint64_t 
 		if (offset > dev->win.stats_len || len > dev->win.stats_len - offset)
 			return NULL;
 		return (uint8_t *)dev->win.stats + offset;
-	case DPA_HAL_WIN_AUX:
-		/* The aux window spans host memory; its offset is the host address. */
-		return offset ? (void *)(uintptr_t)offset : NULL;
 	case DPA_HAL_WIN_CTRL:
 		if (offset > sizeof(struct offload_ctrl) || len > sizeof(struct offload_ctrl) - offset)
 			return NULL;
@@ -171,6 +168,20 @@ static int32_t do_write(struct emu_device *dev, uint32_t peer, const void *src, 
 	}
 	emu_map_release(held);
 	return OFFLOAD_OK;
+}
+
+void *dpa_hal_aux_ptr(struct dpa_hal *hal, uint32_t key, uint64_t addr, uint64_t len)
+{
+	struct emu_map *held;
+	uint8_t *ptr;
+	int32_t pid;
+
+	/* The host's own memory, so reachable directly once the registration covers it. */
+	if (!len || emu_mr_resolve(hal->dev, hal->dev->attr.rank, key, addr, len,
+				   OFFLOAD_ACCESS_LOCAL_READ | OFFLOAD_ACCESS_LOCAL_WRITE, &ptr, &pid,
+				   &held) != OFFLOAD_OK)
+		return NULL;
+	return (void *)(uintptr_t)addr;
 }
 
 static int32_t check_local(struct emu_device *dev, uint64_t laddr, uint32_t lkey, uint64_t len,

@@ -111,18 +111,27 @@ def _src_dst(src: Any, dst: Any) -> tuple[Buffer, Buffer]:
     return s, d
 
 
-def _alltoallv_op(team: Team, s: Buffer, d: Buffer, send_bytes: np.ndarray) -> tuple[Any, np.ndarray]:
+_ARGS_WORDS = 3 * MAX_RANKS + 3
+
+
+def _alltoallv_op(team: Team, s: Buffer, d: Buffer, send_bytes: np.ndarray,
+                  rows: np.ndarray | None = None) -> tuple[Any, np.ndarray]:
     """The command and its struct offload_alltoallv_args (send_bytes, recv_bytes (out),
     expect_bytes, rows_addr, row_bytes, slot_bytes) as one uint64 array that lives until
-    completion."""
-    args = np.zeros(3 * MAX_RANKS + 3, np.uint64)
+    completion; a row list follows the struct in the same array, so that the one
+    registration host_post makes for the arguments covers it too."""
+    tail = 0 if rows is None else (rows.size + 1) // 2
+    args = np.zeros(_ARGS_WORDS + tail, np.uint64)
     args[:team.size] = send_bytes
+    if rows is not None and rows.size:
+        args[_ARGS_WORDS:].view(np.uint32)[:rows.size] = rows
+        args[3 * MAX_RANKS] = args.ctypes.data + _ARGS_WORDS * 8
     op = ffi.new("struct host_op *")
     op.opcode = OP_ALLTOALLV
     op.team = team.id
     op.src_addr, op.src_len, op.count = s.addr, s.nbytes, s.nbytes
     op.dst_addr, op.dst_len = d.addr, d.nbytes
-    op.aux_addr = args.ctypes.data
+    op.aux_addr, op.aux_len = args.ctypes.data, args.nbytes
     return op, args
 
 
@@ -281,10 +290,8 @@ class Team:
             )
         if index.size and (int(index.min()) < 0 or int(index.max()) >= table_rows):
             raise InvalidArgument(f"rows must index src's {table_rows} rows")
-        row_list = np.ascontiguousarray(index, dtype=np.uint32)
         row_bytes = row_elems * s.itemsize
-        op, args = _alltoallv_op(self, s, d, per_rank * row_bytes)
-        args[3 * MAX_RANKS] = row_list.ctypes.data if row_list.size else 0
+        op, args = _alltoallv_op(self, s, d, per_rank * row_bytes, index)
         args[3 * MAX_RANKS + 1] = row_bytes
         op.flags |= F_ROWS
 
@@ -292,7 +299,7 @@ class Team:
             got = args[MAX_RANKS:MAX_RANKS + n]
             return (got // row_bytes if row_bytes else got).astype(np.int64)
 
-        return ctx._post(op, "alltoallv_rows", (s.obj, d.obj, args, row_list), received,
+        return ctx._post(op, "alltoallv_rows", (s.obj, d.obj, args), received,
                          nbytes=int(index.size) * row_bytes, itemsize=s.itemsize)
 
     # -- barrier ----------------------------------------------------------------------------

@@ -272,10 +272,28 @@ def test_team_create_through_host_post_is_checked(fw):
         "my entry is not me": _team_desc(5, 1, 0, [3]),
     }
     for what, desc in bad.items():
-        comp = run_op(h, make_op(opcode=OP_TEAM_CREATE, team=0, aux_addr=addr(desc)))
+        comp = run_op(h, make_op(opcode=OP_TEAM_CREATE, team=0, aux_addr=addr(desc),
+                                 aux_len=desc.nbytes))
         assert comp.status == ERR_INVALID, f"{what}: status {comp.status}"
     # none of them created team 5
     assert run_op(h, make_op(opcode=OP_BARRIER, team=5)).status == ERR_INVALID
+    good = _team_desc(5, 1, 0, [0])
+    # the firmware reads arguments only through the key the host registered them under
+    comp = run_op(h, make_op(opcode=OP_TEAM_CREATE, team=0, aux_addr=addr(good)))
+    assert comp.status == ERR_INVALID, f"unregistered descriptor: {comp.status}"
+    comp = run_op(h, make_op(opcode=OP_TEAM_CREATE, team=0, aux_addr=addr(good),
+                             aux_len=good.nbytes - 8))
+    assert comp.status == ERR_INVALID, f"descriptor past its registration: {comp.status}"
+    raw = np.zeros(good.nbytes + 8, np.uint8)
+    misaligned = raw[4:4 + good.nbytes]
+    misaligned[:] = good.view(np.uint8).reshape(-1)
+    comp = run_op(h, make_op(opcode=OP_TEAM_CREATE, team=0, aux_addr=addr(misaligned),
+                             aux_len=misaligned.nbytes))
+    assert comp.status == ERR_INVALID, f"misaligned descriptor: {comp.status}"
+    comp = run_op(h, make_op(opcode=OP_TEAM_CREATE, team=0, aux_addr=addr(good),
+                             aux_len=good.nbytes))
+    assert comp.status == OK, f"control: {comp.status}"
+    assert run_op(h, make_op(opcode=OP_BARRIER, team=5)).status == OK
 
 
 # -- memory checks (ERR_REMOTE_ACCESS) ----------------------------------------------------------

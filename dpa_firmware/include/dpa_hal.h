@@ -28,11 +28,11 @@ struct dpa_hal_cqe {
 	uint32_t resv;
 };
 
-/* Host-memory windows the host set up for this DPA process. */
+/* Host-memory windows the host set up for this DPA process. (2 was the unchecked aux
+ * window: command arguments are reached through dpa_hal_aux_ptr() now.) */
 enum dpa_hal_window {
 	DPA_HAL_WIN_RING = 0,   /* struct offload_ring_hdr, then the SQ, then the CQ */
 	DPA_HAL_WIN_STATS = 1,  /* struct offload_thread_stats[num_threads] */
-	DPA_HAL_WIN_AUX = 2,    /* host memory named by a command's aux_addr */
 	DPA_HAL_WIN_CTRL = 3,   /* this rank's struct offload_ctrl, written by peers */
 };
 
@@ -42,6 +42,14 @@ uint32_t dpa_hal_num_threads(const struct dpa_hal *hal);
 /* A device-side pointer to [offset, offset+len) of a window, or NULL if out of range. */
 void *dpa_hal_window_ptr(struct dpa_hal *hal, enum dpa_hal_window win,
 			 uint64_t offset, uint64_t len);
+
+/*
+ * Host memory a command names (aux_addr: team descriptors, all-to-all-v arguments, row
+ * lists), which the host registered under key for local read and write. A device pointer
+ * to [addr, addr+len), or NULL unless key covers the whole range with those rights: a
+ * malformed command gets an error completion, not a fault.
+ */
+void *dpa_hal_aux_ptr(struct dpa_hal *hal, uint32_t key, uint64_t addr, uint64_t len);
 
 /* RDMA WRITE/READ between local memory (lkey) and a peer's registered memory (rkey). */
 int dpa_hal_rdma_write(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint32_t lkey,

@@ -235,7 +235,7 @@ _Static_assert(sizeof(struct offload_thread_stats) == 128, "stats are two cache 
 /* Windows, in the order of enum dpa_hal_window. */
 #define OFFLOAD_FLEXIO_WIN_RING  0u
 #define OFFLOAD_FLEXIO_WIN_STATS 1u
-#define OFFLOAD_FLEXIO_WIN_AUX   2u
+/* 2 is unused: command arguments are reached with dpa_hal_aux_ptr() */
 #define OFFLOAD_FLEXIO_WIN_CTRL  3u
 #define OFFLOAD_FLEXIO_NUM_WINS  4u
 

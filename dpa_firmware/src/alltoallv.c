@@ -14,8 +14,10 @@
 
 static const struct offload_alltoallv_args *args_of(struct dpa_hal *hal, const struct dpa_op *op)
 {
-	return dpa_hal_window_ptr(hal, DPA_HAL_WIN_AUX, op->cmd.aux_addr,
-				  sizeof(struct offload_alltoallv_args));
+	if (op->cmd.aux_addr & 7)  /* misaligned: the DPA's loads would fault */
+		return NULL;
+	return dpa_hal_aux_ptr(hal, op->cmd.aux_key, op->cmd.aux_addr,
+			       sizeof(struct offload_alltoallv_args));
 }
 
 /* Rows mode: every block a whole number of rows, every row index inside src. */
@@ -30,7 +32,9 @@ static int check_rows(struct dpa_hal *hal, const struct dpa_op *op,
 		return 0;
 	nrows = total / row_bytes;
 	table_rows = op->cmd.count / row_bytes;
-	rows = dpa_hal_window_ptr(hal, DPA_HAL_WIN_AUX, args->rows_addr, nrows * sizeof(*rows));
+	/* The row list lives in the same registered argument block. */
+	rows = args->rows_addr & 3 ? NULL :
+	       dpa_hal_aux_ptr(hal, op->cmd.aux_key, args->rows_addr, nrows * sizeof(*rows));
 	if (nrows && !rows)
 		return 0;
 	for (uint64_t k = 0; k < nrows; k++)

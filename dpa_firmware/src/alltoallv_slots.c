@@ -10,8 +10,10 @@
 
 static struct offload_alltoallv_args *args_of(struct dpa_hal *hal, const struct dpa_op *op)
 {
-	return dpa_hal_window_ptr(hal, DPA_HAL_WIN_AUX, op->cmd.aux_addr,
-				  sizeof(struct offload_alltoallv_args));
+	if (op->cmd.aux_addr & 7)  /* misaligned: the DPA's loads would fault */
+		return NULL;
+	return dpa_hal_aux_ptr(hal, op->cmd.aux_key, op->cmd.aux_addr,
+			       sizeof(struct offload_alltoallv_args));
 }
 
 /* The sends and the slots, checked against src and dst; 0 if the command is malformed. */

@@ -255,7 +255,9 @@ static int32_t validate_team_desc(struct dpa_engine *eng, const struct offload_t
 static int32_t team_create(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd)
 {
 	const struct offload_team_desc *d =
-		dpa_hal_window_ptr(hal, DPA_HAL_WIN_AUX, cmd->aux_addr, sizeof(*d));
+		/* Misaligned: the DPA's loads of its 8-byte fields would fault. */
+		cmd->aux_addr & 7 ? NULL :
+		dpa_hal_aux_ptr(hal, cmd->aux_key, cmd->aux_addr, sizeof(*d));
 	struct dpa_team *team;
 	int32_t st;
 
@@ -307,7 +309,13 @@ static int32_t cancel_op(struct dpa_engine *eng, struct dpa_hal *hal, uint64_t t
 		/* Slots are (re)filled only under the intake lock, which we hold. */
 		if (__atomic_load_n(&op->state, __ATOMIC_SEQ_CST) == DPA_OP_ACTIVE &&
 		    op->cmd.tag == target) {
+			struct dpa_team *team = &eng->teams[op->team_id];
+
 			__atomic_store_n(&op->cancel, 1, __ATOMIC_SEQ_CST);
+			/* At once, not when the op is next progressed: a command taken right
+			 * after this one must already find the team failed. */
+			poison_team(team, OFFLOAD_ERR_CANCELED,
+				    team->peers[team->my_rank].world_rank);
 			dpa_hal_notify(hal);
 			return OFFLOAD_OK;
 		}

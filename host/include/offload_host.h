@@ -51,6 +51,7 @@ struct host_op {
 	uint32_t aux_key;
 	uint32_t root;
 	uint64_t src_len;           /* bytes of src, for registering it */
+	uint64_t aux_len;           /* bytes at aux_addr (command arguments), for registering them */
 };
 
 struct host_completion {
@@ -70,9 +71,10 @@ int host_team_create(struct host_ctx *ctx, uint32_t team_id, uint32_t nmembers,
 		     const uint32_t *world_ranks, int64_t timeout_ns);
 
 /* Post: 0 and *tag, -EAGAIN if the ring stays full past timeout_ns (0 = don't block),
- * -EBUSY if too many requests completed without being waited for. A zero src_key/dst_key
- * with a non-zero src_len/dst_len asks host_post to register that buffer for this op
- * alone (released when the op completes): one call per one-shot op. */
+ * -EBUSY if too many requests completed without being waited for. A zero src_key/dst_key/
+ * aux_key with a non-zero src_len/dst_len/aux_len asks host_post to register that buffer
+ * for this op alone (released when the op completes): one call per one-shot op. The
+ * firmware reaches aux memory only through its key. */
 int host_post(struct host_ctx *ctx, const struct host_op *op, int64_t timeout_ns, uint32_t *tag);
 /* 0 with *out filled once the op completed, -ETIMEDOUT otherwise (timeout_ns < 0: forever).
  * The first poll_ns are spent polling (yielding the core between looks), the rest asleep:

@@ -35,7 +35,7 @@ enum host_tag_state {
 struct host_tag {
 	uint32_t tag;
 	uint32_t state;
-	uint32_t release_keys[2];
+	uint32_t release_keys[3];
 	uint32_t keys[3];     /* src, dst, aux: deregistering them is refused while pending */
 	struct host_completion done;
 };
@@ -211,7 +211,7 @@ static void reap_locked(struct host_ctx *ctx)
 		struct host_tag *t = &ctx->tags[c->tag % HOST_TAGS];
 
 		if (t->tag == c->tag && (t->state == TAG_PENDING || t->state == TAG_ABANDONED)) {
-			for (int i = 0; i < 2; i++)
+			for (int i = 0; i < 3; i++)
 				if (t->release_keys[i])
 					ctx->ops->mr_dereg(ctx->dev, t->release_keys[i]);
 			t->done = (struct host_completion){ .status = c->status, .detail = c->detail,
@@ -224,7 +224,7 @@ static void reap_locked(struct host_ctx *ctx)
 	off_store_release(&ctx->ring->cq_head, head);  /* the DPA may reuse those entries */
 }
 
-static int post_locked(struct host_ctx *ctx, const struct host_op *op, const uint32_t release[2],
+static int post_locked(struct host_ctx *ctx, const struct host_op *op, const uint32_t release[3],
 		       uint32_t *tag_out)
 {
 	uint32_t tail = ctx->ring->sq_tail;  /* ours */
@@ -247,7 +247,7 @@ static int post_locked(struct host_ctx *ctx, const struct host_op *op, const uin
 		.aux_addr = op->aux_addr, .aux_key = op->aux_key, .root = op->root,
 	};
 	*t = (struct host_tag){ .tag = tag, .state = TAG_PENDING,
-		.release_keys = { release[0], release[1] },
+		.release_keys = { release[0], release[1], release[2] },
 		.keys = { op->src_key, op->dst_key, op->aux_key } };
 	ctx->inflight++;
 	ctx->next_tag = tag + 1 ? tag + 1 : 1;  /* tag 0 is never used */
@@ -256,7 +256,7 @@ static int post_locked(struct host_ctx *ctx, const struct host_op *op, const uin
 	return 0;
 }
 
-static int acquire_op_keys(struct host_ctx *ctx, struct host_op *op, uint32_t release[2])
+static int acquire_op_keys(struct host_ctx *ctx, struct host_op *op, uint32_t release[3])
 {
 	int owned, rc;
 
@@ -278,6 +278,16 @@ static int acquire_op_keys(struct host_ctx *ctx, struct host_op *op, uint32_t re
 		if (owned)
 			release[1] = op->dst_key;
 	}
+	if (!op->aux_key && op->aux_len) {
+		/* Arguments the firmware reads and writes back (counts) in place. */
+		rc = host_mr_acquire(ctx, (const void *)(uintptr_t)op->aux_addr, op->aux_len,
+				     OFFLOAD_ACCESS_LOCAL_READ | OFFLOAD_ACCESS_LOCAL_WRITE,
+				     &op->aux_key, &owned);
+		if (rc)
+			return rc;
+		if (owned)
+			release[2] = op->aux_key;
+	}
 	return 0;
 }
 
@@ -287,7 +297,7 @@ int host_post(struct host_ctx *ctx, const struct host_op *user_op, int64_t timeo
 	int64_t deadline = now_ns() + (timeout_ns > 0 ? timeout_ns : 0);
 	struct timespec pause = { 0, 20000 };
 	struct host_op op = *user_op;
-	uint32_t release[2] = { 0, 0 };
+	uint32_t release[3] = { 0, 0, 0 };
 	int rc;
 
 	/* Fields wider here than in the 64-byte slot must fit it, not be truncated. */
@@ -309,7 +319,7 @@ int host_post(struct host_ctx *ctx, const struct host_op *user_op, int64_t timeo
 		rc = 0;
 	}
 	if (rc) {
-		for (int i = 0; i < 2; i++)
+		for (int i = 0; i < 3; i++)
 			if (release[i])
 				ctx->ops->mr_dereg(ctx->dev, release[i]);
 		return rc;
@@ -438,6 +448,7 @@ int host_team_create(struct host_ctx *ctx, uint32_t team_id, uint32_t nmembers,
 		goto out;
 	desc->my_rank = me;
 	op.aux_addr = (uint64_t)(uintptr_t)desc;
+	op.aux_len = sizeof(*desc);
 	rc = host_post(ctx, &op, timeout_ns, &tag);
 	if (rc)
 		goto out;

@@ -32,7 +32,6 @@
 
 _Static_assert(DPA_HAL_WIN_RING == OFFLOAD_FLEXIO_WIN_RING &&
 	       DPA_HAL_WIN_STATS == OFFLOAD_FLEXIO_WIN_STATS &&
-	       DPA_HAL_WIN_AUX == OFFLOAD_FLEXIO_WIN_AUX &&
 	       DPA_HAL_WIN_CTRL == OFFLOAD_FLEXIO_WIN_CTRL, "window order shared with the host");
 _Static_assert((DPA_FLEXIO_SOFT_DEPTH & (DPA_FLEXIO_SOFT_DEPTH - 1)) == 0, "soft depth");
 
@@ -158,12 +157,6 @@ void *dpa_hal_window_ptr(struct dpa_hal *hal, enum dpa_hal_window win, uint64_t 
 			return NULL;
 		haddr = w->haddr + offset;
 		break;
-	case DPA_HAL_WIN_AUX:
-		/* As in the emulator, the aux window's offset is the host address itself. */
-		if (!offset)
-			return NULL;
-		haddr = offset;
-		break;
 	default:
 		return NULL;
 	}
@@ -172,6 +165,21 @@ void *dpa_hal_window_ptr(struct dpa_hal *hal, enum dpa_hal_window win, uint64_t 
 	if (win != DPA_HAL_WIN_STATS)
 		__dpa_thread_window_read_inv();
 	return dptr(hal->win_base + haddr);
+}
+
+/*
+ * Command arguments in host memory. The host registered them under key (ibv_reg_mr with
+ * local read/write); the DPA reaches all host memory through the window's implicit-ODP key,
+ * so the range, not the key, is what can be checked here: a null or wrapping range is
+ * refused, and a page that is not mapped faults in the window (an error the host sees).
+ */
+void *dpa_hal_aux_ptr(struct dpa_hal *hal, uint32_t key, uint64_t addr, uint64_t len)
+{
+	(void)key;
+	if (!addr || addr + len < addr)
+		return NULL;
+	__dpa_thread_window_read_inv();
+	return dptr(hal->win_base + addr);
 }
 
 /* ------------------------------------------------------------------ completions made up here */
