@@ -208,6 +208,14 @@ static void emu_close(struct host_device *hd)
 	free(dev);
 }
 
+/* Multicast settings: a zeroed attr (mtu 0) is refused, not guessed at. */
+static int mcast_attr_valid(const struct host_device_attr *attr)
+{
+	return attr->mtu >= 256 && attr->mtu <= 65536 && !(attr->mtu & (attr->mtu - 1)) &&
+	       attr->mcast_rq_depth >= 2 && attr->mcast_loss_ppm <= 1000000 &&
+	       attr->mcast_reorder_ppm <= 1000000;
+}
+
 static int emu_open(const struct host_device_attr *attr, struct host_device **out)
 {
 	struct emu_device *dev;
@@ -216,7 +224,7 @@ static int emu_open(const struct host_device_attr *attr, struct host_device **ou
 	if (!attr->job || strlen(attr->job) >= sizeof(dev->job) - 1 || strchr(attr->job, '/') ||
 	    attr->size == 0 || attr->size > OFFLOAD_MAX_RANKS || attr->rank >= attr->size ||
 	    attr->num_threads == 0 || attr->num_threads > OFFLOAD_MAX_THREADS ||
-	    attr->rails == 0 || attr->rails > HOST_MAX_RAILS)
+	    attr->rails == 0 || attr->rails > HOST_MAX_RAILS || !mcast_attr_valid(attr))
 		return -EINVAL;
 	dev = calloc(1, sizeof(*dev));
 	if (!dev)

@@ -97,25 +97,6 @@ static int32_t rail_gate(struct dpa_hal *hal, uint32_t peer, uint64_t len, uint3
 	return OFFLOAD_OK;
 }
 
-static int push_cqe(struct dpa_hal *hal, uint64_t wr_id, int32_t status, uint64_t bytes,
-		    uint32_t rail)
-{
-	struct dpa_hal_cqe *c = &hal->cq[hal->cq_tail & (EMU_CQ_DEPTH - 1)];
-
-	c->wr_id = wr_id;
-	c->status = status;
-	c->bytes = (uint32_t)bytes;
-	c->rail = rail;
-	c->resv = 0;
-	hal->cq_tail++;
-	return 0;
-}
-
-static int cq_full(const struct dpa_hal *hal)
-{
-	return hal->cq_tail - hal->cq_head >= EMU_CQ_DEPTH;
-}
-
 /* process_vm_* may move less than asked; finish the transfer or report why not. */
 static int32_t vm_copy(int32_t pid, int to_remote, void *local, uint64_t raddr, uint64_t len)
 {
@@ -203,14 +184,14 @@ int dpa_hal_rdma_write(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint3
 	uint32_t rail = 0;
 	int32_t st;
 
-	if (cq_full(hal))
+	if (emu_cq_full(hal))
 		return DPA_HAL_EAGAIN;
 	st = check_local(hal->dev, laddr, lkey, len, OFFLOAD_ACCESS_LOCAL_READ);
 	if (!st)
 		st = rail_gate(hal, peer, len, &rail);
 	if (!st)
 		st = do_write(hal->dev, peer, (const void *)(uintptr_t)laddr, raddr, rkey, len);
-	return push_cqe(hal, wr_id, st, st ? 0 : len, rail);
+	return emu_push_cqe(hal, wr_id, st, st ? 0 : len, rail);
 }
 
 /* process_vm_writev of a gather list into one remote range, finishing partial transfers. */
@@ -255,7 +236,7 @@ int dpa_hal_rdma_write_sg(struct dpa_hal *hal, uint32_t peer, const struct dpa_h
 	uint32_t rail = 0;
 	int32_t pid, st = OFFLOAD_OK;
 
-	if (cq_full(hal))
+	if (emu_cq_full(hal))
 		return DPA_HAL_EAGAIN;
 	if (!nsge || nsge > DPA_HAL_MAX_SGE)
 		return -EINVAL;
@@ -281,7 +262,7 @@ int dpa_hal_rdma_write_sg(struct dpa_hal *hal, uint32_t peer, const struct dpa_h
 		}
 		emu_map_release(held);
 	}
-	return push_cqe(hal, wr_id, st, st ? 0 : total, rail);
+	return emu_push_cqe(hal, wr_id, st, st ? 0 : total, rail);
 }
 
 int dpa_hal_rdma_write_inline(struct dpa_hal *hal, uint32_t peer, const void *data,
@@ -290,7 +271,7 @@ int dpa_hal_rdma_write_inline(struct dpa_hal *hal, uint32_t peer, const void *da
 	uint32_t rail;
 	int32_t st;
 
-	if (cq_full(hal))
+	if (emu_cq_full(hal))
 		return DPA_HAL_EAGAIN;
 	st = rail_gate(hal, peer, len, &rail);
 	if (!st)
@@ -299,7 +280,7 @@ int dpa_hal_rdma_write_inline(struct dpa_hal *hal, uint32_t peer, const void *da
 	 * a completion event that wakes the target's progress threads. */
 	if (!st)
 		emu_wake_rank(hal->dev, peer);
-	return push_cqe(hal, wr_id, st, st ? 0 : len, rail);
+	return emu_push_cqe(hal, wr_id, st, st ? 0 : len, rail);
 }
 
 int dpa_hal_rdma_read(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint32_t lkey,
@@ -311,7 +292,7 @@ int dpa_hal_rdma_read(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint32
 	uint32_t rail = 0;
 	int32_t pid, st;
 
-	if (cq_full(hal))
+	if (emu_cq_full(hal))
 		return DPA_HAL_EAGAIN;
 	st = check_local(dev, laddr, lkey, len, OFFLOAD_ACCESS_LOCAL_WRITE);
 	if (!st)
@@ -326,7 +307,7 @@ int dpa_hal_rdma_read(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint32
 			st = vm_copy(pid, 0, (void *)(uintptr_t)laddr, raddr, len);
 		emu_map_release(held);
 	}
-	return push_cqe(hal, wr_id, st, st ? 0 : len, rail);
+	return emu_push_cqe(hal, wr_id, st, st ? 0 : len, rail);
 }
 
 int dpa_hal_rdma_signal_add(struct dpa_hal *hal, uint32_t peer, uint64_t raddr, uint32_t rkey,
@@ -338,7 +319,7 @@ int dpa_hal_rdma_signal_add(struct dpa_hal *hal, uint32_t peer, uint64_t raddr, 
 	uint32_t rail;
 	int32_t pid, st;
 
-	if (cq_full(hal))
+	if (emu_cq_full(hal))
 		return DPA_HAL_EAGAIN;
 	st = rail_gate(hal, peer, sizeof(uint64_t), &rail);
 	if (!st)
@@ -354,7 +335,7 @@ int dpa_hal_rdma_signal_add(struct dpa_hal *hal, uint32_t peer, uint64_t raddr, 
 		emu_wake_rank(dev, peer);
 	}
 	emu_map_release(held);
-	return push_cqe(hal, wr_id, st, 0, rail);
+	return emu_push_cqe(hal, wr_id, st, 0, rail);
 }
 
 int dpa_hal_poll_cq(struct dpa_hal *hal, struct dpa_hal_cqe *out, int max)

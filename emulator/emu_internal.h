@@ -4,7 +4,9 @@
  *  - mr_lock guards allocation of entries in this rank's own MR table (owner-only writes);
  *    peers read entries lock-free, validating the key before and after (seqlock style).
  *  - map_lock guards the cache of peers' shared segments mapped into this process.
- *  - everything else in the job segment is atomics.
+ *  - everything else in the job segment is atomics (multicast rings: see emu_mcast.c).
+ *  - a multicast group's receive side (struct emu_mcast_rx) is guarded by its own lock,
+ *    which post takes and poll only tries.
  */
 #ifndef EMU_INTERNAL_H
 #define EMU_INTERNAL_H
@@ -22,6 +24,16 @@
 #define EMU_MAX_MAPS  256u
 #define EMU_CQ_DEPTH  8192u
 #define EMU_ADVISED   64u           /* ranges already advised for huge pages */
+/* UD multicast: each group's ring holds about this many payload bytes (slots of one MTU),
+ * with between EMU_MCAST_MIN_SLOTS and EMU_MCAST_MAX_SLOTS slots (powers of two, as the
+ * MTU is). 16 groups of 4 MiB stay within a container's /dev/shm; tmpfs pages are only
+ * allocated once a group's ring reaches them. The ring (the senders' credit window) is
+ * no deeper than the default receive queue (512): a reader that is merely descheduled
+ * holds the senders back instead of overrunning; only a smaller queue overruns. */
+#define EMU_MCAST_RING_BYTES (4u << 20)
+#define EMU_MCAST_MIN_SLOTS  64u
+#define EMU_MCAST_MAX_SLOTS  512u
+#define EMU_MCAST_WRITING    UINT64_MAX  /* slot generation while a sender fills it */
 
 enum emu_mr_kind {
 	EMU_MR_PRIVATE = 0,   /* ordinary process memory: process_vm_writev/readv */
@@ -45,7 +57,8 @@ struct emu_job_hdr {
 	uint32_t resv0;
 	/* Ranks with every port down: unreachable, so peers fail them as if dead. */
 	uint64_t unreachable;
-	uint32_t resv[8];
+	uint32_t mtu;         /* multicast slot size: every rank must agree (claimed at join) */
+	uint32_t resv[7];
 };
 
 struct emu_rank {
@@ -85,6 +98,70 @@ struct emu_map {
 	uint64_t len;
 };
 
+/*
+ * A multicast group in the job segment (one per team id). Slot indices are free-running
+ * 64-bit counters, masked on access. `head` is the next index to claim (senders CAS it);
+ * each member publishes `cursor`: it has consumed [0, cursor), so a sender may reuse the
+ * slot of index i only once every counted member's cursor passed i - slots (credits).
+ */
+struct emu_mcast_member {
+	uint64_t cursor;      /* written by its rank (release), read by senders (acquire) */
+	uint64_t resv[7];
+};
+
+struct emu_mcast_group {
+	uint64_t head;
+	uint64_t resv0[7];
+	uint64_t joined;      /* ranks counted for credits and woken by sends (bit per rank) */
+	uint64_t blocked;     /* ranks whose send found no credit: the next poll wakes them */
+	uint64_t resv1[6];
+	struct emu_mcast_member members[OFFLOAD_MAX_RANKS];
+};
+
+/* Seqlock: gen is index + 1 once published, EMU_MCAST_WRITING while being rewritten. */
+struct emu_mcast_slot {
+	uint64_t gen;
+	uint32_t sender;
+	uint32_t imm;
+	uint32_t len;
+	uint32_t resv[11];
+};
+
+_Static_assert(sizeof(struct emu_mcast_member) == 64, "a cursor per cache line");
+_Static_assert(sizeof(struct emu_mcast_group) == 128 + 64 * OFFLOAD_MAX_RANKS, "group layout");
+_Static_assert(sizeof(struct emu_mcast_slot) == 64, "a slot header per cache line");
+_Static_assert(OFFLOAD_MAX_RANKS <= 64, "joined and blocked are 64-bit rank masks");
+_Static_assert(EMU_MCAST_MAX_SLOTS % 64 == 0, "done bitmap words");
+
+/* This rank's receive side of one group (process memory: only our threads use it). */
+struct emu_mcast_rx {
+	uint32_t lock;        /* post vs poll (off_trylock); poll never waits for it */
+	uint32_t joined;
+	uint32_t seq8;
+	uint32_t nregions;
+	uint32_t posted;      /* nregions > 0, read by our senders without the lock */
+	uint32_t resv;
+	uint64_t next;        /* first slot index this NIC has not consumed */
+	uint64_t hold;        /* reorder injection: held slot index + 1, 0 if none */
+	uint64_t limit;       /* send side: claims below this need no credit rescan */
+	/* Slots of [next, next + slots) consumed past one still being written (bit i % slots):
+	 * a sender stalled mid-copy must not hold back the chunks of the others. */
+	uint64_t done[EMU_MCAST_MAX_SLOTS / 64];
+	struct dpa_hal_mcast_region regions[DPA_HAL_MCAST_MAX_REGIONS];
+};
+
+/* This rank's multicast NIC counters (relaxed atomics; see emu_mcast_counters()). */
+struct emu_mcast_counters {
+	uint64_t sent;
+	uint64_t send_eagain;   /* no credit (or the slot's previous sender still writing) */
+	uint64_t delivered;
+	uint64_t lost;          /* loss injection */
+	uint64_t unmatched;     /* no posted region matched: other op, stale seq8, nothing posted */
+	uint64_t overrun;       /* receive queue held more than mcast_rq_depth chunks */
+	uint64_t overwritten;   /* fell a ring behind, or a slot rewritten while read */
+	uint64_t reordered;
+};
+
 struct emu_device;
 
 struct dpa_hal {
@@ -105,6 +182,10 @@ struct emu_device {
 	struct emu_rank *ranks;
 	struct emu_mr *mrs;           /* [nranks][EMU_MAX_MRS] */
 	struct offload_ctrl *ctrls;   /* [nranks] */
+	struct emu_mcast_group *mc_groups;  /* [OFFLOAD_MAX_TEAMS] */
+	struct emu_mcast_slot *mc_slots;    /* [OFFLOAD_MAX_TEAMS][mc_nslots] */
+	uint8_t *mc_payload;                /* [OFFLOAD_MAX_TEAMS][mc_nslots][mtu] */
+	uint32_t mc_nslots;
 	pthread_mutex_t mr_lock;
 	uint64_t rng;
 	uint32_t next_serial;
@@ -128,6 +209,9 @@ struct emu_device {
 	int watch_stop_fd;
 	uint32_t watching;
 	uint32_t peers_failed;
+	/* UD multicast (emu_mcast.c) */
+	struct emu_mcast_rx mc_rx[OFFLOAD_MAX_TEAMS];
+	struct emu_mcast_counters mc_count;
 };
 
 static inline struct emu_device *to_emu(struct host_device *dev)
@@ -153,6 +237,32 @@ void emu_map_release(struct emu_map *held);
 void emu_shared_name(const struct emu_device *dev, uint32_t rank, uint32_t serial,
 		     char *out, uint64_t outlen);
 void emu_unmap_peers(struct emu_device *dev);
+
+/* Completions of this thread's posts; the thread is the CQ's only producer and consumer. */
+static inline int emu_cq_full(const struct dpa_hal *hal)
+{
+	return hal->cq_tail - hal->cq_head >= EMU_CQ_DEPTH;
+}
+
+static inline int emu_push_cqe(struct dpa_hal *hal, uint64_t wr_id, int32_t status,
+			       uint64_t bytes, uint32_t rail)
+{
+	struct dpa_hal_cqe *c = &hal->cq[hal->cq_tail & (EMU_CQ_DEPTH - 1)];
+
+	c->wr_id = wr_id;
+	c->status = status;
+	c->bytes = (uint32_t)bytes;
+	c->rail = rail;
+	c->resv = 0;
+	hal->cq_tail++;
+	return 0;
+}
+
+/* emu_mcast.c */
+uint32_t emu_mcast_slots(uint32_t mtu);
+/* A rank's process taking over its rank: the dead process's memberships must not count. */
+void emu_mcast_forget(struct emu_device *dev);
+void emu_mcast_counters(const struct emu_device *dev, struct emu_mcast_counters *out);
 
 /* emu_copy.c: a copy into memory mapped here, as the NIC's DMA would do it */
 void emu_dma_copy(void *dst, const void *src, uint64_t len);

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The job segment (one per job, mode 0600, unique name from the launcher) and what lives
- * in it: the rank table, each rank's memory-registration table and control region.
+ * in it: the rank table, each rank's memory-registration table and control region, and
+ * the multicast groups' rings (emu_mcast.c).
  * Also the mapping of peers' ctx.empty() segments, and the registration checks every
  * emulated RDMA access goes through.
  */
@@ -40,9 +41,29 @@ static uint64_t ctrls_off(uint32_t n)
 	return align_up(mrs_off(n) + (uint64_t)n * EMU_MAX_MRS * sizeof(struct emu_mr), 4096);
 }
 
-static uint64_t job_len(uint32_t n)
+/* Multicast: group headers, then slot headers, then payloads (one MTU per slot, page
+ * aligned so that chunks are MTU-aligned for the DMA copy). */
+static uint64_t mc_groups_off(uint32_t n)
 {
 	return align_up(ctrls_off(n) + (uint64_t)n * sizeof(struct offload_ctrl), 4096);
+}
+
+static uint64_t mc_slots_off(uint32_t n)
+{
+	return align_up(mc_groups_off(n) + OFFLOAD_MAX_TEAMS * sizeof(struct emu_mcast_group),
+			4096);
+}
+
+static uint64_t mc_payload_off(uint32_t n, uint32_t mtu)
+{
+	return align_up(mc_slots_off(n) + (uint64_t)OFFLOAD_MAX_TEAMS * emu_mcast_slots(mtu) *
+			sizeof(struct emu_mcast_slot), 4096);
+}
+
+static uint64_t job_len(uint32_t n, uint32_t mtu)
+{
+	return align_up(mc_payload_off(n, mtu) +
+			(uint64_t)OFFLOAD_MAX_TEAMS * emu_mcast_slots(mtu) * mtu, 4096);
 }
 
 static int claim_u32(uint32_t *word, uint32_t want)
@@ -75,7 +96,7 @@ int emu_job_open(struct emu_device *dev)
 	fd = shm_open(name, O_RDWR | O_CREAT, 0600);
 	if (fd < 0)
 		return -errno;
-	dev->job_len = job_len(n);
+	dev->job_len = job_len(n, dev->attr.mtu);
 	/* The first rank sizes the segment (fresh pages read as zero); a rank that finds
 	 * another size belongs elsewhere and must not resize it under the live ranks. */
 	if (fstat(fd, &st) < 0 || (st.st_size == 0 && ftruncate(fd, (off_t)dev->job_len) < 0)) {
@@ -97,8 +118,13 @@ int emu_job_open(struct emu_device *dev)
 	dev->ranks = (struct emu_rank *)(dev->job_map + ranks_off());
 	dev->mrs = (struct emu_mr *)(dev->job_map + mrs_off(n));
 	dev->ctrls = (struct offload_ctrl *)(dev->job_map + ctrls_off(n));
+	dev->mc_groups = (struct emu_mcast_group *)(dev->job_map + mc_groups_off(n));
+	dev->mc_slots = (struct emu_mcast_slot *)(dev->job_map + mc_slots_off(n));
+	dev->mc_payload = dev->job_map + mc_payload_off(n, dev->attr.mtu);
+	dev->mc_nslots = emu_mcast_slots(dev->attr.mtu);
+	/* The MTU sizes the rings: ranks configured with different ones cannot share them. */
 	if (claim_u32(&dev->hdr->magic, EMU_MAGIC) || claim_u32(&dev->hdr->abi, OFFLOAD_ABI_VERSION) ||
-	    claim_u32(&dev->hdr->nranks, n))
+	    claim_u32(&dev->hdr->nranks, n) || claim_u32(&dev->hdr->mtu, dev->attr.mtu))
 		return -EPROTO;  /* another job, or ranks started with different sizes */
 	self = &dev->ranks[me];
 	if (!off_cas(&self->pid, &old, pid)) {
@@ -107,6 +133,7 @@ int emu_job_open(struct emu_device *dev)
 		/* Taking over a dead rank: nothing it registered may stay reachable. */
 		for (uint32_t i = 0; i < EMU_MAX_MRS; i++)
 			off_store_release(&dev->mrs[(uint64_t)me * EMU_MAX_MRS + i].key, 0);
+		emu_mcast_forget(dev);
 	}
 	off_store_release(&self->pid, pid);
 	if (getrandom(&dev->rng, sizeof(dev->rng), 0) != sizeof(dev->rng))

@@ -261,6 +261,95 @@ class _AlltoallvCase(_Case):
             self._mpi_type.Free()
 
 
+# ---------------------------------------------------------------------------------------------
+# multicast: broadcast and all-gather
+
+
+def _injected(ctx: Any) -> int:
+    return int(ctx.stats()["mcast_bytes_sent"])
+
+
+class _BroadcastCase(_Case):
+    """One buffer of ``count`` elements broadcast from rank 0 (nccl-tests: size = buffer)."""
+
+    def __init__(self, ctx: Any, team: Any, comm: Any, count: int, dt: np.dtype,
+                 buffers: str, persistent: bool) -> None:
+        self.ctx, self.team, self.comm, self.count = ctx, team, comm, count
+        self.bytes_per_rank = count * dt.itemsize   # algbw = size / time
+        self.expected = block_pattern(dt, 0, 0, count)
+        self.dst = ctx.empty(count, dt) if buffers == "shared" else np.empty(count, dt)
+        self.mpi_dst = np.empty(count, dt) if comm is not None else None
+
+    def _fill(self, buf: np.ndarray) -> None:
+        if self.team.rank == 0:   # the root's buffer is the source: always the data
+            buf[:] = self.expected
+
+    def verify(self, which: str) -> None:
+        dst = self.dst if which == "offload" else self.mpi_dst
+        dst[:] = _poison(self.expected)
+        self._fill(dst)
+        (self.offload if which == "offload" else self.mpi)()
+        self.check(which)
+
+    def offload(self) -> None:
+        self.team.broadcast(self.dst, root=0).wait()
+
+    def mpi(self) -> None:
+        self.comm.Bcast(self.mpi_dst.view(np.uint8), root=0)
+
+    def check(self, which: str) -> None:
+        dst = self.dst if which == "offload" else self.mpi_dst
+        bad = np.flatnonzero(dst != self.expected)
+        if bad.size:
+            i = int(bad[0])
+            raise WrongResult(
+                f"{which} broadcast gave a WRONG RESULT on rank {self.team.rank}/{self.team.size}"
+                f" with {self.count} elements: {bad.size} differ; first at {i}: got "
+                f"{dst[i].item()!r}, expected {self.expected[i].item()!r}")
+
+    def close(self) -> None:
+        pass
+
+
+class _AllgatherCase(_Case):
+    """All-gather into ``count`` elements in all (nccl-tests: size = the output buffer), so
+    each rank contributes count / n."""
+
+    def __init__(self, ctx: Any, team: Any, comm: Any, count: int, dt: np.dtype,
+                 buffers: str, persistent: bool) -> None:
+        n, me = team.size, team.rank
+        per = count // n
+        self.ctx, self.team, self.comm, self.count, self.per = ctx, team, comm, count, per
+        self.bytes_per_rank = per * n * dt.itemsize  # algbw = size / time, as nccl-tests
+        alloc = (lambda k: ctx.empty(k, dt)) if buffers == "shared" else (
+            lambda k: np.empty(k, dt))
+        self.src, self.dst = alloc(per), alloc(per * n)
+        self.src[:] = block_pattern(dt, me, 0, per)
+        self.expected = _packed([block_pattern(dt, q, 0, per) for q in range(n)], dt)
+        if comm is not None:
+            self.mpi_src, self.mpi_dst = self.src.copy(), np.empty(per * n, dt)
+
+    def offload(self) -> None:
+        self.team.allgather(self.src, self.dst).wait()
+
+    def mpi(self) -> None:
+        self.comm.Allgather(self.mpi_src.view(np.uint8), self.mpi_dst.view(np.uint8))
+
+    def check(self, which: str) -> None:
+        dst = self.dst if which == "offload" else self.mpi_dst
+        bad = np.flatnonzero(dst != self.expected)
+        if bad.size:
+            i = int(bad[0])
+            raise WrongResult(
+                f"{which} all-gather gave a WRONG RESULT on rank {self.team.rank}/"
+                f"{self.team.size} with {self.per} elements per rank: {bad.size} differ; first "
+                f"at {i} (block of rank {i // max(self.per, 1)}): got {dst[i].item()!r}, "
+                f"expected {self.expected[i].item()!r}")
+
+    def close(self) -> None:
+        pass
+
+
 def _packed(blocks: list[np.ndarray], dt: np.dtype) -> np.ndarray:
     return np.concatenate(blocks) if blocks else np.empty(0, dt)
 
@@ -277,8 +366,10 @@ COLLECTIVES: dict[str, Collective] = {c.name: c for c in (
     Collective("alltoallv", "variable-size all-to-all, counts exchanged by the DPA",
                _all_but_one, _AlltoallvCase,
                mpi_desc="comm.Alltoall of the counts + comm.Alltoallv"),
-    Collective("broadcast", "multicast broadcast from rank 0", _one),
-    Collective("allgather", "multicast all-gather", _all_but_one),
+    Collective("broadcast", "multicast broadcast from rank 0", _one, _BroadcastCase,
+               mpi_desc="comm.Bcast"),
+    Collective("allgather", "multicast all-gather", _all_but_one, _AllgatherCase,
+               mpi_desc="comm.Allgather"),
     Collective("moe", "MoE dispatch + combine (offload_lib.moe)", _all_but_one,
                suite="offload_lib.bench_moe"),
 )}
@@ -331,6 +422,16 @@ def _positive_seconds(text: str) -> float:
     return x
 
 
+def _loss(text: str) -> float:
+    try:
+        x = float(text)
+    except ValueError:
+        x = float("nan")
+    if not 0 <= x <= 0.9:
+        raise argparse.ArgumentTypeError(f"expected a fraction from 0 to 0.9, got {text!r}")
+    return x
+
+
 def _dtype(text: str) -> np.dtype:
     try:
         dt = np.dtype(text)
@@ -368,6 +469,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also time MPI (mpi4py) in the same processes; launches with mpirun")
     p.add_argument("--json", metavar="FILE", help="also write the results as JSON to FILE")
     p.add_argument("--config", metavar="FILE", help="YAML config file for the ranks")
+    p.add_argument("--loss", type=_loss, default=0.0, metavar="P",
+                   help="broadcast/allgather: fraction of multicast chunks each receiver "
+                        "loses (fault injection, seeded; e.g. 0.05)")
     p.add_argument("--timeout", type=_positive_seconds, default=600.0, metavar="S",
                    help="stop the ranks after S seconds (default 600)")
     moe = p.add_argument_group("moe", "options of the moe benchmark (it takes no --sizes)")
@@ -445,8 +549,11 @@ def _measure_sizes(coll: Collective, ctx: Any, team: Any, comm: Any,
                 entry["bytes"] = nbytes
             # Offload then MPI for each size, so both see the same machine state.
             case.verify("offload")
+            injected = _injected(ctx)
             entry["offload_s"], entry["offload_cpu_s"] = _timed(
                 case.offload, barrier, args.warmup, args.iters)
+            # bytes this rank put into the fabric per op (multicast: once per chunk)
+            entry["injected"] = (_injected(ctx) - injected) / (args.warmup + args.iters)
             case.check("offload")
             if comm is not None:
                 case.verify("mpi")
@@ -553,6 +660,10 @@ _COLUMNS = (
     ("busbw", "busbw", "(GB/s)", 8, "{:.2f}"),
     ("cpu_us", "cpu_us", "(us)", 9, "{:.1f}"),
 )
+_MCAST_COLUMNS = (
+    ("inj_max", "injected", "(B/rank)", 12, "{:.0f}"),
+    ("inj_ring", "ring", "(B/rank)", 12, "{:.0f}"),
+)
 _MPI_COLUMNS = (
     ("mpi_time_us", "mpi_time_us", "(us)", 13, "{:.1f}"),
     ("mpi_busbw", "mpi_busbw", "(GB/s)", 11, "{:.2f}"),
@@ -597,7 +708,8 @@ def header_lines(meta: dict[str, Any]) -> list[str]:
 def format_table(meta: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
     """nccl-tests style: ``#`` header lines, then one line per size."""
     compare = bool(rows) and "mpi_time_us" in rows[0]
-    cols = _COLUMNS + (_MPI_COLUMNS if compare else ())
+    mcast = bool(rows) and "inj_max" in rows[0]
+    cols = _COLUMNS + (_MCAST_COLUMNS if mcast else ()) + (_MPI_COLUMNS if compare else ())
     lines = [
         *header_lines(meta),
         f"# buffers: {meta.get('buffers', '?')}  dtype: {meta.get('dtype', '?')}  "
@@ -609,13 +721,22 @@ def format_table(meta: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
         lines.append(f"# mpi: {meta.get('mpi', '?')} (mpi4py {meta.get('mpi4py', '?')}), "
                      f"{meta.get('mpi_op', 'comm.Alltoall')} on numpy buffers, same processes, "
                      "alternating per size")
+    if mcast:
+        lines.append("# injected: bytes the busiest rank put into the fabric per op (multicast "
+                     "sends each chunk once; refetched chunks are RDMA reads, not counted); ring: "
+                     "what a ring algorithm injects per rank (all-gather (n-1)/n*size; broadcast: "
+                     "the pipeline's size); " + (f"loss {meta['loss']:g}"
+                                                 if meta.get("loss") else "no loss injected"))
     if meta.get("collective") == "alltoallv":
         lines.append("# alltoallv: size = bytes per peer on average; rank r sends "
                      "size*(0.5+((r+j)%n+0.5)/n) to rank j (rounded to elements); algbw uses "
                      "the bytes a rank sends; times include the count exchange")
+    bw = {"broadcast": "algbw = size/time; busbw = algbw",
+          "allgather": "size = the gathered buffer; algbw = size/time; busbw = algbw*(n-1)/n"}
     lines += [
-        "# time: median over iterations of the slowest rank; algbw = size*n/time; busbw = "
-        "algbw*(n-1)/n; GB = 1e9; cpu_us: rank 0's thread CPU time in post+wait (median)",
+        "# time: median over iterations of the slowest rank; "
+        + bw.get(str(meta.get("collective")), "algbw = size*n/time; busbw = algbw*(n-1)/n")
+        + "; GB = 1e9; cpu_us: rank 0's thread CPU time in post+wait (median)",
     ]
     lines += render_rows(cols, rows)
     if rows:
@@ -638,8 +759,14 @@ def aggregate(coll: Collective, nranks: int, per_rank: Sequence[dict[str, Any]])
         if "mpi_s" in entry:
             mt = summarize([r["results"][i]["mpi_s"] for r in per_rank])
             mcpu = float(np.median(entry["mpi_cpu_s"]))
-        rows.append(make_row(entry["size"], entry["count"], nranks, factor, t, cpu, mt, mcpu,
-                             nbytes=entry.get("bytes")))
+        row = make_row(entry["size"], entry["count"], nranks, factor, t, cpu, mt, mcpu,
+                       nbytes=entry.get("bytes"))
+        if coll.name in ("broadcast", "allgather"):
+            inj = [r["results"][i].get("injected", 0.0) for r in per_rank]
+            row["inj_max"] = max(inj)
+            row["inj_ring"] = entry["size"] * (nranks - 1) / nranks if coll.name == "allgather" \
+                else entry["size"]
+        rows.append(row)
     return rows
 
 
@@ -747,6 +874,8 @@ def _run_ranks(args: argparse.Namespace, result_dir: str) -> int:
     cmd = _worker_argv(args, result_dir)
     env = {k: v for k, v in os.environ.items() if k not in RESERVED_ENV}
     env["PYTHONUNBUFFERED"] = "1"
+    if args.loss:
+        env["OFFLOAD_MCAST_LOSS"] = repr(args.loss)
     if args.compare == "mpi":
         return _run_mpirun(args, cmd, env)
     return launch(args.nranks, cmd, env=env, timeout=args.timeout, stdout=sys.stderr)
@@ -771,6 +900,14 @@ def _check_size_args(coll: Collective, args: argparse.Namespace) -> str | None:
         return f"{', '.join(moe_given)}: only the moe benchmark takes these"
     if args.persistent and not coll.persistent:
         return f"{coll.name} has no persistent form; drop --persistent"
+    if args.loss and coll.name not in ("broadcast", "allgather"):
+        return "--loss injects multicast loss: only broadcast and allgather take it"
+    if coll.name == "allgather":
+        unit = args.dtype.itemsize * args.nranks
+        bad = [s for s in args.sizes if s % unit]
+        if bad:
+            return (f"allgather sizes {bad} (the gathered buffer) are not multiples of "
+                    f"{args.nranks} ranks x {args.dtype.itemsize} bytes")
     bad = [s for s in args.sizes if s % args.dtype.itemsize]
     if bad:
         return (f"sizes {bad} are not multiples of the {args.dtype.name} element size "
@@ -822,7 +959,7 @@ def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         "host": platform.node(), "cpus": os.cpu_count(),
         "collective": coll.name, "nranks": args.nranks, "buffers": args.buffers,
         "dtype": args.dtype.name, "persistent": args.persistent,
-        "iters": args.iters, "warmup": args.warmup, "compare": args.compare,
+        "iters": args.iters, "warmup": args.warmup, "compare": args.compare, "loss": args.loss,
         "mpi_op": coll.mpi_desc,
         **per_rank[0]["meta"],
     }

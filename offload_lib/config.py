@@ -183,6 +183,23 @@ def _rail_faults(value: Any) -> str:
     return value.strip()
 
 
+def _fraction(hi: float) -> Validator:
+    allowed = f"a fraction from 0 to {hi:g} (e.g. 0.05 for 5%)"
+
+    def check(value: Any) -> float:
+        if isinstance(value, bool):
+            raise ValueError(allowed)
+        try:
+            x = float(value.strip()) if isinstance(value, str) else float(value)
+        except (TypeError, ValueError):
+            raise ValueError(allowed) from None
+        if not math.isfinite(x) or not 0 <= x <= hi:
+            raise ValueError(allowed)
+        return x
+
+    return check
+
+
 def _threads(value: Any) -> int | str:
     allowed = "'auto' or an integer from 1 to 64"
     if isinstance(value, str) and value.strip().lower() == "auto":
@@ -236,6 +253,30 @@ TUNABLES: tuple[Tunable, ...] = (
             "fault injection (emulator): [RANK:]RAIL@BYTES,... takes a rail down after that "
             "many bytes sent on it; '' for none",
             _rail_faults),
+    Tunable("mtu", int, 4096,
+            "multicast chunk size in bytes (power of two, 256..65536)",
+            _pow2_range(256, 65536)),
+    Tunable("mcast_roots", int, 2,
+            "all-gather: ranks that multicast at once, the token passing along (1..64)",
+            _int_range(1, 64)),
+    Tunable("mcast_rq_depth", int, 1024,
+            "multicast receive queue per member, chunks (2..65536); a member that falls "
+            "further behind drops chunks, which the firmware fetches again (senders wait "
+            "for credits when a member is a whole ring, at most 1024 chunks, behind)",
+            _int_range(2, 65536)),
+    Tunable("link_rate", float, 10.0,
+            "link rate in GB/s: the multicast receive timeout is derived from size / rate",
+            _seconds(0.0, inclusive=False)),
+    Tunable("mcast_loss", float, 0.0,
+            "fault injection (emulator): fraction of multicast chunks each member loses "
+            "(1: every chunk; the firmware then reads everything)",
+            _fraction(1.0)),
+    Tunable("mcast_reorder", float, 0.0,
+            "fault injection (emulator): fraction of multicast chunks delivered out of order",
+            _fraction(1.0)),
+    Tunable("mcast_seed", int, 1,
+            "seed of the multicast fault injection, so a failure reproduces (0..2**63-1)",
+            _int_range(0, 2**63 - 1)),
     Tunable("bootstrap_timeout", float, 60.0,
             "seconds to wait for all ranks to join at init (> 0)",
             _seconds(0.0, inclusive=False)),
@@ -288,6 +329,13 @@ class Config:
     op_timeout: float = _default("op_timeout")
     rails: int = _default("rails")
     rail_faults: str = _default("rail_faults")
+    mtu: int = _default("mtu")
+    mcast_roots: int = _default("mcast_roots")
+    mcast_rq_depth: int = _default("mcast_rq_depth")
+    link_rate: float = _default("link_rate")
+    mcast_loss: float = _default("mcast_loss")
+    mcast_reorder: float = _default("mcast_reorder")
+    mcast_seed: int = _default("mcast_seed")
     bootstrap_timeout: float = _default("bootstrap_timeout")
     spin_us: int = _default("spin_us")
     yield_us: int = _default("yield_us")

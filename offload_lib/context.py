@@ -23,6 +23,8 @@ from offload_lib.request import PersistentRequest, Request, Result
 OP_BARRIER = 2
 OP_ALLTOALL = 3
 OP_ALLTOALLV = 4
+OP_BROADCAST = 6
+OP_ALLGATHER = 7
 F_EXPECT = 1  # OFFLOAD_CMD_F_EXPECT
 F_ROWS = 2  # OFFLOAD_CMD_F_ROWS
 F_SLOTS = 4  # OFFLOAD_CMD_F_SLOTS
@@ -44,7 +46,9 @@ MAX_TEAMS = 16
 MAX_RANKS = 64
 
 _STAT_FIELDS = ("ops_completed", "bytes_written", "writes", "signals", "reads", "errors",
-                "progress_calls", "idle_calls", "failovers", "resent_bytes")
+                "progress_calls", "idle_calls", "failovers", "resent_bytes", "mcast_chunks_sent",
+                "mcast_bytes_sent", "mcast_chunks_recv", "mcast_dups", "refetch_chunks",
+                "refetch_bytes")
 _STAT_WORDS = 16  # struct offload_thread_stats: the fields above, then reserved words
 
 
@@ -302,6 +306,46 @@ class Team:
         return ctx._post(op, "alltoallv_rows", (s.obj, d.obj, args), received,
                          nbytes=int(index.size) * row_bytes, itemsize=s.itemsize)
 
+    # -- multicast --------------------------------------------------------------------------
+    def broadcast(self, buf: Any, root: int = 0) -> Request:
+        """Post a broadcast of ``buf`` from team rank ``root`` to every rank's ``buf`` (same
+        size and dtype everywhere). The root's DPA multicasts each MTU chunk once; receivers
+        reassemble by chunk id and fetch lost chunks from the root."""
+        self._ctx._check_open()
+        if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or \
+                not 0 <= int(root) < self.size:
+            raise InvalidArgument(f"root must be a team rank from 0 to {self.size - 1}, got {root!r}")
+        root = int(root)
+        b = as_buffer(buf, writable=self.rank != root, name="buf")
+        op = ffi.new("struct host_op *")
+        op.opcode = OP_BROADCAST
+        op.team = self.id
+        op.root = root
+        op.count = b.nbytes
+        # Read on the root (injected, and read again by receivers that lost chunks), written
+        # elsewhere: host_post registers it both ways for this op.
+        op.src_addr, op.src_len = b.addr, b.nbytes
+        op.dst_addr, op.dst_len = b.addr, b.nbytes
+        return self._ctx._post(op, "broadcast", (b.obj,), nbytes=b.nbytes)
+
+    def allgather(self, src: Any, dst: Any) -> Request:
+        """Post an all-gather: block i of ``dst`` (``src.size`` elements) comes from rank i.
+        Each rank multicasts its block once."""
+        self._ctx._check_open()
+        s, d = _src_dst(src, dst)
+        if d.nbytes != s.nbytes * self.size:
+            raise InvalidArgument(
+                f"dst has {d.count} elements but all-gather needs src's {s.count} x "
+                f"{self.size} ranks = {s.count * self.size}"
+            )
+        op = ffi.new("struct host_op *")
+        op.opcode = OP_ALLGATHER
+        op.team = self.id
+        op.count = s.nbytes
+        op.src_addr, op.src_len = s.addr, s.nbytes
+        op.dst_addr, op.dst_len = d.addr, d.nbytes
+        return self._ctx._post(op, "allgather", (s.obj, d.obj), nbytes=d.nbytes)
+
     # -- barrier ----------------------------------------------------------------------------
     def barrier(self) -> Request:
         self._ctx._check_open()
@@ -352,6 +396,13 @@ class Context:
         params.allgather = lib.offload_allgather
         params.allgather_arg = self._self_handle
         params.rails = config.rails
+        params.mtu = config.mtu
+        params.mcast_roots = config.mcast_roots
+        params.mcast_rq_depth = config.mcast_rq_depth
+        params.link_mbps = max(1, int(config.link_rate * 1000))
+        params.mcast_loss_ppm = int(round(config.mcast_loss * 1e6))
+        params.mcast_reorder_ppm = int(round(config.mcast_reorder * 1e6))
+        params.mcast_seed = config.mcast_seed
         for r, after in enumerate(_rail_thresholds(config, world.rank)):
             params.rail_down_after[r] = after
         self._post_timeout_ns = int(config.post_timeout * 1e9)

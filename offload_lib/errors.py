@@ -88,6 +88,8 @@ def completion_error(what: str, status: int, detail: int, result0: int, result1:
         return Canceled(
             f"{what}: canceled (rank {detail} cancelled an op of this team); the team fails"
             " every later op: create a new team")
+    if status == ERR_UNSUPPORTED:
+        return OffloadError(f"{what}: not supported by this backend (see docs/hardware.md)")
     if status == ERR_LINK_DOWN:
         return PeerFailure(
             f"{what}: every rail to rank {detail} is down (no port left to reach it); this"

@@ -101,17 +101,26 @@ def test_unknown_collective_returns_2(capsys):
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("name", ["broadcast", "allgather"])
-def test_unimplemented_collectives_return_2(name, capsys):
-    assert name in bench.COLLECTIVES
-    assert bench.main([name, "-n", "2"]) == 2
-    captured = capsys.readouterr()
-    assert "not implemented yet" in captured.err
-    assert captured.out == ""  # no made-up numbers
+def test_multicast_benchmarks_show_injected_bytes(name, capsys):
+    assert bench.main([name, "-n", "4", "--sizes", "64K,1M", "--iters", "3", "--warmup", "1",
+                       "--loss", "0.05"]) == 0
+    out = capsys.readouterr().out
+    rows = data_rows(out)
+    assert [r[0] for r in rows] == ["65536", "1048576"]
+    assert "injected" in out and "loss 0.05" in out
+    for r in rows:
+        size, injected, ring = int(r[0]), float(r[6]), float(r[7])
+        # all-gather: each rank injects its own block once, S/n, against (n-1)/n*S for a ring
+        want = size // 4 if name == "allgather" else size
+        assert injected == want, (name, r)
+        assert ring == (size * 3 / 4 if name == "allgather" else size), (name, r)
 
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("argv, needle", [
     (["alltoallv", "--persistent"], "alltoallv has no persistent form"),
+    (["alltoall", "--loss", "0.1"], "only broadcast and allgather"),
+    (["allgather", "-n", "4", "--sizes", "6"], "not multiples of 4 ranks"),
     (["alltoall", "--tokens", "64"], "--tokens: only the moe benchmark"),
     (["alltoallv", "--hidden", "8", "--topk", "1"], "--hidden, --topk: only the moe benchmark"),
     (["moe", "--sizes", "1K"], "moe takes --tokens/--hidden/--topk/--experts, not --sizes"),

@@ -21,6 +21,8 @@ struct dpa_engine_params {
 	uint64_t chunk_size;    /* RDMA write piece, bytes */
 	uint32_t chunks_per_pass; /* writes one thread posts per op before moving on */
 	uint32_t op_timeout_ms; /* an op not done this long after intake aborts; 0: never */
+	uint32_t link_mbps;     /* link rate (MB/s): multicast loss shows after size / rate */
+	uint32_t mcast_roots;   /* all-gather: ranks multicasting at once */
 };
 
 uint64_t dpa_engine_state_size(void);

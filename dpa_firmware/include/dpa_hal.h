@@ -82,6 +82,46 @@ int dpa_hal_rdma_signal_add(struct dpa_hal *hal, uint32_t peer, uint64_t raddr,
 uint32_t dpa_hal_num_rails(const struct dpa_hal *hal);
 void dpa_hal_set_rail(struct dpa_hal *hal, uint32_t peer, uint32_t rail);
 
+/*
+ * UD multicast. Every team has a group (group id = team id). A send injects one chunk of
+ * at most dpa_hal_mtu() bytes once, whatever the group's size, with a 32-bit immediate
+ * {op_seq:8, chunk_id:24}; it completes in dpa_hal_poll_cq() when the chunk left, not when
+ * anyone got it. DPA_HAL_EAGAIN: the send queue is full (the group's receive credits are
+ * used up), try again later. The sender does not receive its own chunks.
+ *
+ * Receiving: the firmware posts the regions where one op's chunks land, placed by chunk id
+ * (as a write with immediate is placed): a chunk whose immediate carries seq8 and an id in
+ * [first_chunk, first_chunk + ceil(len / mtu)) lands at addr + (id - first_chunk) * mtu.
+ * Posting replaces the group's previous regions (one op at a time per group). A chunk that
+ * matches no posted region (another op's, or nothing posted), that arrives while this
+ * member's receive queue is overrun, or that the fabric loses, is dropped: the firmware only
+ * ever sees chunks that arrived and were placed, possibly twice or out of order.
+ * dpa_hal_mcast_poll() returns them; only one thread polls a group at a time.
+ */
+#define DPA_HAL_MCAST_IMM(seq8, chunk) ((((uint32_t)(seq8) & 0xffu) << 24) | \
+					 ((uint32_t)(chunk) & 0xffffffu))
+#define DPA_HAL_MCAST_MAX_REGIONS 64
+
+struct dpa_hal_mcast_region {
+	uint64_t addr;
+	uint64_t len;
+	uint32_t key;           /* this rank's registration of [addr, addr+len), local write */
+	uint32_t first_chunk;
+};
+
+struct dpa_hal_mcast_cqe {
+	uint32_t imm;
+	uint32_t len;
+};
+
+uint32_t dpa_hal_mtu(const struct dpa_hal *hal);
+int dpa_hal_mcast_send(struct dpa_hal *hal, uint32_t group, uint64_t laddr, uint32_t lkey,
+		       uint32_t len, uint32_t imm, uint64_t wr_id);
+int dpa_hal_mcast_post(struct dpa_hal *hal, uint32_t group, uint32_t seq8,
+		       const struct dpa_hal_mcast_region *regions, uint32_t n);
+int dpa_hal_mcast_poll(struct dpa_hal *hal, uint32_t group, struct dpa_hal_mcast_cqe *out,
+		       int max);
+
 /* Poll up to max completions of this thread's posted work; returns how many. */
 int dpa_hal_poll_cq(struct dpa_hal *hal, struct dpa_hal_cqe *out, int max);
 

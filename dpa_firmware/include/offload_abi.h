@@ -47,7 +47,9 @@ enum offload_opcode {
 	OFFLOAD_OP_ALLTOALL = 3,    /* count: bytes per peer */
 	OFFLOAD_OP_ALLTOALLV = 4,   /* count: bytes in src; aux_addr: struct offload_alltoallv_args */
 	OFFLOAD_OP_CANCEL = 5,      /* count: tag of the op to abort (it completes CANCELED) */
-	OFFLOAD_OP_MAX = 6,
+	OFFLOAD_OP_BROADCAST = 6,   /* count: bytes; root; src (root) = dst = the buffer */
+	OFFLOAD_OP_ALLGATHER = 7,   /* count: bytes per rank (src); dst: count * team size */
+	OFFLOAD_OP_MAX = 8,
 };
 
 /* Command flags. */
@@ -191,7 +193,12 @@ struct offload_thread_stats {
 	uint64_t idle_calls;
 	uint64_t failovers;         /* a peer's traffic moved to another rail */
 	uint64_t resent_bytes;      /* data written again after a rail failed */
-	uint64_t resv[6];
+	uint64_t mcast_chunks_sent; /* multicast: chunks injected (once, whatever the group) */
+	uint64_t mcast_bytes_sent;  /* bytes injected into the fabric */
+	uint64_t mcast_chunks_recv; /* chunks that arrived and were placed */
+	uint64_t mcast_dups;        /* chunks that arrived twice */
+	uint64_t refetch_chunks;    /* chunks lost and fetched again with RDMA READ */
+	uint64_t refetch_bytes;
 };
 
 _Static_assert(sizeof(struct offload_cmd) == 64, "command slot is 64 bytes");

@@ -19,6 +19,8 @@ static const struct dpa_algo *const dpa_algos[OFFLOAD_OP_MAX] = {
 	[OFFLOAD_OP_BARRIER] = &dpa_algo_barrier_dissemination,
 	[OFFLOAD_OP_ALLTOALL] = &dpa_algo_alltoall_pairwise,
 	[OFFLOAD_OP_ALLTOALLV] = &dpa_algo_alltoallv,
+	[OFFLOAD_OP_BROADCAST] = &dpa_algo_broadcast_mcast,
+	[OFFLOAD_OP_ALLGATHER] = &dpa_algo_allgather_mcast,
 };
 
 uint64_t dpa_engine_state_size(void)
@@ -224,6 +226,8 @@ static int try_complete_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa
 
 	cqe.result0 = op->result0;
 	cqe.result1 = op->result1;
+	if (op->algo->multicast)
+		dpa_mcast_release(eng, op, hal);
 	if (!write_cqe(eng, hal, &cqe))
 		return 0;
 	dpa_stats(hal)->ops_completed++;
@@ -365,6 +369,7 @@ static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct 
 	op->cancel = 0;
 	op->aborted = 0;
 	op->dead_since = 0;
+	op->mc_flags = op->mc_readies = op->mc_next = 0;
 	op->deadline_ns = eng->params.op_timeout_ms ?
 		dpa_hal_time_ns(hal) + (uint64_t)eng->params.op_timeout_ms * 1000000u : UINT64_MAX;
 	op->algo = cmd->opcode == OFFLOAD_OP_ALLTOALLV && (cmd->flags & OFFLOAD_CMD_F_SLOTS) ?
@@ -452,8 +457,11 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
 				dpa_stats(hal)->bytes_written += cqes[i].bytes;
 			} else if (cqes[i].status == OFFLOAD_ERR_LINK_DOWN &&
 				   !(it->flags & DPA_ITEM_FAILED)) {
-				dpa_rail_failed(eng, hal, team->peers[(team->my_rank + item) %
-						team->size].world_rank, cqes[i].rail);
+				for (uint32_t p = 0; p < team->size; p++)
+					if (op->algo->multicast ||
+					    p == (team->my_rank + item) % team->size)
+						dpa_rail_failed(eng, hal, team->peers[p].world_rank,
+								cqes[i].rail);
 				it->flags |= DPA_ITEM_RESEND;
 				continue;
 			}

@@ -67,6 +67,9 @@ struct dpa_algo {
 	int (*start)(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal);
 	/* Advance item i; returns >0 if it did work. Must not block. */
 	int (*progress)(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal);
+	/* Item 0 reads from every owner (multicast refetch): a data completion does not name
+	 * its peer, so a failed rail is given up for the whole team. */
+	uint32_t multicast;
 };
 
 /* All-to-all-v layout of one op, by team rank: where each block comes from and goes. */
@@ -111,12 +114,55 @@ struct dpa_op {
 	uint32_t aborted;      /* items stop where they are and finish once nothing is in flight */
 	uint64_t deadline_ns;  /* op timeout: abort when the clock passes it; UINT64_MAX: never */
 	uint64_t dead_since;   /* when a dead member was first seen (0: none) */
+	uint32_t mc_flags;     /* multicast: DPA_MC_* (item 0 sets, other items read) */
+	uint32_t mc_readies;   /* multicast: peers whose ready arrived */
+	uint32_t mc_next;      /* multicast: next chunk to inject */
+	uint32_t mc_resv;
 	uint64_t result0;      /* completion's result0/result1 */
 	uint64_t result1;
 	struct dpa_vlayout *v;
 	const struct dpa_algo *algo;
 	struct offload_cmd cmd;
 	struct dpa_item items[OFFLOAD_MAX_RANKS];
+};
+
+/* Multicast (mcast.c): one op at a time per team owns its receive state. */
+#define DPA_MCAST_MAX_CHUNKS 32768u  /* per op: 128 MiB at the default 4 KiB MTU */
+#define DPA_MCAST_SEND_BURST 256u    /* chunks one pass injects */
+#define DPA_MCAST_POLL_ROUNDS 16     /* x 64 chunks one pass receives at most */
+#define DPA_MCAST_READS      8u      /* refetch reads in flight */
+#define DPA_MCAST_READ_CHUNKS 64u    /* chunks one refetch read covers at most */
+/* Before a missing chunk counts as lost: on a fabric "sent all" (reliable, another path)
+ * may overtake the last multicast chunks. */
+#define DPA_MCAST_MIN_GRACE_NS 20000u
+
+#define DPA_BLOCK_HAVE_SRC 1u  /* the owner's source address and key arrived */
+#define DPA_BLOCK_SENT_ALL 2u  /* the owner injected every chunk */
+#define DPA_BLOCK_COMPLETE 4u  /* every chunk is here (released after the data) */
+
+/* One owner's block of a multicast op, as this rank receives it. */
+struct dpa_mcast_block {
+	uint64_t dst;          /* where its chunk 0 lands here */
+	uint64_t len;
+	uint64_t src_addr;     /* the owner's copy, for RDMA READ of lost chunks */
+	uint64_t sent_all_ns;  /* when its "sent all" was seen */
+	uint32_t src_key;
+	uint32_t first_chunk;
+	uint32_t nchunks;
+	uint32_t got;          /* chunks present */
+	uint32_t flags;        /* DPA_BLOCK_* */
+	uint32_t next;         /* refetch: next chunk to look at */
+	uint32_t round_start;  /* refetch: chunks [round_start, next) are being read */
+	uint32_t resv;
+};
+
+struct dpa_mcast_state {
+	uint32_t owner;        /* op index + 1 of the op using it; 0: free */
+	uint32_t drained;      /* the last poll found nothing */
+	uint32_t posted;       /* receive regions are posted */
+	uint32_t resv;
+	uint64_t bits[DPA_MCAST_MAX_CHUNKS / 64];
+	struct dpa_mcast_block blocks[OFFLOAD_MAX_RANKS];  /* by owner's team rank */
 };
 
 #define DPA_MAX_RAILS  8u
@@ -150,12 +196,20 @@ struct dpa_engine {
 	struct dpa_team teams[OFFLOAD_MAX_TEAMS];
 	struct dpa_op ops[OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW];
 	struct dpa_vlayout vlayouts[OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW];
+	struct dpa_mcast_state mcast[OFFLOAD_MAX_TEAMS];
 	uint32_t rails_down[OFFLOAD_MAX_RANKS];  /* per world peer: rails known to have failed */
 	uint8_t thread_rail[OFFLOAD_MAX_THREADS][OFFLOAD_MAX_RANKS];  /* rail set in the HAL */
 	struct dpa_ctrl_msg ctrl_log[OFFLOAD_MAX_THREADS][DPA_CTRL_LOG];
 };
 
+#define DPA_MC_POSTED   1u  /* receive regions posted: readies may go out */
+#define DPA_MC_INJECTED 2u  /* every chunk of our block injected: "sent all" may go out */
+#define DPA_MC_COPIED   4u  /* all-gather: own block copied into dst */
+#define DPA_MC_RECEIVED 8u  /* item 0 finished receiving: acknowledgements may go out */
+
 /* Algorithm registry entries, one per file. */
+extern const struct dpa_algo dpa_algo_broadcast_mcast;
+extern const struct dpa_algo dpa_algo_allgather_mcast;
 extern const struct dpa_algo dpa_algo_alltoall_pairwise;
 extern const struct dpa_algo dpa_algo_barrier_dissemination;
 extern const struct dpa_algo dpa_algo_alltoallv;
@@ -169,9 +223,26 @@ int dpa_ctrl_post(struct dpa_engine *eng, struct dpa_hal *hal, const struct dpa_
 int dpa_ctrl_completed(struct dpa_engine *eng, struct dpa_hal *hal, const struct dpa_hal_cqe *c);
 int dpa_ctrl_resend(struct dpa_engine *eng, struct dpa_hal *hal);
 
+/* mcast.c: what broadcast and all-gather share (see there). */
+struct dpa_mcast_state *dpa_mcast_claim(struct dpa_engine *eng, struct dpa_op *op);
+void dpa_mcast_release(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal);
+int dpa_mcast_post(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		   struct dpa_mcast_state *st);
+int dpa_mcast_inject(struct dpa_op *op, struct dpa_hal *hal, uint32_t first_chunk,
+		     uint64_t src, uint64_t len, int *done);
+/* Poll arrivals, learn owners' readies and "sent all", fetch what was lost; returns work
+ * done. Sets DPA_BLOCK_COMPLETE on every block that is whole. */
+int dpa_mcast_receive(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		      struct dpa_mcast_state *st);
+uint32_t dpa_mcast_chunks(struct dpa_hal *hal, uint64_t len);
+
 /* p2p.c: the exchange step shared by all-to-all and all-to-all-v. */
 int dpa_publish_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 		      uint32_t src, uint64_t addr, uint64_t len, uint32_t flags);
+/* The same descriptor naming any of our regions: multicast owners publish their source
+ * (src_key, remote read) so that receivers can read what they lost. */
+int dpa_publish_region(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		       uint32_t peer, uint64_t addr, uint64_t len, uint32_t key, uint32_t flags);
 /* Publishes this rank's ready for one source (fixed-layout exchanges). */
 typedef int (*dpa_publish_fn)(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 			      uint32_t src);

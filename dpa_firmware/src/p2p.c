@@ -38,12 +38,18 @@ static int post_sequenced(struct dpa_engine *eng, struct dpa_op *op, struct dpa_
 int dpa_publish_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 		      uint32_t src, uint64_t addr, uint64_t len, uint32_t flags)
 {
+	return dpa_publish_region(eng, op, hal, src, addr, len, op->cmd.dst_key, flags);
+}
+
+int dpa_publish_region(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		       uint32_t peer, uint64_t addr, uint64_t len, uint32_t key, uint32_t flags)
+{
 	uint32_t me = eng->teams[op->team_id].my_rank;
 	struct offload_ready ready = {
-		.addr = addr, .len = len, .key = op->cmd.dst_key, .flags = flags,
+		.addr = addr, .len = len, .key = key, .flags = flags,
 	};
 
-	return post_sequenced(eng, op, hal, src, dpa_ctrl_ready_off(op->team_id, op->slot, me),
+	return post_sequenced(eng, op, hal, peer, dpa_ctrl_ready_off(op->team_id, op->slot, me),
 			      &ready, offsetof(struct offload_ready, seq),
 			      offsetof(struct offload_ready, seq), DPA_WR_READY);
 }

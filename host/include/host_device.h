@@ -25,6 +25,13 @@ struct host_device_attr {
 	uint32_t yield_us;
 	int64_t bootstrap_timeout_ns;
 	uint32_t rails;           /* ports per rank, 1..HOST_MAX_RAILS */
+	/* UD multicast: chunk size, this member's receive queue (chunks), and fault injection:
+	 * loss and reordering per chunk in parts per million, reproducible from the seed. */
+	uint32_t mtu;
+	uint32_t mcast_rq_depth;
+	uint32_t mcast_loss_ppm;
+	uint32_t mcast_reorder_ppm;
+	uint64_t mcast_seed;
 	/* Fault injection: rail r goes down once this rank sent this many bytes on it
 	 * (UINT64_MAX: never). */
 	uint64_t rail_down_after[HOST_MAX_RAILS];

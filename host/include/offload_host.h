@@ -32,6 +32,13 @@ struct host_ctx_params {
 	int (*allgather)(void *arg, const void *mine, uint32_t len, void *all);
 	void *allgather_arg;
 	uint32_t rails;             /* ports per rank (1..8) */
+	uint32_t mtu;               /* multicast chunk bytes */
+	uint32_t mcast_rq_depth;    /* multicast receive queue, chunks */
+	uint32_t mcast_loss_ppm;    /* fault injection: chunks lost, per million */
+	uint32_t mcast_reorder_ppm; /* fault injection: chunks reordered, per million */
+	uint64_t mcast_seed;
+	uint32_t mcast_roots;       /* all-gather: ranks multicasting at once */
+	uint32_t link_mbps;         /* link rate for the multicast loss timeout, MB/s */
 	uint64_t rail_down_after[8];/* fault injection: rail r fails after this many bytes
 				     * sent on it (UINT64_MAX: never) */
 };

@@ -133,11 +133,15 @@ int host_ctx_open(const struct host_ctx_params *p, struct host_ctx **out)
 		.spin_us = p->spin_us, .yield_us = p->yield_us,
 		.bootstrap_timeout_ns = p->bootstrap_timeout_ns, .rails = p->rails,
 		.allgather = p->allgather, .allgather_arg = p->allgather_arg,
+		.mtu = p->mtu, .mcast_rq_depth = p->mcast_rq_depth,
+		.mcast_loss_ppm = p->mcast_loss_ppm, .mcast_reorder_ppm = p->mcast_reorder_ppm,
+		.mcast_seed = p->mcast_seed,
 	};
 	struct dpa_engine_params params = {
 		.abi_version = OFFLOAD_ABI_VERSION, .world_rank = p->rank, .world_size = p->size,
 		.num_threads = p->num_threads, .chunk_size = p->chunk_size, .chunks_per_pass = 4,
-		.op_timeout_ms = p->op_timeout_ms,
+		.op_timeout_ms = p->op_timeout_ms, .link_mbps = p->link_mbps,
+		.mcast_roots = p->mcast_roots,
 	};
 	struct host_fw_windows win;
 	struct host_ctx *ctx;

@@ -194,7 +194,7 @@ static void validate_cqes(struct fz_run *r)
 		fz_totals.completions++;
 		fz_totals.status_count[-c->status]++;
 		if (c->status == OFFLOAD_OK && r->queue[idx].opcode >= OFFLOAD_OP_BARRIER &&
-		    r->queue[idx].opcode <= OFFLOAD_OP_ALLTOALLV)
+		    r->queue[idx].opcode < OFFLOAD_OP_MAX && r->queue[idx].opcode != OFFLOAD_OP_CANCEL)
 			fz_totals.ok_collectives++;
 		r->completed++;
 	}
@@ -362,7 +362,8 @@ static int must_answer(const struct fz_run *r, uint32_t upto, uint8_t *need)
 					   d->peers[0].ctrl_addr == fz_addr(me, FZ_CTRL) &&
 					   d->peers[0].ctrl_key == fz_key(me, FZ_CTRL) ? TEAM_ALONE : TEAM_OTHER;
 		} else if ((c->opcode == OFFLOAD_OP_BARRIER || c->opcode == OFFLOAD_OP_ALLTOALL ||
-			    c->opcode == OFFLOAD_OP_ALLTOALLV) && c->team < OFFLOAD_MAX_TEAMS &&
+			    c->opcode == OFFLOAD_OP_ALLTOALLV || c->opcode == OFFLOAD_OP_BROADCAST ||
+			    c->opcode == OFFLOAD_OP_ALLGATHER) && c->team < OFFLOAD_MAX_TEAMS &&
 			   kind[c->team] == TEAM_OTHER) {
 			need[i] = 0;
 		}

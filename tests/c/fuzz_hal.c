@@ -289,7 +289,8 @@ static void observe_write(struct fz_world *w, const struct fz_region *reg, uint6
 	for (uint32_t i = 0; i < w->ndst_cmds; i++) {
 		const struct offload_cmd *c = &w->dst_cmds[i];
 
-		if ((c->opcode == OFFLOAD_OP_ALLTOALL || c->opcode == OFFLOAD_OP_ALLTOALLV) &&
+		if ((c->opcode == OFFLOAD_OP_ALLTOALL || c->opcode == OFFLOAD_OP_ALLTOALLV ||
+		     c->opcode == OFFLOAD_OP_BROADCAST || c->opcode == OFFLOAD_OP_ALLGATHER) &&
 		    c->dst_key == reg->key && raddr >= c->dst_addr && len <= c->dst_len &&
 		    raddr - c->dst_addr <= c->dst_len - len)
 			return;
@@ -427,6 +428,47 @@ int dpa_hal_rdma_signal_add(struct dpa_hal *hal, uint32_t peer, uint64_t raddr, 
 uint32_t dpa_hal_num_rails(const struct dpa_hal *hal)
 {
 	return hal->w->num_rails;
+}
+
+/* Multicast: chunks leave (and complete) but no fake peer receives them; the firmware's
+ * refetch path then reads everything through the checked RDMA READ below. */
+uint32_t dpa_hal_mtu(const struct dpa_hal *hal)
+{
+	(void)hal;
+	return 4096;
+}
+
+int dpa_hal_mcast_send(struct dpa_hal *hal, uint32_t group, uint64_t laddr, uint32_t lkey,
+		       uint32_t len, uint32_t imm, uint64_t wr_id)
+{
+	uint8_t *local;
+	int32_t st;
+
+	(void)imm;
+	if (group >= OFFLOAD_MAX_TEAMS || len > 4096)
+		fz_fail("dpa_hal_mcast_send(group %u, len %u)", group, len);
+	if (cq_full(hal))
+		return DPA_HAL_EAGAIN;
+	st = check_local(hal->w, laddr, lkey, len, OFFLOAD_ACCESS_LOCAL_READ, &local);
+	return push_cqe(hal, hal->w->me, wr_id, st, st ? 0 : len);
+}
+
+int dpa_hal_mcast_post(struct dpa_hal *hal, uint32_t group, uint32_t seq8,
+		       const struct dpa_hal_mcast_region *regions, uint32_t n)
+{
+	(void)hal, (void)seq8, (void)regions;
+	if (group >= OFFLOAD_MAX_TEAMS || n > DPA_HAL_MCAST_MAX_REGIONS)
+		fz_fail("dpa_hal_mcast_post(group %u, %u regions)", group, n);
+	return 0;
+}
+
+int dpa_hal_mcast_poll(struct dpa_hal *hal, uint32_t group, struct dpa_hal_mcast_cqe *out,
+		       int max)
+{
+	(void)hal, (void)out, (void)max;
+	if (group >= OFFLOAD_MAX_TEAMS)
+		fz_fail("dpa_hal_mcast_poll(group %u)", group);
+	return 0;
 }
 
 void dpa_hal_set_rail(struct dpa_hal *hal, uint32_t peer, uint32_t rail)

@@ -491,7 +491,7 @@ static int rank_main(uint32_t me, uint32_t n, const char *job, uint32_t threads,
 	struct host_ctx_params p = {
 		.job = job, .backend = "emulator", .rank = me, .size = n, .num_threads = threads,
 		.ring_entries = 64, .chunk_size = 256 * 1024, .spin_us = 0, .yield_us = 200,
-		.bootstrap_timeout_ns = WAIT_NS,
+		.bootstrap_timeout_ns = WAIT_NS, .mtu = 4096, .mcast_rq_depth = 512,
 	};
 	struct rank r = { .me = me, .n = n, .sh = sh, .big = big };
 	uint32_t world[MAX_N], reversed[MAX_N];

@@ -245,6 +245,39 @@ uint32_t dpa_hal_num_rails(const struct dpa_hal *hal)
 	return hal->num_rails;
 }
 
+/*
+ * UD multicast is not bound on the card yet: it needs a UD QP attached to the team's group
+ * (ibv_attach_mcast on the host), receive WQEs posted into staging slots and the copy out
+ * through the window. Until then an MTU of 0 says "no multicast": the firmware refuses
+ * broadcast/all-gather with OFFLOAD_ERR_UNSUPPORTED instead of running them wrong.
+ */
+uint32_t dpa_hal_mtu(const struct dpa_hal *hal)
+{
+	(void)hal;
+	return 0;
+}
+
+int dpa_hal_mcast_send(struct dpa_hal *hal, uint32_t group, uint64_t laddr, uint32_t lkey,
+		       uint32_t len, uint32_t imm, uint64_t wr_id)
+{
+	(void)hal, (void)group, (void)laddr, (void)lkey, (void)len, (void)imm, (void)wr_id;
+	return -95;  /* EOPNOTSUPP */
+}
+
+int dpa_hal_mcast_post(struct dpa_hal *hal, uint32_t group, uint32_t seq8,
+		       const struct dpa_hal_mcast_region *regions, uint32_t n)
+{
+	(void)hal, (void)group, (void)seq8, (void)regions;
+	return n ? -95 : 0;
+}
+
+int dpa_hal_mcast_poll(struct dpa_hal *hal, uint32_t group, struct dpa_hal_mcast_cqe *out,
+		       int max)
+{
+	(void)hal, (void)group, (void)out, (void)max;
+	return 0;
+}
+
 void dpa_hal_set_rail(struct dpa_hal *hal, uint32_t peer, uint32_t rail)
 {
 	if (peer < hal->world_size && rail < hal->num_rails)

@@ -1,0 +1,206 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * All-gather over multicast: every rank injects its own block once (chunk ids offset by
+ * its rank), so each rank puts S/n bytes into the fabric, against (n-1)/n * S for a ring.
+ * At most mcast_roots ranks inject at once, so receivers are not overrun: rank r starts
+ * when rank r - mcast_roots said "sent all" (the token passes along the chain). Receiving,
+ * placement and refetch are mcast.c's.
+ *
+ * Item 0: post regions for every other block, copy our own block into dst, inject ours
+ * when every peer is ready and the token came, then receive. Item i >= 1, peer p = me + i:
+ * publish our source to p (our ready: p may read lost chunks from it), wait for p's
+ * ready, send p "sent all" after injecting, acknowledge p's block once it is whole, and
+ * wait for p's acknowledgement of ours (our source stays readable until then).
+ */
+#include "engine_internal.h"
+
+static int ag_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
+{
+	const struct dpa_team *team = &eng->teams[op->team_id];
+	const struct offload_cmd *cmd = &op->cmd;
+	uint64_t total, per_block = (uint64_t)dpa_mcast_chunks(hal, cmd->count);
+
+	if (!dpa_hal_mtu(hal))
+		dpa_op_refuse(eng, op, OFFLOAD_ERR_UNSUPPORTED);
+	else if (cmd->flags || __builtin_mul_overflow(cmd->count, team->size, &total) ||
+	    per_block * team->size > DPA_MCAST_MAX_CHUNKS ||
+	    (total && (!cmd->src_addr || !cmd->dst_addr || cmd->dst_len < total)))
+		dpa_op_refuse(eng, op, OFFLOAD_ERR_INVALID);
+	else
+		op->result0 = total;
+	return (int)team->size;
+}
+
+/* Our turn to inject: mcast_roots ranks at once, in rank order. */
+static int have_token(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
+{
+	const struct dpa_team *team = &eng->teams[op->team_id];
+	uint32_t k = eng->params.mcast_roots ? eng->params.mcast_roots : 1, me = team->my_rank;
+	const struct offload_count *c;
+
+	if (me < k)
+		return 1;
+	c = &dpa_my_ctrl(hal, op->team_id)->counts[op->slot][me - k];
+	return off_load_acquire(&c->seq) == op->seq ||
+	       dpa_peer_gone(eng, op, team->peers[me - k].world_rank);
+}
+
+static void setup(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		  struct dpa_mcast_state *st)
+{
+	const struct dpa_team *team = &eng->teams[op->team_id];
+	uint32_t cpb = dpa_mcast_chunks(hal, op->cmd.count);
+
+	for (uint32_t r = 0; r < team->size; r++)
+		st->blocks[r] = (struct dpa_mcast_block){
+			.dst = op->cmd.dst_addr + (uint64_t)r * op->cmd.count, .len = op->cmd.count,
+			.first_chunk = r * cpb, .nchunks = cpb };
+	for (uint32_t w = 0; w < (cpb * team->size + 63) / 64; w++)
+		st->bits[w] = 0;
+}
+
+static int all_blocks_done(const struct dpa_team *team, struct dpa_mcast_state *st)
+{
+	for (uint32_t r = 0; r < team->size; r++)
+		if (r != team->my_rank && !(off_load_acquire(&st->blocks[r].flags) & DPA_BLOCK_COMPLETE))
+			return 0;
+	return 1;
+}
+
+static int ag_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
+{
+	const struct dpa_team *team = &eng->teams[op->team_id];
+	struct dpa_item *it = &op->items[0];
+	uint32_t me = team->my_rank, world = team->peers[me].world_rank;
+	uint64_t len = op->cmd.count;
+	struct dpa_mcast_state *st;
+	int work = 0, rc;
+
+	if (op->refuse || !len) {
+		off_store_release(&op->mc_flags, DPA_MC_POSTED | DPA_MC_INJECTED | DPA_MC_RECEIVED);
+		it->flags |= DPA_ITEM_FINISHED;
+		return 1;
+	}
+	st = dpa_mcast_claim(eng, op);
+	if (!st)
+		return 0;  /* the team's previous multicast op is still receiving */
+	if (!(op->mc_flags & DPA_MC_POSTED)) {
+		setup(eng, op, hal, st);
+		dpa_mcast_post(eng, op, hal, st);
+		off_store_release(&op->mc_flags, op->mc_flags | DPA_MC_POSTED);
+		work++;
+	}
+	if (!(op->mc_flags & DPA_MC_COPIED)) {
+		/* Our own block, by the same engine that copies everything else. */
+		rc = dpa_hal_rdma_write(hal, world, op->cmd.src_addr, op->cmd.src_key,
+					op->cmd.dst_addr + (uint64_t)me * len, op->cmd.dst_key, len,
+					dpa_wr_id(op, 0, DPA_WR_DATA));
+		if (rc == DPA_HAL_EAGAIN)
+			return work;
+		if (rc)
+			dpa_op_fail(op, OFFLOAD_ERR_INTERNAL, world);
+		else
+			it->inflight++;
+		op->mc_flags |= DPA_MC_COPIED;
+		work++;
+	}
+	if (!(op->mc_flags & DPA_MC_INJECTED) &&
+	    off_load_acquire(&op->mc_readies) == team->size - 1 && have_token(eng, op, hal)) {
+		int done = 1;
+
+		if (!off_load_acquire(&op->fail))
+			work += dpa_mcast_inject(op, hal, me * dpa_mcast_chunks(hal, len),
+						 op->cmd.src_addr, len, &done);
+		if (done) {
+			off_store_release(&op->mc_flags, op->mc_flags | DPA_MC_INJECTED);
+			work++;
+		}
+	}
+	work += dpa_mcast_receive(eng, op, hal, st);
+	if ((op->mc_flags & DPA_MC_INJECTED) && it->inflight == 0 &&
+	    (all_blocks_done(team, st) || off_load_acquire(&op->fail))) {
+		off_store_release(&op->mc_flags, op->mc_flags | DPA_MC_RECEIVED);
+		it->flags |= DPA_ITEM_FINISHED;
+		work++;
+	}
+	return work;
+}
+
+static int ag_peer(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal)
+{
+	const struct dpa_team *team = &eng->teams[op->team_id];
+	struct offload_ctrl_team *ctrl = dpa_my_ctrl(hal, op->team_id);
+	struct dpa_item *it = &op->items[i];
+	uint32_t p = (team->my_rank + i) % team->size, world = team->peers[p].world_rank;
+	const struct dpa_mcast_block *b = &eng->mcast[op->team_id].blocks[p];
+	uint32_t flags;
+	int work = 0;
+
+	if (!(it->flags & DPA_ITEM_STARTED)) {
+		dpa_expect_done(eng, op, it, p);
+		it->flags |= DPA_ITEM_STARTED;
+	}
+	flags = off_load_acquire(&op->mc_flags);
+	if (!(it->flags & DPA_ITEM_READY_OUT)) {
+		if (!(flags & DPA_MC_POSTED) ||
+		    dpa_publish_region(eng, op, hal, p, op->cmd.src_addr, op->cmd.count,
+				       op->cmd.src_key, op->refuse ? OFFLOAD_READY_REFUSED : 0) ==
+		    DPA_HAL_EAGAIN)
+			return work;
+		it->flags |= DPA_ITEM_READY_OUT;
+		work++;
+	}
+	if (!(it->flags & DPA_ITEM_READY_IN)) {
+		const struct offload_ready *r = &ctrl->ready[op->slot][p];
+
+		if (off_load_acquire(&r->seq) == op->seq) {
+			if (r->flags & OFFLOAD_READY_REFUSED)
+				dpa_op_fail(op, OFFLOAD_ERR_PEER_OP, world);
+			else if (r->len != op->cmd.count)
+				dpa_op_fail(op, OFFLOAD_ERR_INVALID, world);
+		} else if (!dpa_peer_gone(eng, op, world)) {
+			return work;
+		}
+		it->flags |= DPA_ITEM_READY_IN;
+		off_fetch_add(&op->mc_readies, 1);
+		work++;
+	}
+	if (!(it->flags & DPA_ITEM_COUNT_OUT)) {
+		if (!(flags & DPA_MC_INJECTED) ||
+		    dpa_publish_count(eng, op, hal, p, dpa_mcast_chunks(hal, op->cmd.count)) ==
+		    DPA_HAL_EAGAIN)
+			return work;
+		it->flags |= DPA_ITEM_COUNT_OUT;
+		work++;
+	}
+	if (!(it->flags & DPA_ITEM_SIGNALED)) {
+		/* p's block is whole here (or nothing more will come): p may reuse its source. */
+		if (!(flags & DPA_MC_RECEIVED) && !(op->cmd.count && !op->refuse &&
+		    (off_load_acquire(&b->flags) & DPA_BLOCK_COMPLETE)))
+			return work;
+		if (dpa_signal_done(eng, op, hal, p, off_load_acquire(&op->fail) != 0) ==
+		    DPA_HAL_EAGAIN)
+			return work;
+		it->flags |= DPA_ITEM_SIGNALED;
+		work++;
+	}
+	if (!(it->flags & DPA_ITEM_RECVD)) {
+		if (!dpa_check_done(eng, op, hal, it, p) && !dpa_peer_gone(eng, op, world))
+			return work;
+		it->flags |= DPA_ITEM_RECVD | DPA_ITEM_FINISHED;
+		work++;
+	}
+	return work;
+}
+
+static int ag_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal)
+{
+	return i == 0 ? ag_self(eng, op, hal) : ag_peer(eng, op, i, hal);
+}
+
+const struct dpa_algo dpa_algo_allgather_mcast = {
+	.name = "allgather_mcast",
+	.start = ag_start,
+	.progress = ag_progress,
+	.multicast = 1,
+};

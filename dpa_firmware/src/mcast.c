@@ -1,0 +1,321 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * What broadcast and all-gather over multicast share. An owner splits its block into
+ * MTU-sized chunks and injects each once into the team's group, immediate
+ * {op_seq:8, chunk_id:24}. Receivers post regions where the NIC places each chunk by id,
+ * track arrivals in a bitmap (duplicates are counted and ignored; the NIC drops chunks of
+ * other ops), and once the owner said it sent everything, wait what the missing bytes
+ * would take at the configured link rate, then fetch each missing run with one RDMA READ
+ * from the owner's copy. A block is complete when every bit is set.
+ *
+ * One op at a time per team owns the receive state (regions, bitmap): the next multicast
+ * op of the team waits until this one completed, so a late chunk of op k is never placed
+ * into op k+1 (the NIC also checks op_seq).
+ */
+#include "engine_internal.h"
+
+uint32_t dpa_mcast_chunks(struct dpa_hal *hal, uint64_t len)
+{
+	uint64_t mtu = dpa_hal_mtu(hal), n;
+
+	if (!mtu)  /* no multicast on this binding */
+		return len ? DPA_MCAST_MAX_CHUNKS + 1 : 0;
+	n = len / mtu + (len % mtu != 0);
+
+	return n > DPA_MCAST_MAX_CHUNKS ? DPA_MCAST_MAX_CHUNKS + 1 : (uint32_t)n;
+}
+
+/* The receive state goes to the team's multicast ops in sequence order: every rank then
+ * runs them in the same order (the op table's slots are not in sequence order). */
+static int older_multicast_active(struct dpa_engine *eng, const struct dpa_op *op)
+{
+	const struct dpa_op *ops = &eng->ops[op->team_id * OFFLOAD_OP_WINDOW];
+
+	for (uint32_t s = 0; s < OFFLOAD_OP_WINDOW; s++) {
+		const struct dpa_op *o = &ops[s];
+
+		if (o != op && __atomic_load_n(&o->state, __ATOMIC_SEQ_CST) == DPA_OP_ACTIVE &&
+		    o->algo->multicast && (int32_t)(o->seq - op->seq) < 0)
+			return 1;
+	}
+	return 0;
+}
+
+struct dpa_mcast_state *dpa_mcast_claim(struct dpa_engine *eng, struct dpa_op *op)
+{
+	struct dpa_mcast_state *st = &eng->mcast[op->team_id];
+	uint32_t none = 0, me = op->index + 1;
+
+	if (off_read_once(&st->owner) == me)
+		return st;
+	if (older_multicast_active(eng, op) || !off_cas(&st->owner, &none, me))
+		return NULL;
+	return st;
+}
+
+void dpa_mcast_release(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
+{
+	struct dpa_mcast_state *st = &eng->mcast[op->team_id];
+
+	if (off_load_acquire(&st->owner) != op->index + 1)
+		return;
+	/* No chunk may land in memory the host is about to get back. */
+	if (st->posted)
+		dpa_hal_mcast_post(hal, op->team_id, 0, NULL, 0);
+	st->posted = 0;
+	off_store_release(&st->owner, 0);
+}
+
+int dpa_mcast_post(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		   struct dpa_mcast_state *st)
+{
+	struct dpa_hal_mcast_region regions[DPA_HAL_MCAST_MAX_REGIONS];
+	const struct dpa_team *team = &eng->teams[op->team_id];
+	uint32_t n = 0;
+	int rc;
+
+	for (uint32_t r = 0; r < team->size; r++) {
+		const struct dpa_mcast_block *b = &st->blocks[r];
+
+		if (r == team->my_rank || !b->nchunks)
+			continue;
+		regions[n++] = (struct dpa_hal_mcast_region){ .addr = b->dst, .len = b->len,
+			.key = op->cmd.dst_key, .first_chunk = b->first_chunk };
+	}
+	rc = dpa_hal_mcast_post(hal, op->team_id, op->seq & 0xffu, regions, n);
+	if (rc)
+		dpa_op_fail(op, OFFLOAD_ERR_REMOTE_ACCESS, team->peers[team->my_rank].world_rank);
+	st->posted = 1;
+	return rc;
+}
+
+/* Inject the next chunks of [src, src+len) with ids from first_chunk on. Returns how many
+ * went out (*done once all did): none means the group's credits are used up, and the
+ * thread may park until a receiver catches up and wakes it. */
+int dpa_mcast_inject(struct dpa_op *op, struct dpa_hal *hal, uint32_t first_chunk,
+		     uint64_t src, uint64_t len, int *done)
+{
+	int sent = 0;
+
+	uint32_t mtu = dpa_hal_mtu(hal), nchunks = dpa_mcast_chunks(hal, len);
+	struct offload_thread_stats *stats = dpa_stats(hal);
+	struct dpa_item *it = &op->items[0];
+
+	for (uint32_t k = 0; k < DPA_MCAST_SEND_BURST && op->mc_next < nchunks; k++) {
+		uint64_t off = (uint64_t)op->mc_next * mtu;
+		uint32_t piece = len - off < mtu ? (uint32_t)(len - off) : mtu;
+		int rc = dpa_hal_mcast_send(hal, op->team_id, src + off, op->cmd.src_key, piece,
+					    DPA_HAL_MCAST_IMM(op->seq, first_chunk + op->mc_next),
+					    dpa_wr_id(op, 0, DPA_WR_DATA));
+
+		if (rc == DPA_HAL_EAGAIN)
+			break;
+		if (rc) {
+			dpa_op_fail(op, OFFLOAD_ERR_INTERNAL, 0);
+			*done = 1;
+			return sent + 1;
+		}
+		it->inflight++;
+		op->mc_next++;
+		sent++;
+		stats->mcast_chunks_sent++;
+		stats->mcast_bytes_sent += piece;
+	}
+	*done = op->mc_next >= nchunks;
+	return sent;
+}
+
+static struct dpa_mcast_block *block_of(struct dpa_mcast_state *st, const struct dpa_team *team,
+					uint32_t id)
+{
+	for (uint32_t r = 0; r < team->size; r++) {
+		struct dpa_mcast_block *b = &st->blocks[r];
+
+		if (b->nchunks && id - b->first_chunk < b->nchunks && r != team->my_rank)
+			return b;
+	}
+	return NULL;
+}
+
+static void place_all(struct dpa_op *op, struct dpa_mcast_state *st, const struct dpa_team *team,
+		      const struct dpa_hal_mcast_cqe *cqes, int n, struct offload_thread_stats *stats)
+{
+	for (int i = 0; i < n; i++) {
+		uint32_t id = cqes[i].imm & 0xffffffu;
+		struct dpa_mcast_block *b;
+		uint64_t bit;
+
+		/* The NIC placed it only for our seq and a posted region; re-check anyway. */
+		if (cqes[i].imm >> 24 != (op->seq & 0xffu) || id >= DPA_MCAST_MAX_CHUNKS)
+			continue;
+		b = block_of(st, team, id);
+		if (!b)
+			continue;
+		bit = 1ull << (id % 64);
+		if (st->bits[id / 64] & bit) {
+			stats->mcast_dups++;
+			continue;
+		}
+		st->bits[id / 64] |= bit;
+		b->got++;
+		stats->mcast_chunks_recv++;
+	}
+}
+
+static int poll_arrivals(struct dpa_op *op, struct dpa_hal *hal, struct dpa_mcast_state *st,
+			 const struct dpa_team *team)
+{
+	struct dpa_hal_mcast_cqe cqes[64];
+	struct offload_thread_stats *stats = dpa_stats(hal);
+	int n = 0, got;
+
+	/* Drain up to a budget per pass: chunks are small and come in long trains. */
+	for (int round = 0; round < DPA_MCAST_POLL_ROUNDS; round++) {
+		got = dpa_hal_mcast_poll(hal, op->team_id, cqes, 64);
+		n += got;
+		place_all(op, st, team, cqes, got, stats);
+		if (got < 64)
+			break;
+	}
+	st->drained = n == 0;
+	return n;
+}
+
+
+/* The owner's words in our control region: its source (ready) and its "sent all" (count). */
+static void learn_owner(struct dpa_op *op, struct dpa_hal *hal, struct dpa_mcast_block *b,
+			uint32_t owner, uint32_t owner_world)
+{
+	struct offload_ctrl_team *ctrl = dpa_my_ctrl(hal, op->team_id);
+	const struct offload_ready *r = &ctrl->ready[op->slot][owner];
+	const struct offload_count *c = &ctrl->counts[op->slot][owner];
+
+	if (!(b->flags & DPA_BLOCK_HAVE_SRC) && off_load_acquire(&r->seq) == op->seq) {
+		if ((r->flags & OFFLOAD_READY_REFUSED) || r->len != b->len)
+			dpa_op_fail(op, r->flags & OFFLOAD_READY_REFUSED ? OFFLOAD_ERR_PEER_OP :
+				    OFFLOAD_ERR_INVALID, owner_world);
+		b->src_addr = r->addr;
+		b->src_key = r->key;
+		b->flags |= DPA_BLOCK_HAVE_SRC;
+	}
+	if (!(b->flags & DPA_BLOCK_SENT_ALL) && off_load_acquire(&c->seq) == op->seq) {
+		b->sent_all_ns = dpa_hal_time_ns(hal);
+		b->flags |= DPA_BLOCK_SENT_ALL;
+	}
+}
+
+static void mark_range(struct dpa_mcast_state *st, struct dpa_mcast_block *b, uint32_t from,
+		       uint32_t to, struct offload_thread_stats *stats)
+{
+	for (uint32_t c = from; c < to; c++) {
+		uint32_t id = b->first_chunk + c;
+		uint64_t bit = 1ull << (id % 64);
+
+		if (st->bits[id / 64] & bit)
+			continue;
+		st->bits[id / 64] |= bit;
+		b->got++;
+		stats->refetch_chunks++;
+	}
+}
+
+/* One round of RDMA READs over the missing runs from b->next on; 1 if any was posted. */
+static int refetch_round(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+			 struct dpa_mcast_state *st, struct dpa_mcast_block *b, uint32_t owner_world)
+{
+	struct offload_thread_stats *stats = dpa_stats(hal);
+	uint32_t mtu = dpa_hal_mtu(hal), reads = 0, c;
+
+	if (dpa_rail_select(eng, hal, owner_world) == DPA_NO_RAIL) {
+		dpa_op_abort(eng, op, OFFLOAD_ERR_LINK_DOWN, owner_world);
+		return 0;
+	}
+	if (b->next >= b->nchunks)
+		b->next = 0;
+	b->round_start = b->next;
+	for (c = b->next; c < b->nchunks && reads < DPA_MCAST_READS;) {
+		uint32_t id = b->first_chunk + c, end = c;
+		uint64_t off, len;
+		int rc;
+
+		if (st->bits[id / 64] & (1ull << (id % 64))) {
+			c++;
+			continue;
+		}
+		while (end < b->nchunks && end - c < DPA_MCAST_READ_CHUNKS &&
+		       !(st->bits[(b->first_chunk + end) / 64] & (1ull << ((b->first_chunk + end) % 64))))
+			end++;
+		off = (uint64_t)c * mtu;
+		len = (uint64_t)end * mtu < b->len ? (uint64_t)(end - c) * mtu : b->len - off;
+		rc = dpa_hal_rdma_read(hal, owner_world, b->dst + off, op->cmd.dst_key,
+				       b->src_addr + off, b->src_key, len, dpa_wr_id(op, 0, DPA_WR_DATA));
+		if (rc == DPA_HAL_EAGAIN)
+			break;
+		if (rc) {
+			dpa_op_fail(op, OFFLOAD_ERR_INTERNAL, owner_world);
+			break;
+		}
+		op->items[0].inflight++;
+		stats->reads++;
+		stats->refetch_bytes += len;
+		reads++;
+		c = end;
+	}
+	b->next = c;
+	return reads > 0;
+}
+
+int dpa_mcast_receive(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		      struct dpa_mcast_state *st)
+{
+	const struct dpa_team *team = &eng->teams[op->team_id];
+	struct dpa_item *it0 = &op->items[0];
+	struct offload_thread_stats *stats = dpa_stats(hal);
+	uint64_t now = 0;
+	int work;
+
+	/* Owners' words first: an owner injects every chunk before it says "sent all", so a
+	 * poll after seeing that word finds every chunk that was not lost. */
+	for (uint32_t r = 0; r < team->size; r++)
+		if (r != team->my_rank && !(st->blocks[r].flags & DPA_BLOCK_COMPLETE))
+			learn_owner(op, hal, &st->blocks[r], r, team->peers[r].world_rank);
+	work = poll_arrivals(op, hal, st, team);
+	for (uint32_t r = 0; r < team->size; r++) {
+		struct dpa_mcast_block *b = &st->blocks[r];
+		uint32_t world = team->peers[r].world_rank;
+		uint64_t missing, grace;
+
+		if (r == team->my_rank || (b->flags & DPA_BLOCK_COMPLETE))
+			continue;
+		if (b->got >= b->nchunks && it0->inflight == 0 && b->round_start == b->next) {
+			off_store_release(&b->flags, b->flags | DPA_BLOCK_COMPLETE);
+			work++;
+			continue;
+		}
+		/* Only after everything was sent, the queue is drained and the missing bytes
+		 * had time to arrive at link rate, is a missing chunk lost. */
+		if (!(b->flags & DPA_BLOCK_SENT_ALL) || !(b->flags & DPA_BLOCK_HAVE_SRC) ||
+		    !st->drained || it0->inflight)
+			continue;
+		if (it0->flags & DPA_ITEM_RESEND) {  /* a read's rail failed: read the round again */
+			it0->flags &= ~DPA_ITEM_RESEND;
+			b->next = b->round_start;
+		} else if (b->round_start != b->next) {  /* the last round's reads all landed */
+			mark_range(st, b, b->round_start, b->next, stats);
+			b->round_start = b->next;
+			work++;
+			continue;
+		}
+		if (!now)
+			now = dpa_hal_time_ns(hal);
+		missing = (uint64_t)(b->nchunks - b->got) * dpa_hal_mtu(hal);
+		grace = DPA_MCAST_MIN_GRACE_NS +
+			missing * 1000u / (eng->params.link_mbps ? eng->params.link_mbps : 1);
+		if (now - b->sent_all_ns < grace)
+			continue;
+		work += refetch_round(eng, op, hal, st, b, world);
+		if (it0->inflight)
+			break;  /* one block's round at a time: a failed read names its round */
+	}
+	return work;
+}

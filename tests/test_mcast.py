@@ -1,0 +1,204 @@
+"""Multicast broadcast and all-gather: exact results over team sizes, awkward sizes, seeded
+loss, reordering, a tiny receive queue, back-to-back ops, and a rank that loses everything.
+Every job is bounded by a timeout; the loss is seeded, so a failure reproduces."""
+from __future__ import annotations
+
+import pytest
+
+from _mp import run_ranks
+
+BODY = r'''
+mode = os.environ.get("MC_MODE", "all")
+lose_rank = os.environ.get("MC_LOSE_RANK")
+if lose_rank is not None and int(lose_rank) == rank:   # this member loses every chunk
+    os.environ["OFFLOAD_MCAST_LOSS"] = "1"
+ctx = ol.init()
+w = ctx.world
+mtu = ctx.config.mtu
+big = int(os.environ.get("MC_BIG", str(5 * 2**20 + 3)))
+sizes = [0, 1, mtu - 1, mtu, mtu + 1, big]
+
+
+def pattern(seed, n):
+    return ((np.arange(n, dtype=np.int64) * 131 + seed * 7919) % 251).astype(np.uint8)
+
+
+# broadcast: every size, from two different roots
+for i, size in enumerate(sizes):
+    for root in sorted({0, size % w.size, w.size - 1}):
+        want = pattern(100 * i + root, size)
+        buf = want.copy() if rank == root else np.full(size, 0xEE, np.uint8)
+        w.broadcast(buf, root=root).wait(timeout=60)
+        check_equal(buf, want, f"broadcast of {size} B from {root}")
+
+# all-gather: every size per rank
+for i, per in enumerate(sizes):
+    if per * w.size > 48 * 2**20:
+        per //= w.size
+    src = pattern(1000 + 10 * i + rank, per)
+    dst = np.full(per * w.size, 0xEE, np.uint8)
+    w.allgather(src, dst).wait(timeout=60)
+    check_equal(dst, np.concatenate([pattern(1000 + 10 * i + p, per) for p in range(w.size)]),
+                f"all-gather of {per} B per rank")
+
+# back to back: several ops in flight, other data each: a late chunk of op k must never
+# land in op k+1
+reqs = []
+for k in range(6):
+    root = k % w.size
+    want = pattern(5000 + k, 3 * mtu + 17)
+    buf = want.copy() if rank == root else np.full(want.size, 0xEE, np.uint8)
+    reqs.append((w.broadcast(buf, root=root), buf, want, k))
+    src = pattern(6000 + 10 * k + rank, 2 * mtu + 5)
+    dst = np.full(src.size * w.size, 0xEE, np.uint8)
+    want_ag = np.concatenate([pattern(6000 + 10 * k + p, src.size) for p in range(w.size)])
+    reqs.append((w.allgather(src, dst), dst, want_ag, k))
+for req, got, want, k in reqs:
+    req.wait(timeout=60)
+    check_equal(got, want, f"back-to-back op {k}")
+
+st = ctx.stats()
+print("STATS", st["mcast_chunks_sent"], st["mcast_chunks_recv"], st["mcast_dups"],
+      st["refetch_chunks"], st["refetch_bytes"])
+ctx.close()
+'''
+
+
+def _stats(out: list[str]) -> list[list[int]]:
+    rows = []
+    for text in out:
+        line = next(ln for ln in text.splitlines() if ln.startswith("STATS"))
+        rows.append([int(x) for x in line.split()[1:]])
+    return rows
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("n", [2, 3, 4, 5, 6, 7, 8])
+def test_exact_without_loss(n):
+    out = run_ranks(n, BODY, timeout=150, env={"MC_BIG": str(2**20 + 3) if n > 4 else
+                                               str(5 * 2**20 + 3)})
+    stats = _stats(out)
+    assert all(s[0] > 0 for s in stats), stats         # every rank multicast (all-gather)
+    assert all(s[3] == 0 for s in stats), stats        # nothing lost, nothing refetched
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("loss", ["0.01", "0.1", "0.3"])
+def test_exact_with_seeded_loss(loss):
+    out = run_ranks(4, BODY, timeout=150, env={"OFFLOAD_MCAST_LOSS": loss,
+                                               "OFFLOAD_MCAST_SEED": "7"})
+    assert sum(s[3] for s in _stats(out)) > 0, "loss was injected but nothing was refetched"
+
+
+@pytest.mark.timeout(180)
+def test_exact_with_reordering_and_loss():
+    run_ranks(4, BODY, timeout=150, env={"OFFLOAD_MCAST_REORDER": "0.2",
+                                         "OFFLOAD_MCAST_LOSS": "0.05"})
+
+
+@pytest.mark.timeout(180)
+def test_exact_with_a_receive_queue_of_two():
+    out = run_ranks(3, BODY, timeout=150, env={"OFFLOAD_MCAST_RQ_DEPTH": "2",
+                                               "MC_BIG": str(2**20 + 3)})
+    assert sum(s[3] for s in _stats(out)) > 0, "a 2-slot queue dropped nothing?"
+
+
+@pytest.mark.timeout(180)
+def test_a_rank_that_loses_every_chunk_fetches_everything():
+    out = run_ranks(4, BODY, timeout=150, env={"MC_LOSE_RANK": "2", "MC_BIG": str(2**20 + 3)})
+    stats = _stats(out)
+    assert stats[2][1] == 0, f"rank 2 lost everything yet received {stats[2][1]} chunks"
+    assert stats[2][3] > 0
+
+
+LAST_CHUNK = r'''
+ctx = ol.init()
+w = ctx.world
+mtu = ctx.config.mtu
+refetched = 0
+for k in range(120):      # 2 chunks per op, half of them lost: the last one is, many times
+    want = ((np.arange(mtu + 1) + k) % 251).astype(np.uint8)
+    buf = want.copy() if rank == 0 else np.full(mtu + 1, 0xEE, np.uint8)
+    w.broadcast(buf, root=0).wait(timeout=30)
+    check_equal(buf, want, f"op {k}")
+print("REFETCHED", ctx.stats()["refetch_chunks"])
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(120)
+def test_lost_last_chunks_are_fetched():
+    out = run_ranks(2, LAST_CHUNK, timeout=100, env={"OFFLOAD_MCAST_LOSS": "0.5",
+                                                     "OFFLOAD_MCAST_SEED": "3"})
+    assert int(out[1].split("REFETCHED")[1].split()[0]) >= 60
+
+
+INJECTED = r'''
+ctx = ol.init()
+w = ctx.world
+per = 256 * 1024
+before = ctx.stats()["mcast_bytes_sent"]
+dst = np.empty(per * size, np.uint8)
+w.allgather(np.full(per, rank, np.uint8), dst).wait(timeout=30)
+sent = ctx.stats()["mcast_bytes_sent"] - before
+assert sent == per, f"rank {rank} injected {sent} B for its {per} B block"
+check_equal(dst, np.repeat(np.arange(size, dtype=np.uint8), per), "all-gather")
+buf = np.full(per, 9 if rank == 1 else 0, np.uint8)
+before = ctx.stats()["mcast_bytes_sent"]
+w.broadcast(buf, root=1).wait(timeout=30)
+sent = ctx.stats()["mcast_bytes_sent"] - before
+assert sent == (per if rank == 1 else 0), (rank, sent)
+check_equal(buf, np.full(per, 9, np.uint8), "broadcast")
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(60)
+def test_each_rank_injects_its_block_once():
+    run_ranks(4, INJECTED, timeout=45)
+
+
+BAD_INPUT = r'''
+ctx = ol.init()
+w = ctx.world
+for bad in (lambda: w.broadcast(np.zeros(4), root=size),
+            lambda: w.broadcast(np.zeros(4), root=-1),
+            lambda: w.broadcast(np.zeros(4), root=True),
+            lambda: w.allgather(np.zeros(4), np.zeros(4 * size + 1)),
+            lambda: w.allgather(np.zeros(4, np.float32), np.zeros(4 * size)),
+            lambda: w.allgather(np.zeros(4), np.zeros(4 * size)[::2][:4 * size // 2])):
+    try:
+        bad()
+    except ol.InvalidArgument as e:
+        assert str(e), e
+    else:
+        raise AssertionError("bad input was posted")
+ro = np.zeros(8)
+ro.flags.writeable = False
+if rank != 0:
+    try:
+        w.broadcast(ro, root=0)
+    except ol.InvalidArgument:
+        pass
+    else:
+        raise AssertionError("a read-only receive buffer was accepted")
+# ranks that disagree on the size fail, they do not hang
+buf = np.zeros(100 if rank == 0 else 200, np.uint8)
+try:
+    w.broadcast(buf, root=0).wait(timeout=20)
+except ol.Timeout:
+    raise AssertionError("size mismatch hung")
+except ol.OffloadError:
+    pass
+else:
+    raise AssertionError("a broadcast with mismatched sizes succeeded")
+buf = np.full(64, rank, np.uint8)
+w.broadcast(buf, root=1).wait(timeout=20)
+check_equal(buf, np.full(64, 1, np.uint8), "broadcast after the mismatch")
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(60)
+def test_bad_input_and_size_mismatch():
+    run_ranks(3, BAD_INPUT, timeout=45)
