@@ -33,6 +33,7 @@
 #define EMU_MCAST_RING_BYTES (4u << 20)
 #define EMU_MCAST_MIN_SLOTS  64u
 #define EMU_MCAST_MAX_SLOTS  512u
+#define EMU_MCAST_EVENT_EVERY 16u   /* receive event moderation: chunks per wake-up */
 #define EMU_MCAST_WRITING    UINT64_MAX  /* slot generation while a sender fills it */
 
 enum emu_mr_kind {

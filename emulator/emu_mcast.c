@@ -307,9 +307,14 @@ int dpa_hal_mcast_send(struct dpa_hal *hal, uint32_t group, uint64_t laddr, uint
 	__atomic_compare_exchange_n(&g->members[me].cursor, &cur, index + 1, 0, __ATOMIC_RELEASE,
 				    __ATOMIC_RELAXED);
 	/* Pairs with join(): a member that joined before this fence is woken; one that joins
-	 * after it starts at a head past this chunk. */
+	 * after it starts at a head past this chunk. Receive events are moderated, as a CQ's
+	 * event moderation does (ibv_modify_cq cq_count): a parked member is woken once per
+	 * EMU_MCAST_EVENT_EVERY chunks and then drains them in one pass instead of paying a
+	 * futex wake-up per chunk. The firmware's "sent all" (an inline write, which wakes)
+	 * ends every train. */
 	off_fence();
-	wake_mask(dev, off_load_acquire(&g->joined) & ~(1ull << me));
+	if (!(index % EMU_MCAST_EVENT_EVERY))
+		wake_mask(dev, off_load_acquire(&g->joined) & ~(1ull << me));
 	wake_blocked(dev, g);
 	count(&dev->mc_count.sent, 1);
 	return emu_push_cqe(hal, wr_id, OFFLOAD_OK, len, rail);
@@ -496,7 +501,7 @@ static int poll_ring(struct emu_device *dev, uint32_t group, struct emu_mcast_rx
 	struct emu_mcast_group *g = &dev->mc_groups[group];
 	struct emu_mcast_member *m = &g->members[dev->attr.rank];
 	uint64_t nslots = dev->mc_nslots, depth = dev->attr.mcast_rq_depth;
-	uint64_t held_before = rx->hold, cur = off_read_once(&m->cursor), head, excess = 0;
+	uint64_t held_before = rx->hold, cur = off_read_once(&m->cursor), head, excess = 0, cursor;
 	int n = 0;
 
 	skip_to(dev, rx, cur);  /* our senders consumed our own chunks (nothing to count) */
@@ -533,9 +538,14 @@ static int poll_ring(struct emu_device *dev, uint32_t group, struct emu_mcast_rx
 	}
 	while (rx->next < head && done_test(dev, rx, rx->next))
 		done_set(dev, rx, rx->next++, 0);
-	publish_cursor(m, rx->hold && rx->hold - 1 < rx->next ? rx->hold - 1 : rx->next);
+	cursor = rx->hold && rx->hold - 1 < rx->next ? rx->hold - 1 : rx->next;
+	publish_cursor(m, cursor);
 	off_fence();  /* pairs with claim_slot(): a blocked sender sees our cursor or is woken */
-	wake_blocked(dev, g);
+	/* Credit returns are moderated too: a blocked sender is woken once we are at most
+	 * half a ring behind, not for every slot we free (it would wake, claim a few, block
+	 * again). Whoever is slowest gets there last and wakes it then. */
+	if (head - cursor <= nslots / 2)
+		wake_blocked(dev, g);
 	return n;
 }
 
