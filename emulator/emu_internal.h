@@ -115,7 +115,9 @@ struct emu_mcast_group {
 	uint64_t resv0[7];
 	uint64_t joined;      /* ranks counted for credits and woken by sends (bit per rank) */
 	uint64_t blocked;     /* ranks whose send found no credit: the next poll wakes them */
-	uint64_t resv1[6];
+	uint64_t blocked_slot;/* ranks whose send found its slot still being filled: the
+			       * next send (that sender publishing) wakes them */
+	uint64_t resv1[5];
 	struct emu_mcast_member members[OFFLOAD_MAX_RANKS];
 };
 

@@ -234,7 +234,7 @@ static int claim_slot(struct emu_device *dev, uint32_t group, uint64_t *index)
 				head = now;
 				continue;
 			}
-			__atomic_fetch_or(&g->blocked, 1ull << dev->attr.rank, __ATOMIC_SEQ_CST);
+			__atomic_fetch_or(&g->blocked_slot, 1ull << dev->attr.rank, __ATOMIC_SEQ_CST);
 			return DPA_HAL_EAGAIN;
 		}
 		if (__atomic_compare_exchange_n(&g->head, &head, head + 1, 0, __ATOMIC_ACQ_REL,
@@ -315,7 +315,10 @@ int dpa_hal_mcast_send(struct dpa_hal *hal, uint32_t group, uint64_t laddr, uint
 	off_fence();
 	if (!(index % EMU_MCAST_EVENT_EVERY))
 		wake_mask(dev, off_load_acquire(&g->joined) & ~(1ull << me));
-	wake_blocked(dev, g);
+	/* Only senders that waited for this very slot to be published; credit waiters are
+	 * the receivers' to wake (waking them per send would make them spin). */
+	if (off_read_once(&g->blocked_slot))
+		wake_mask(dev, __atomic_exchange_n(&g->blocked_slot, 0, __ATOMIC_SEQ_CST));
 	count(&dev->mc_count.sent, 1);
 	return emu_push_cqe(hal, wr_id, OFFLOAD_OK, len, rail);
 }
@@ -541,11 +544,15 @@ static int poll_ring(struct emu_device *dev, uint32_t group, struct emu_mcast_rx
 	cursor = rx->hold && rx->hold - 1 < rx->next ? rx->hold - 1 : rx->next;
 	publish_cursor(m, cursor);
 	off_fence();  /* pairs with claim_slot(): a blocked sender sees our cursor or is woken */
-	/* Credit returns are moderated too: a blocked sender is woken once we are at most
-	 * half a ring behind, not for every slot we free (it would wake, claim a few, block
-	 * again). Whoever is slowest gets there last and wakes it then. */
-	if (head - cursor <= nslots / 2)
-		wake_blocked(dev, g);
+	/* Wake a blocked sender only when there is credit for it now: a member that is not
+	 * the slowest frees none, and waking for it makes senders spin (wake, EAGAIN, park).
+	 * Credit returns are moderated too: at most once per half ring of our own progress. */
+	if (off_read_once(&g->blocked) && head - cursor <= nslots / 2) {
+		uint64_t now = off_load_acquire(&g->head);
+
+		if (credit_limit(dev, group, now) > now)
+			wake_blocked(dev, g);
+	}
 	return n;
 }
 

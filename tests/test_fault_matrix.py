@@ -1,7 +1,7 @@
-"""The fault matrix: {peer killed, rail down, forged rkey, malformed command} x {all-to-all,
-all-to-all-v}. Every cell must end in a correct result or the named exception within its
-bound, never a hang. (Broadcast/all-gather and multicast loss join the matrix when they
-exist.)
+"""The fault matrix: {peer killed, rail down, 30% multicast loss, forged rkey, malformed
+command} x {all-to-all, all-to-all-v, broadcast, all-gather} (multicast loss only where
+there is multicast). Every cell must end in a correct result or the named exception within
+its bound, never a hang.
 
 Seeded: FAULT_SEED (default 1) picks victims, sizes and when a rail dies, so a failure
 reproduces. The cells that live inside one job run FAULT_REPS times (default 50); the cells
@@ -20,7 +20,8 @@ from _mp import DONE_MARK, run_job, run_ranks
 SEED = int(os.environ.get("FAULT_SEED", "1"))
 REPS = int(os.environ.get("FAULT_REPS", "50"))
 JOB_REPS = int(os.environ.get("FAULT_JOB_REPS", "2"))
-OPS = ["alltoall", "alltoallv"]
+OPS = ["alltoall", "alltoallv", "broadcast", "allgather"]
+MCAST_OPS = ["broadcast", "allgather"]
 
 COMMON = r'''
 OP = os.environ["FAULT_OP"]
@@ -44,6 +45,19 @@ def post(team, rep, src_of=None):
         want = np.concatenate([np.arange(per * me, per * (me + 1)) + 1_000_000 * p
                                for p in range(n)])
         return team.alltoall(src, dst), dst, want
+    if OP == "broadcast":
+        per = 1 + (SEED * 7919 + rep * 104729) % 20000
+        root = rep % n
+        want = np.arange(per, dtype=np.int64) + 1_000_000 * root + rep
+        buf = want.copy() if me == root else np.full(per, SENT, np.int64)
+        return team.broadcast(buf, root=root), buf, want
+    if OP == "allgather":
+        per = 1 + (SEED * 7919 + rep * 104729) % 5000
+        src = np.arange(per, dtype=np.int64) + 1_000_000 * me + rep
+        dst = np.full(per * n, SENT, np.int64)
+        want = np.concatenate([np.arange(per, dtype=np.int64) + 1_000_000 * p + rep
+                               for p in range(n)])
+        return team.allgather(src, dst), dst, want
     c = counts_for(SEED * 1000 + rep, n)
     send = c[me]
     src = np.concatenate([np.arange(send[d], dtype=np.int64) + 1_000_000 * me + 1000 * d
@@ -71,13 +85,15 @@ for rep in range(reps):
     fault = ("forged", "malformed")[rep % 2]
     if rank == victim:
         def bad_post(op, *a, **k):
-            if fault == "forged":       # a key nobody issued
+            if fault == "forged":       # keys nobody issued
                 op.dst_key = int(rng.integers(1, 2**32))
+                if OP in ("broadcast", "allgather"):   # the source is read by the DPA too
+                    op.src_key = int(rng.integers(1, 2**32))
             else:                        # a destination the firmware must refuse
-                op.dst_len = 8
+                op.dst_len = 4
             return plain_post(op, *a, **k)
         ctx._post = bad_post
-    req, dst, _ = post(w, rep)
+    req, dst, want = post(w, rep)
     ctx._post = plain_post
     t0 = time.monotonic()
     try:
@@ -89,8 +105,16 @@ for rep in range(reps):
         assert took < 5, f"rep {rep}: the error took {took:.1f} s"
         if rank == victim:
             assert isinstance(e, (ol.RemoteAccessError, ol.InvalidArgument, ol.OffloadError))
-            assert (dst == SENT).all(), f"rep {rep} ({fault}): the victim's dst was written"
+            # (a broadcast root's buffer is its source: nothing was to be written there)
+            if not (OP == "broadcast" and rank == rep % size):
+                assert (dst == SENT).all(), f"rep {rep} ({fault}): the victim's dst was written"
     else:
+        if OP in ("broadcast", "allgather") and rank != victim:
+            # multicast: a rank whose data came from elsewhere may complete, exact
+            check_equal(dst[:len(want)], want, f"rep {rep}: {OP} beside a failing rank")
+            req, dst, want = post(w, reps + rep)
+            check(req, dst, want, f"clean op after rep {rep} ({fault}, victim {victim})")
+            continue
         raise AssertionError(f"rep {rep} ({fault}, victim {victim}): rank {rank} succeeded "
                              "in an op whose peer could not take part")
     # the fault left the team in step: the next op is exact
@@ -124,7 +148,8 @@ ctx.close()
 def _rail_env(op: str, rep: int) -> dict[str, str]:
     rng = np.random.default_rng([SEED, rep, 7])
     victim = int(rng.integers(4))
-    after = int(rng.integers(0, 4096))
+    # multicast ops put only control words and refetch reads on the rails: little traffic
+    after = int(rng.integers(0, 256 if op in MCAST_OPS else 4096))
     # rail 0 carries the traffic until it fails; rail 1 is where it moves
     return {"FAULT_OP": op, "FAULT_SEED": str(SEED + rep), "OFFLOAD_RAILS": "2",
             "OFFLOAD_RAIL_FAULTS": f"{victim}:0@{after}"}
@@ -185,3 +210,24 @@ def test_peer_killed_cells(op):
         for r in range(4):
             if r != victim:
                 assert DONE_MARK in ranks[r], f"rep {rep}: survivor {r} did not finish\n{report}"
+
+
+MCAST_LOSS = COMMON + r'''
+ctx = ol.init()
+w = ctx.world
+for rep in range(4):
+    req, dst, want = post(w, rep)
+    check(req, dst, want, f"op {rep} with 30% of the chunks lost")
+print("refetched", ctx.stats()["refetch_chunks"])
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(300)
+@pytest.mark.parametrize("op", MCAST_OPS)
+def test_multicast_loss_cells(op):
+    for rep in range(JOB_REPS):
+        out = run_ranks(4, MCAST_LOSS, timeout=60,
+                        env={"FAULT_OP": op, "FAULT_SEED": str(SEED + rep),
+                             "OFFLOAD_MCAST_LOSS": "0.3", "OFFLOAD_MCAST_SEED": str(SEED + rep)})
+        assert sum(int(o.split()[1]) for o in out if o.startswith("refetched")) > 0, out

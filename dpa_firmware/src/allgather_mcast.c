@@ -77,21 +77,26 @@ static int ag_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *ha
 	int work = 0, rc;
 
 	if (op->refuse || !len) {
-		off_store_release(&op->mc_flags, DPA_MC_POSTED | DPA_MC_INJECTED | DPA_MC_RECEIVED);
+		__atomic_fetch_or(&op->mc_flags, DPA_MC_POSTED | DPA_MC_INJECTED | DPA_MC_RECEIVED,
+				  __ATOMIC_RELEASE);
 		it->flags |= DPA_ITEM_FINISHED;
 		return 1;
 	}
 	st = dpa_mcast_claim(eng, op);
 	if (!st)
 		return 0;  /* the team's previous multicast op is still receiving */
-	if (!(op->mc_flags & DPA_MC_POSTED)) {
+	if (!(off_read_once(&op->mc_flags) & DPA_MC_POSTED)) {
 		setup(eng, op, hal, st);
 		dpa_mcast_post(eng, op, hal, st);
-		off_store_release(&op->mc_flags, op->mc_flags | DPA_MC_POSTED);
+		__atomic_fetch_or(&op->mc_flags, DPA_MC_POSTED, __ATOMIC_RELEASE);
 		work++;
 	}
-	if (!(op->mc_flags & DPA_MC_COPIED)) {
+	if (!(off_read_once(&op->mc_flags) & DPA_MC_COPYING)) {
 		/* Our own block, by the same engine that copies everything else. */
+		if (dpa_rail_select(eng, hal, world) == DPA_NO_RAIL) {
+			dpa_op_abort(eng, op, OFFLOAD_ERR_LINK_DOWN, world);
+			return work;
+		}
 		rc = dpa_hal_rdma_write(hal, world, op->cmd.src_addr, op->cmd.src_key,
 					op->cmd.dst_addr + (uint64_t)me * len, op->cmd.dst_key, len,
 					dpa_wr_id(op, 0, DPA_WR_DATA));
@@ -101,10 +106,21 @@ static int ag_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *ha
 			dpa_op_fail(op, OFFLOAD_ERR_INTERNAL, world);
 		else
 			it->inflight++;
-		op->mc_flags |= DPA_MC_COPIED;
+		__atomic_fetch_or(&op->mc_flags, DPA_MC_COPYING, __ATOMIC_RELEASE);
 		work++;
 	}
-	if (!(op->mc_flags & DPA_MC_INJECTED) &&
+	if (!(off_read_once(&op->mc_flags) & DPA_MC_COPIED)) {
+		if (it->inflight)
+			return work;  /* nothing else is in flight yet: this is the copy */
+		if (it->flags & DPA_ITEM_RESEND) {  /* its rail failed: copy again on another */
+			it->flags &= ~DPA_ITEM_RESEND;
+			__atomic_fetch_and(&op->mc_flags, ~DPA_MC_COPYING, __ATOMIC_RELEASE);
+			return work + 1;
+		}
+		__atomic_fetch_or(&op->mc_flags, DPA_MC_COPIED, __ATOMIC_RELEASE);
+		work++;
+	}
+	if (!(off_read_once(&op->mc_flags) & DPA_MC_INJECTED) &&
 	    off_load_acquire(&op->mc_readies) == team->size - 1 && have_token(eng, op, hal)) {
 		int done = 1;
 
@@ -112,14 +128,14 @@ static int ag_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *ha
 			work += dpa_mcast_inject(op, hal, me * dpa_mcast_chunks(hal, len),
 						 op->cmd.src_addr, len, &done);
 		if (done) {
-			off_store_release(&op->mc_flags, op->mc_flags | DPA_MC_INJECTED);
+			__atomic_fetch_or(&op->mc_flags, DPA_MC_INJECTED, __ATOMIC_RELEASE);
 			work++;
 		}
 	}
 	work += dpa_mcast_receive(eng, op, hal, st);
-	if ((op->mc_flags & DPA_MC_INJECTED) && it->inflight == 0 &&
+	if ((off_read_once(&op->mc_flags) & DPA_MC_INJECTED) && it->inflight == 0 &&
 	    (all_blocks_done(team, st) || off_load_acquire(&op->fail))) {
-		off_store_release(&op->mc_flags, op->mc_flags | DPA_MC_RECEIVED);
+		__atomic_fetch_or(&op->mc_flags, DPA_MC_RECEIVED, __ATOMIC_RELEASE);
 		it->flags |= DPA_ITEM_FINISHED;
 		work++;
 	}

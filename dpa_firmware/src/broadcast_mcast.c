@@ -40,7 +40,7 @@ static int root_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *
 	struct dpa_item *it = &op->items[0];
 	int work = 0;
 
-	if (!(op->mc_flags & DPA_MC_INJECTED)) {
+	if (!(off_read_once(&op->mc_flags) & DPA_MC_INJECTED)) {
 		int done = 1;
 
 		if (off_load_acquire(&op->mc_readies) < team->size - 1)
@@ -49,7 +49,7 @@ static int root_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *
 			work += dpa_mcast_inject(op, hal, 0, op->cmd.src_addr, op->cmd.count, &done);
 		if (!done)
 			return work;
-		off_store_release(&op->mc_flags, op->mc_flags | DPA_MC_INJECTED);
+		__atomic_fetch_or(&op->mc_flags, DPA_MC_INJECTED, __ATOMIC_RELEASE);
 		work++;
 	}
 	if (it->inflight == 0)
@@ -67,7 +67,7 @@ static int receiver_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_h
 	int work;
 
 	if (op->refuse || !op->cmd.count) {
-		off_store_release(&op->mc_flags, op->mc_flags | DPA_MC_POSTED | DPA_MC_RECEIVED);
+		__atomic_fetch_or(&op->mc_flags, DPA_MC_POSTED | DPA_MC_RECEIVED, __ATOMIC_RELEASE);
 		it->flags |= DPA_ITEM_FINISHED;
 		return 1;
 	}
@@ -75,7 +75,7 @@ static int receiver_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_h
 	if (!st)
 		return 0;  /* the team's previous multicast op is still receiving */
 	b = &st->blocks[root];
-	if (!(op->mc_flags & DPA_MC_POSTED)) {
+	if (!(off_read_once(&op->mc_flags) & DPA_MC_POSTED)) {
 		for (uint32_t r = 0; r < team->size; r++)
 			st->blocks[r] = (struct dpa_mcast_block){ 0 };
 		*b = (struct dpa_mcast_block){ .dst = op->cmd.dst_addr, .len = op->cmd.count,
@@ -83,7 +83,7 @@ static int receiver_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_h
 		for (uint32_t w = 0; w < (b->nchunks + 63) / 64; w++)
 			st->bits[w] = 0;
 		dpa_mcast_post(eng, op, hal, st);
-		off_store_release(&op->mc_flags, op->mc_flags | DPA_MC_POSTED);
+		__atomic_fetch_or(&op->mc_flags, DPA_MC_POSTED, __ATOMIC_RELEASE);
 	}
 	work = dpa_mcast_receive(eng, op, hal, st);
 	/* Done when whole, or when the op failed (nothing more will come) and no read is out. */
@@ -91,7 +91,7 @@ static int receiver_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_h
 	    ((off_load_acquire(&b->flags) & DPA_BLOCK_COMPLETE) || off_load_acquire(&op->fail) ||
 	     dpa_peer_gone(eng, op, team->peers[root].world_rank))) {
 		off_store_release(&b->flags, b->flags | DPA_BLOCK_COMPLETE);
-		off_store_release(&op->mc_flags, op->mc_flags | DPA_MC_RECEIVED);
+		__atomic_fetch_or(&op->mc_flags, DPA_MC_RECEIVED, __ATOMIC_RELEASE);
 		it->flags |= DPA_ITEM_FINISHED;
 		work++;
 	}

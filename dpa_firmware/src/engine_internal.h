@@ -206,6 +206,7 @@ struct dpa_engine {
 #define DPA_MC_INJECTED 2u  /* every chunk of our block injected: "sent all" may go out */
 #define DPA_MC_COPIED   4u  /* all-gather: own block copied into dst */
 #define DPA_MC_RECEIVED 8u  /* item 0 finished receiving: acknowledgements may go out */
+#define DPA_MC_COPYING  16u /* all-gather: the copy of our own block is posted */
 
 /* Algorithm registry entries, one per file. */
 extern const struct dpa_algo dpa_algo_broadcast_mcast;
