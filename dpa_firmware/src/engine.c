@@ -218,6 +218,10 @@ static int try_complete_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa
 	 * needed from the dead rank before it died, and succeeds. */
 	if (fail && dead)
 		fail = ((uint64_t)lowest_rank(dead) << 32) | (uint32_t)OFFLOAD_ERR_PEER;
+	/* Every control word of the op acknowledged first (an aborted op does not wait:
+	 * its peers are gone or failing). */
+	if (!__atomic_load_n(&op->aborted, __ATOMIC_SEQ_CST) && dpa_ctrl_pending(eng, op))
+		return 0;
 	struct offload_cqe cqe = {
 		.tag = op->cmd.tag,
 		.status = (int32_t)(uint32_t)fail,

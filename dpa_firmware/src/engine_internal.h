@@ -223,6 +223,7 @@ void dpa_rail_failed(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t peer,
 int dpa_ctrl_post(struct dpa_engine *eng, struct dpa_hal *hal, const struct dpa_ctrl_msg *msg);
 int dpa_ctrl_completed(struct dpa_engine *eng, struct dpa_hal *hal, const struct dpa_hal_cqe *c);
 int dpa_ctrl_resend(struct dpa_engine *eng, struct dpa_hal *hal);
+int dpa_ctrl_pending(struct dpa_engine *eng, const struct dpa_op *op);
 
 /* mcast.c: what broadcast and all-gather share (see there). */
 struct dpa_mcast_state *dpa_mcast_claim(struct dpa_engine *eng, struct dpa_op *op);

@@ -73,14 +73,24 @@ int dpa_ctrl_post(struct dpa_engine *eng, struct dpa_hal *hal, const struct dpa_
 	int rc;
 
 	for (uint32_t i = 0; i < DPA_CTRL_LOG && !m; i++)
-		if (!log[i].pending)
+		if (!__atomic_load_n(&log[i].pending, __ATOMIC_ACQUIRE))
 			m = &log[i];
 	if (!m)
 		return DPA_HAL_EAGAIN;  /* older control words not acknowledged yet */
-	*m = *msg;
+	/* Field by field: other threads read wr_id (dpa_ctrl_pending) while we refill. */
+	m->raddr = msg->raddr;
+	m->value = msg->value;
+	m->peer = msg->peer;
+	m->rkey = msg->rkey;
+	m->kind = msg->kind;
+	m->len = msg->len;
+	m->seq_off = msg->seq_off;
+	m->resend = 0;
+	__builtin_memcpy(m->body, msg->body, sizeof(m->body));
+	__atomic_store_n(&m->wr_id, msg->wr_id, __ATOMIC_RELAXED);
 	rc = post_msg(eng, hal, m);
-	if (rc == 0)
-		m->pending = m->kind == DPA_WR_SIGNAL ? 1 : 2;
+	if (rc == 0)  /* release: dpa_ctrl_pending() on other threads reads wr_id after it */
+		__atomic_store_n(&m->pending, m->kind == DPA_WR_SIGNAL ? 1 : 2, __ATOMIC_RELEASE);
 	return rc;
 }
 
@@ -92,6 +102,7 @@ int dpa_ctrl_completed(struct dpa_engine *eng, struct dpa_hal *hal, const struct
 
 	for (uint32_t i = 0; i < DPA_CTRL_LOG; i++) {
 		struct dpa_ctrl_msg *m = &log[i];
+		uint8_t left;
 
 		if (!m->pending || m->wr_id != c->wr_id)
 			continue;
@@ -99,8 +110,9 @@ int dpa_ctrl_completed(struct dpa_engine *eng, struct dpa_hal *hal, const struct
 			dpa_rail_failed(eng, hal, m->peer, c->rail);
 			m->resend = 1;
 		}
-		if (--m->pending == 0 && m->resend)
-			m->pending = DPA_CTRL_RESEND;
+		left = m->pending == 1 && m->resend ? (uint8_t)DPA_CTRL_RESEND :
+		       (uint8_t)(m->pending - 1);
+		__atomic_store_n(&m->pending, left, __ATOMIC_RELEASE);
 		return 1;
 	}
 	return 0;
@@ -124,12 +136,31 @@ int dpa_ctrl_resend(struct dpa_engine *eng, struct dpa_hal *hal)
 			continue;
 		if (rc == 0) {
 			m->resend = 0;
-			m->pending = m->kind == DPA_WR_SIGNAL ? 1 : 2;
+			__atomic_store_n(&m->pending, m->kind == DPA_WR_SIGNAL ? 1 : 2,
+					 __ATOMIC_RELEASE);
 			work++;
 			continue;
 		}
 		dpa_op_abort_wr(eng, m->wr_id, OFFLOAD_ERR_LINK_DOWN, m->peer);
-		m->pending = 0;
+		__atomic_store_n(&m->pending, 0, __ATOMIC_RELEASE);
 	}
 	return work;
+}
+
+/* Does any thread still owe a control word of this op (not yet acknowledged by the NIC, or
+ * waiting to be sent again on another rail)? The op may not complete before: its peers
+ * would wait forever for a word whose sender already closed its context. */
+int dpa_ctrl_pending(struct dpa_engine *eng, const struct dpa_op *op)
+{
+	uint64_t mine = ((uint64_t)op->index << 32) | ((uint64_t)(op->seq & 0xffffu) << 16);
+
+	for (uint32_t t = 0; t < eng->params.num_threads; t++)
+		for (uint32_t i = 0; i < DPA_CTRL_LOG; i++) {
+			const struct dpa_ctrl_msg *m = &eng->ctrl_log[t][i];
+
+			if (__atomic_load_n(&m->pending, __ATOMIC_ACQUIRE) &&
+			    (__atomic_load_n(&m->wr_id, __ATOMIC_RELAXED) & ~0xffffull) == mine)
+				return 1;
+		}
+	return 0;
 }
