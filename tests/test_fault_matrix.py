@@ -149,7 +149,7 @@ def _rail_env(op: str, rep: int) -> dict[str, str]:
     rng = np.random.default_rng([SEED, rep, 7])
     victim = int(rng.integers(4))
     # multicast ops put only control words and refetch reads on the rails: little traffic
-    after = int(rng.integers(0, 128 if op in MCAST_OPS else 4096))
+    after = int(rng.integers(0, 64 if op in MCAST_OPS else 4096))
     # rail 0 carries the traffic until it fails; rail 1 is where it moves
     return {"FAULT_OP": op, "FAULT_SEED": str(SEED + rep), "OFFLOAD_RAILS": "2",
             "OFFLOAD_RAIL_FAULTS": f"{victim}:0@{after}"}
