@@ -145,7 +145,6 @@ static int ag_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *ha
 static int ag_peer(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal)
 {
 	const struct dpa_team *team = &eng->teams[op->team_id];
-	struct offload_ctrl_team *ctrl = dpa_my_ctrl(hal, op->team_id);
 	struct dpa_item *it = &op->items[i];
 	uint32_t p = (team->my_rank + i) % team->size, world = team->peers[p].world_rank;
 	const struct dpa_mcast_block *b = &eng->mcast[op->team_id].blocks[p];
@@ -167,16 +166,8 @@ static int ag_peer(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct
 		work++;
 	}
 	if (!(it->flags & DPA_ITEM_READY_IN)) {
-		const struct offload_ready *r = &ctrl->ready[op->slot][p];
-
-		if (off_load_acquire(&r->seq) == op->seq) {
-			if (r->flags & OFFLOAD_READY_REFUSED)
-				dpa_op_fail(op, OFFLOAD_ERR_PEER_OP, world);
-			else if (r->len != op->cmd.count)
-				dpa_op_fail(op, OFFLOAD_ERR_INVALID, world);
-		} else if (!dpa_peer_gone(eng, op, world)) {
+		if (!dpa_mcast_peer_word(eng, op, hal, p))
 			return work;
-		}
 		it->flags |= DPA_ITEM_READY_IN;
 		off_fetch_add(&op->mc_readies, 1);
 		work++;

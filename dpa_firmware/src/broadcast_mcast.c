@@ -103,7 +103,6 @@ static int root_peer(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, stru
 		     uint32_t p)
 {
 	const struct dpa_team *team = &eng->teams[op->team_id];
-	struct offload_ctrl_team *ctrl = dpa_my_ctrl(hal, op->team_id);
 	struct dpa_item *it = &op->items[i];
 	uint32_t world = team->peers[p].world_rank;
 	int work = 0;
@@ -121,16 +120,8 @@ static int root_peer(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, stru
 		work++;
 	}
 	if (!(it->flags & DPA_ITEM_READY_IN)) {
-		const struct offload_ready *r = &ctrl->ready[op->slot][p];
-
-		if (off_load_acquire(&r->seq) == op->seq) {
-			if (r->flags & OFFLOAD_READY_REFUSED)
-				dpa_op_fail(op, OFFLOAD_ERR_PEER_OP, world);
-			else if (r->len != op->cmd.count)
-				dpa_op_fail(op, OFFLOAD_ERR_INVALID, world);
-		} else if (!dpa_peer_gone(eng, op, world)) {
+		if (!dpa_mcast_peer_word(eng, op, hal, p))
 			return work;
-		}
 		it->flags |= DPA_ITEM_READY_IN;
 		off_fetch_add(&op->mc_readies, 1);
 		work++;
@@ -157,8 +148,6 @@ static int receiver_root(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 			 struct dpa_hal *hal, uint32_t root)
 {
 	struct dpa_item *it = &op->items[i];
-	const struct offload_ready *r = &dpa_my_ctrl(hal, op->team_id)->ready[op->slot][root];
-	uint32_t world = eng->teams[op->team_id].peers[root].world_rank;
 	int work = 0;
 
 	if (!(it->flags & DPA_ITEM_READY_OUT)) {
@@ -174,14 +163,8 @@ static int receiver_root(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 	if (!(off_load_acquire(&op->mc_flags) & DPA_MC_RECEIVED))
 		return work;
 	if (!(it->flags & DPA_ITEM_READY_IN)) {
-		if (off_load_acquire(&r->seq) == op->seq) {
-			if (r->flags & OFFLOAD_READY_REFUSED)
-				dpa_op_fail(op, OFFLOAD_ERR_PEER_OP, world);
-			else if (r->len != op->cmd.count)
-				dpa_op_fail(op, OFFLOAD_ERR_INVALID, world);
-		} else if (!dpa_peer_gone(eng, op, world)) {
+		if (!dpa_mcast_peer_word(eng, op, hal, root))
 			return work;
-		}
 		it->flags |= DPA_ITEM_READY_IN;
 	}
 	if (dpa_signal_done(eng, op, hal, root, off_load_acquire(&op->fail) != 0) == DPA_HAL_EAGAIN)

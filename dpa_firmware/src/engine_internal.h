@@ -237,6 +237,8 @@ int dpa_mcast_inject(struct dpa_op *op, struct dpa_hal *hal, uint32_t first_chun
 int dpa_mcast_receive(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 		      struct dpa_mcast_state *st);
 uint32_t dpa_mcast_chunks(struct dpa_hal *hal, uint64_t len);
+int dpa_mcast_peer_word(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+			uint32_t p);
 
 /* p2p.c: the exchange step shared by all-to-all and all-to-all-v. */
 int dpa_publish_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,

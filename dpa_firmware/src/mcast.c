@@ -319,3 +319,21 @@ int dpa_mcast_receive(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 	}
 	return work;
 }
+
+/* Peer p's descriptor for this op (its ready, or an owner's source) arrived and agrees on
+ * the size, or p is gone: 1 (the op failed if not right), 0 while still waiting. */
+int dpa_mcast_peer_word(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+			uint32_t p)
+{
+	const struct offload_ready *r = &dpa_my_ctrl(hal, op->team_id)->ready[op->slot][p];
+	uint32_t world = eng->teams[op->team_id].peers[p].world_rank;
+
+	if (off_load_acquire(&r->seq) == op->seq) {
+		if (r->flags & OFFLOAD_READY_REFUSED)
+			dpa_op_fail(op, OFFLOAD_ERR_PEER_OP, world);
+		else if (r->len != op->cmd.count)
+			dpa_op_fail(op, OFFLOAD_ERR_INVALID, world);
+		return 1;
+	}
+	return dpa_peer_gone(eng, op, world);
+}
