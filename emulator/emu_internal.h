@@ -153,18 +153,6 @@ struct emu_mcast_rx {
 	struct dpa_hal_mcast_region regions[DPA_HAL_MCAST_MAX_REGIONS];
 };
 
-/* This rank's multicast NIC counters (relaxed atomics; see emu_mcast_counters()). */
-struct emu_mcast_counters {
-	uint64_t sent;
-	uint64_t send_eagain;   /* no credit (or the slot's previous sender still writing) */
-	uint64_t delivered;
-	uint64_t lost;          /* loss injection */
-	uint64_t unmatched;     /* no posted region matched: other op, stale seq8, nothing posted */
-	uint64_t overrun;       /* receive queue held more than mcast_rq_depth chunks */
-	uint64_t overwritten;   /* fell a ring behind, or a slot rewritten while read */
-	uint64_t reordered;
-};
-
 struct emu_device;
 
 struct dpa_hal {
@@ -211,10 +199,8 @@ struct emu_device {
 	pthread_t watch;
 	int watch_stop_fd;
 	uint32_t watching;
-	uint32_t peers_failed;
 	/* UD multicast (emu_mcast.c) */
 	struct emu_mcast_rx mc_rx[OFFLOAD_MAX_TEAMS];
-	struct emu_mcast_counters mc_count;
 };
 
 static inline struct emu_device *to_emu(struct host_device *dev)
@@ -265,7 +251,6 @@ static inline int emu_push_cqe(struct dpa_hal *hal, uint64_t wr_id, int32_t stat
 uint32_t emu_mcast_slots(uint32_t mtu);
 /* A rank's process taking over its rank: the dead process's memberships must not count. */
 void emu_mcast_forget(struct emu_device *dev);
-void emu_mcast_counters(const struct emu_device *dev, struct emu_mcast_counters *out);
 
 /* emu_copy.c: a copy into memory mapped here, as the NIC's DMA would do it */
 void emu_dma_copy(void *dst, const void *src, uint64_t len);

@@ -62,25 +62,6 @@ static uint8_t *payload_of(const struct emu_device *dev, uint32_t group, uint64_
 	       ((uint64_t)group * dev->mc_nslots + (i & (dev->mc_nslots - 1))) * dev->attr.mtu;
 }
 
-static void count(uint64_t *counter, uint64_t v)
-{
-	__atomic_fetch_add(counter, v, __ATOMIC_RELAXED);
-}
-
-void emu_mcast_counters(const struct emu_device *dev, struct emu_mcast_counters *out)
-{
-	const struct emu_mcast_counters *c = &dev->mc_count;
-
-	out->sent = off_read_once(&c->sent);
-	out->send_eagain = off_read_once(&c->send_eagain);
-	out->delivered = off_read_once(&c->delivered);
-	out->lost = off_read_once(&c->lost);
-	out->unmatched = off_read_once(&c->unmatched);
-	out->overrun = off_read_once(&c->overrun);
-	out->overwritten = off_read_once(&c->overwritten);
-	out->reordered = off_read_once(&c->reordered);
-}
-
 void emu_mcast_forget(struct emu_device *dev)
 {
 	for (uint32_t g = 0; g < OFFLOAD_MAX_TEAMS; g++)
@@ -285,10 +266,8 @@ int dpa_hal_mcast_send(struct dpa_hal *hal, uint32_t group, uint64_t laddr, uint
 		st = pick_rail(dev, &rail);
 	if (st)
 		return emu_push_cqe(hal, wr_id, st, 0, rail);
-	if (claim_slot(dev, group, &index)) {
-		count(&dev->mc_count.send_eagain, 1);
+	if (claim_slot(dev, group, &index))
 		return DPA_HAL_EAGAIN;
-	}
 	s = slot_of(dev, group, index);
 	/* Seqlock writer: mark the slot before touching it (a reader the credits did not
 	 * count may still be copying the previous chunk), publish it once whole. */
@@ -319,7 +298,6 @@ int dpa_hal_mcast_send(struct dpa_hal *hal, uint32_t group, uint64_t laddr, uint
 	 * the receivers' to wake (waking them per send would make them spin). */
 	if (off_read_once(&g->blocked_slot))
 		wake_mask(dev, __atomic_exchange_n(&g->blocked_slot, 0, __ATOMIC_SEQ_CST));
-	count(&dev->mc_count.sent, 1);
 	return emu_push_cqe(hal, wr_id, OFFLOAD_OK, len, rail);
 }
 
@@ -395,28 +373,21 @@ static int deliver(struct emu_device *dev, uint32_t group, const struct emu_mcas
 	uint32_t imm, len;
 	uint8_t *dst;
 
-	if (gen != i + 1) {
-		count(&dev->mc_count.overwritten, 1);
+	if (gen != i + 1)
 		return 0;
-	}
 	imm = off_read_once(&s->imm);
 	len = off_read_once(&s->len);
 	dst = len <= dev->attr.mtu ? place(dev, rx, imm, len) : NULL;
-	if (!dst) {
-		count(&dev->mc_count.unmatched, 1);
+	if (!dst)
 		return 0;
-	}
 	if (len)
 		emu_dma_copy(dst, payload_of(dev, group, i), len);
 	/* Seqlock reader: a slot rewritten while we copied was not ours to deliver. Only a
 	 * reader the credits did not count can be overtaken; its copy is refetched anyway. */
 	__atomic_thread_fence(__ATOMIC_ACQUIRE);
-	if (off_read_once(&s->gen) != gen) {
-		count(&dev->mc_count.overwritten, 1);
+	if (off_read_once(&s->gen) != gen)
 		return 0;
-	}
 	*cqe = (struct dpa_hal_mcast_cqe){ .imm = imm, .len = len };
-	count(&dev->mc_count.delivered, 1);
 	return 1;
 }
 
@@ -481,18 +452,14 @@ static int consume(struct emu_device *dev, uint32_t group, struct emu_mcast_rx *
 {
 	if (off_read_once(&slot_of(dev, group, i)->sender) == dev->attr.rank)
 		return 0;
-	if (inject(dev, group, i, EMU_SALT_LOSS, dev->attr.mcast_loss_ppm)) {
-		count(&dev->mc_count.lost, 1);
+	if (inject(dev, group, i, EMU_SALT_LOSS, dev->attr.mcast_loss_ppm))
 		return 0;
-	}
 	if (*excess) {
 		--*excess;
-		count(&dev->mc_count.overrun, 1);
 		return 0;
 	}
 	if (!rx->hold && inject(dev, group, i, EMU_SALT_REORDER, dev->attr.mcast_reorder_ppm)) {
 		rx->hold = i + 1;  /* its slot stays ours: the cursor stops before it */
-		count(&dev->mc_count.reordered, 1);
 		return 0;
 	}
 	return deliver(dev, group, rx, i, cqe);
@@ -510,7 +477,7 @@ static int poll_ring(struct emu_device *dev, uint32_t group, struct emu_mcast_rx
 	skip_to(dev, rx, cur);  /* our senders consumed our own chunks (nothing to count) */
 	head = off_load_acquire(&g->head);
 	if (head - rx->next > nslots)  /* a lap behind (we were not counted): slots reused */
-		count(&dev->mc_count.overwritten, skip_to(dev, rx, head - nslots));
+		skip_to(dev, rx, head - nslots);
 	if (head - rx->next > depth) {
 		uint64_t q = queued(dev, rx, group, rx->next, head);
 
@@ -525,7 +492,6 @@ static int poll_ring(struct emu_device *dev, uint32_t group, struct emu_mcast_rx
 		if (gen != i + 1) {
 			if (!overtaken(dev, g, i, gen))
 				continue;  /* its sender is still writing it: a later poll */
-			count(&dev->mc_count.overwritten, 1);
 		} else if (consume(dev, group, rx, i, &excess, &out[n]) && ++n < max && rx->hold &&
 			   rx->hold != i + 1) {
 			/* the held chunk comes right after the one that overtook it */

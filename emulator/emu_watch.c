@@ -67,7 +67,6 @@ static void peer_failed(struct emu_device *dev, uint32_t rank)
 		return;
 	__atomic_fetch_or(&ring->failed_ranks, 1ull << rank, __ATOMIC_SEQ_CST);
 	reap_dead_rank(dev, rank);
-	off_fetch_add(&dev->peers_failed, 1);
 	emu_wake_rank(dev, dev->attr.rank);
 }
 

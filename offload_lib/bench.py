@@ -127,8 +127,13 @@ class _Case:
         dst = self.dst if which == "offload" else self.mpi_dst
         run = self.offload if which == "offload" else self.mpi
         dst[:] = _poison(self.expected)
+        self._fill(dst)
         run()
         self.check(which)
+
+    def _fill(self, dst: np.ndarray) -> None:
+        """What a case needs in the poisoned destination before the op (a broadcast root's
+        buffer is its source)."""
 
 
 class _AlltoallCase(_Case):
@@ -280,16 +285,9 @@ class _BroadcastCase(_Case):
         self.dst = ctx.empty(count, dt) if buffers == "shared" else np.empty(count, dt)
         self.mpi_dst = np.empty(count, dt) if comm is not None else None
 
-    def _fill(self, buf: np.ndarray) -> None:
+    def _fill(self, dst: np.ndarray) -> None:
         if self.team.rank == 0:   # the root's buffer is the source: always the data
-            buf[:] = self.expected
-
-    def verify(self, which: str) -> None:
-        dst = self.dst if which == "offload" else self.mpi_dst
-        dst[:] = _poison(self.expected)
-        self._fill(dst)
-        (self.offload if which == "offload" else self.mpi)()
-        self.check(which)
+            dst[:] = self.expected
 
     def offload(self) -> None:
         self.team.broadcast(self.dst, root=0).wait()

@@ -122,33 +122,43 @@ def _size_range(lo: int, hi: int) -> Validator:
     return check
 
 
+def _finite_float(value: Any, allowed: str) -> float:
+    """A finite float from a number or a numeric string (not a bool), else ValueError(allowed).
+    inf/nan would overflow the nanosecond deadlines of the C core."""
+    if isinstance(value, bool):
+        raise ValueError(allowed)
+    try:
+        x = float(value.strip()) if isinstance(value, str) else float(value)
+    except (TypeError, ValueError):
+        raise ValueError(allowed) from None
+    if not math.isfinite(x):
+        raise ValueError(allowed)
+    return x
+
+
 def _seconds(minimum: float, inclusive: bool) -> Validator:
     allowed = f"a number of seconds {'>=' if inclusive else '>'} {minimum:g}"
 
     def check(value: Any) -> float:
-        if isinstance(value, bool):
-            raise ValueError(allowed)
-        try:
-            x = float(value.strip()) if isinstance(value, str) else float(value)
-        except (TypeError, ValueError):
-            raise ValueError(allowed) from None
-        # inf/nan would overflow the nanosecond deadlines of the C core.
-        if not math.isfinite(x) or x < minimum or (x == minimum and not inclusive):
+        x = _finite_float(value, allowed)
+        if x < minimum or (x == minimum and not inclusive):
             raise ValueError(allowed)
         return x
 
     return check
 
 
-def _op_timeout(value: Any) -> float:
-    allowed = "a number of seconds from 0 (never) to 86400"
-    try:
-        x = _seconds(0.0, inclusive=True)(value)
-    except ValueError:
-        raise ValueError(allowed) from None
-    if x > 86400:
-        raise ValueError(allowed)
-    return x
+def _float_range(lo: float, hi: float, allowed: str) -> Validator:
+    def check(value: Any) -> float:
+        x = _finite_float(value, allowed)
+        if not lo <= x <= hi:
+            raise ValueError(allowed)
+        return x
+
+    return check
+
+
+_op_timeout = _float_range(0.0, 86400.0, "a number of seconds from 0 (never) to 86400")
 
 
 MAX_RAILS = 8
@@ -176,28 +186,12 @@ def _rail_faults(value: Any) -> str:
         return ""
     if not isinstance(value, str):
         raise ValueError(_RAIL_FAULTS_HINT)
-    try:
-        parse_rail_faults(value)
-    except ValueError as e:
-        raise ValueError(str(e)) from None
+    parse_rail_faults(value)
     return value.strip()
 
 
 def _fraction(hi: float) -> Validator:
-    allowed = f"a fraction from 0 to {hi:g} (e.g. 0.05 for 5%)"
-
-    def check(value: Any) -> float:
-        if isinstance(value, bool):
-            raise ValueError(allowed)
-        try:
-            x = float(value.strip()) if isinstance(value, str) else float(value)
-        except (TypeError, ValueError):
-            raise ValueError(allowed) from None
-        if not math.isfinite(x) or not 0 <= x <= hi:
-            raise ValueError(allowed)
-        return x
-
-    return check
+    return _float_range(0.0, hi, f"a fraction from 0 to {hi:g} (e.g. 0.05 for 5%)")
 
 
 def _threads(value: Any) -> int | str:

@@ -146,44 +146,17 @@ static int ag_peer(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct
 {
 	const struct dpa_team *team = &eng->teams[op->team_id];
 	struct dpa_item *it = &op->items[i];
-	uint32_t p = (team->my_rank + i) % team->size, world = team->peers[p].world_rank;
+	uint32_t p = (team->my_rank + i) % team->size;
 	const struct dpa_mcast_block *b = &eng->mcast[op->team_id].blocks[p];
-	uint32_t flags;
-	int work = 0;
+	int work = dpa_mcast_owner_step(eng, op, i, hal, p);
 
-	if (!(it->flags & DPA_ITEM_STARTED)) {
-		dpa_expect_done(eng, op, it, p);
-		it->flags |= DPA_ITEM_STARTED;
-	}
-	flags = off_load_acquire(&op->mc_flags);
-	if (!(it->flags & DPA_ITEM_READY_OUT)) {
-		if (!(flags & DPA_MC_POSTED) ||
-		    dpa_publish_region(eng, op, hal, p, op->cmd.src_addr, op->cmd.count,
-				       op->cmd.src_key, op->refuse ? OFFLOAD_READY_REFUSED : 0) ==
-		    DPA_HAL_EAGAIN)
-			return work;
-		it->flags |= DPA_ITEM_READY_OUT;
-		work++;
-	}
-	if (!(it->flags & DPA_ITEM_READY_IN)) {
-		if (!dpa_mcast_peer_word(eng, op, hal, p))
-			return work;
-		it->flags |= DPA_ITEM_READY_IN;
-		off_fetch_add(&op->mc_readies, 1);
-		work++;
-	}
-	if (!(it->flags & DPA_ITEM_COUNT_OUT)) {
-		if (!(flags & DPA_MC_INJECTED) ||
-		    dpa_publish_count(eng, op, hal, p, dpa_mcast_chunks(hal, op->cmd.count)) ==
-		    DPA_HAL_EAGAIN)
-			return work;
-		it->flags |= DPA_ITEM_COUNT_OUT;
-		work++;
-	}
+	if (!(it->flags & DPA_ITEM_COUNT_OUT))
+		return work;
 	if (!(it->flags & DPA_ITEM_SIGNALED)) {
 		/* p's block is whole here (or nothing more will come): p may reuse its source. */
-		if (!(flags & DPA_MC_RECEIVED) && !(op->cmd.count && !op->refuse &&
-		    (off_load_acquire(&b->flags) & DPA_BLOCK_COMPLETE)))
+		if (!(off_load_acquire(&op->mc_flags) & DPA_MC_RECEIVED) &&
+		    !(op->cmd.count && !op->refuse &&
+		      (off_load_acquire(&b->flags) & DPA_BLOCK_COMPLETE)))
 			return work;
 		if (dpa_signal_done(eng, op, hal, p, off_load_acquire(&op->fail) != 0) ==
 		    DPA_HAL_EAGAIN)
@@ -191,13 +164,7 @@ static int ag_peer(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct
 		it->flags |= DPA_ITEM_SIGNALED;
 		work++;
 	}
-	if (!(it->flags & DPA_ITEM_RECVD)) {
-		if (!dpa_check_done(eng, op, hal, it, p) && !dpa_peer_gone(eng, op, world))
-			return work;
-		it->flags |= DPA_ITEM_RECVD | DPA_ITEM_FINISHED;
-		work++;
-	}
-	return work;
+	return work + dpa_mcast_take_ack(eng, op, i, hal, p);
 }
 
 static int ag_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal)

@@ -40,6 +40,8 @@ static int root_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *
 	struct dpa_item *it = &op->items[0];
 	int work = 0;
 
+	if (!(off_read_once(&op->mc_flags) & DPA_MC_POSTED))  /* the root receives nothing */
+		__atomic_fetch_or(&op->mc_flags, DPA_MC_POSTED, __ATOMIC_RELEASE);
 	if (!(off_read_once(&op->mc_flags) & DPA_MC_INJECTED)) {
 		int done = 1;
 
@@ -102,44 +104,10 @@ static int receiver_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_h
 static int root_peer(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal,
 		     uint32_t p)
 {
-	const struct dpa_team *team = &eng->teams[op->team_id];
-	struct dpa_item *it = &op->items[i];
-	uint32_t world = team->peers[p].world_rank;
-	int work = 0;
+	int work = dpa_mcast_owner_step(eng, op, i, hal, p);
 
-	if (!(it->flags & DPA_ITEM_STARTED)) {
-		dpa_expect_done(eng, op, it, p);
-		it->flags |= DPA_ITEM_STARTED;
-	}
-	if (!(it->flags & DPA_ITEM_READY_OUT)) {
-		if (dpa_publish_region(eng, op, hal, p, op->cmd.src_addr, op->cmd.count,
-				       op->cmd.src_key, op->refuse ? OFFLOAD_READY_REFUSED : 0) ==
-		    DPA_HAL_EAGAIN)
-			return work;
-		it->flags |= DPA_ITEM_READY_OUT;
-		work++;
-	}
-	if (!(it->flags & DPA_ITEM_READY_IN)) {
-		if (!dpa_mcast_peer_word(eng, op, hal, p))
-			return work;
-		it->flags |= DPA_ITEM_READY_IN;
-		off_fetch_add(&op->mc_readies, 1);
-		work++;
-	}
-	if (!(it->flags & DPA_ITEM_COUNT_OUT)) {
-		if (!(off_load_acquire(&op->mc_flags) & DPA_MC_INJECTED) ||
-		    dpa_publish_count(eng, op, hal, p, dpa_mcast_chunks(hal, op->cmd.count)) ==
-		    DPA_HAL_EAGAIN)
-			return work;
-		it->flags |= DPA_ITEM_COUNT_OUT;
-		work++;
-	}
-	if (!(it->flags & DPA_ITEM_RECVD)) {
-		if (!dpa_check_done(eng, op, hal, it, p) && !dpa_peer_gone(eng, op, world))
-			return work;
-		it->flags |= DPA_ITEM_RECVD | DPA_ITEM_FINISHED;
-		work++;
-	}
+	if (op->items[i].flags & DPA_ITEM_COUNT_OUT)
+		work += dpa_mcast_take_ack(eng, op, i, hal, p);
 	return work;
 }
 

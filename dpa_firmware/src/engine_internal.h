@@ -200,6 +200,7 @@ struct dpa_engine {
 	uint32_t rails_down[OFFLOAD_MAX_RANKS];  /* per world peer: rails known to have failed */
 	uint8_t thread_rail[OFFLOAD_MAX_THREADS][OFFLOAD_MAX_RANKS];  /* rail set in the HAL */
 	struct dpa_ctrl_msg ctrl_log[OFFLOAD_MAX_THREADS][DPA_CTRL_LOG];
+	uint32_t ctrl_resends[OFFLOAD_MAX_THREADS];  /* log entries waiting to be sent again */
 };
 
 #define DPA_MC_POSTED   1u  /* receive regions posted: readies may go out */
@@ -239,6 +240,10 @@ int dpa_mcast_receive(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 uint32_t dpa_mcast_chunks(struct dpa_hal *hal, uint64_t len);
 int dpa_mcast_peer_word(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 			uint32_t p);
+int dpa_mcast_owner_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
+			 struct dpa_hal *hal, uint32_t p);
+int dpa_mcast_take_ack(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
+		       struct dpa_hal *hal, uint32_t p);
 
 /* p2p.c: the exchange step shared by all-to-all and all-to-all-v. */
 int dpa_publish_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,

@@ -337,3 +337,60 @@ int dpa_mcast_peer_word(struct dpa_engine *eng, struct dpa_op *op, struct dpa_ha
 	}
 	return dpa_peer_gone(eng, op, world);
 }
+
+/*
+ * What an owner says to peer p (item i), broadcast root and all-gather alike: our source
+ * (once our own regions are posted), p's ready (counted in mc_readies, which injection
+ * waits for), "sent all" once we injected. Returns the work done; DPA_ITEM_COUNT_OUT is set
+ * once all of it went out.
+ */
+int dpa_mcast_owner_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
+			 struct dpa_hal *hal, uint32_t p)
+{
+	struct dpa_item *it = &op->items[i];
+	uint32_t flags = off_load_acquire(&op->mc_flags);
+	int work = 0;
+
+	if (!(it->flags & DPA_ITEM_STARTED)) {
+		dpa_expect_done(eng, op, it, p);  /* p acknowledges our block */
+		it->flags |= DPA_ITEM_STARTED;
+	}
+	if (!(it->flags & DPA_ITEM_READY_OUT)) {
+		if (!(flags & DPA_MC_POSTED) ||
+		    dpa_publish_region(eng, op, hal, p, op->cmd.src_addr, op->cmd.count,
+				       op->cmd.src_key, op->refuse ? OFFLOAD_READY_REFUSED : 0) ==
+		    DPA_HAL_EAGAIN)
+			return work;
+		it->flags |= DPA_ITEM_READY_OUT;
+		work++;
+	}
+	if (!(it->flags & DPA_ITEM_READY_IN)) {
+		if (!dpa_mcast_peer_word(eng, op, hal, p))
+			return work;
+		it->flags |= DPA_ITEM_READY_IN;
+		off_fetch_add(&op->mc_readies, 1);
+		work++;
+	}
+	if (!(it->flags & DPA_ITEM_COUNT_OUT)) {
+		if (!(flags & DPA_MC_INJECTED) ||
+		    dpa_publish_count(eng, op, hal, p, dpa_mcast_chunks(hal, op->cmd.count)) ==
+		    DPA_HAL_EAGAIN)
+			return work;
+		it->flags |= DPA_ITEM_COUNT_OUT;
+		work++;
+	}
+	return work;
+}
+
+/* p's acknowledgement of our block (or p is gone): item i finishes. */
+int dpa_mcast_take_ack(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
+		       struct dpa_hal *hal, uint32_t p)
+{
+	struct dpa_item *it = &op->items[i];
+
+	if (!dpa_check_done(eng, op, hal, it, p) &&
+	    !dpa_peer_gone(eng, op, eng->teams[op->team_id].peers[p].world_rank))
+		return 0;
+	it->flags |= DPA_ITEM_RECVD | DPA_ITEM_FINISHED;
+	return 1;
+}

@@ -112,6 +112,8 @@ int dpa_ctrl_completed(struct dpa_engine *eng, struct dpa_hal *hal, const struct
 		}
 		left = m->pending == 1 && m->resend ? (uint8_t)DPA_CTRL_RESEND :
 		       (uint8_t)(m->pending - 1);
+		if (left == DPA_CTRL_RESEND)
+			eng->ctrl_resends[dpa_hal_thread_index(hal)]++;
 		__atomic_store_n(&m->pending, left, __ATOMIC_RELEASE);
 		return 1;
 	}
@@ -123,9 +125,11 @@ int dpa_ctrl_completed(struct dpa_engine *eng, struct dpa_hal *hal, const struct
 int dpa_ctrl_resend(struct dpa_engine *eng, struct dpa_hal *hal)
 {
 	struct dpa_ctrl_msg *log = log_of(eng, hal);
+	uint32_t *resends = &eng->ctrl_resends[dpa_hal_thread_index(hal)];
 	int work = 0;
 
-	for (uint32_t i = 0; i < DPA_CTRL_LOG; i++) {
+	/* Called every pass: nothing to look at unless a rail dropped a word. */
+	for (uint32_t i = 0; i < DPA_CTRL_LOG && *resends; i++) {
 		struct dpa_ctrl_msg *m = &log[i];
 		int rc;
 
@@ -134,6 +138,7 @@ int dpa_ctrl_resend(struct dpa_engine *eng, struct dpa_hal *hal)
 		rc = post_msg(eng, hal, m);
 		if (rc == DPA_HAL_EAGAIN)
 			continue;
+		(*resends)--;
 		if (rc == 0) {
 			m->resend = 0;
 			__atomic_store_n(&m->pending, m->kind == DPA_WR_SIGNAL ? 1 : 2,
