@@ -17,6 +17,7 @@ from offload_lib.errors import (
     PeerFailure,
     RemoteAccessError,
     Timeout,
+    Unsupported,
 )
 
 if TYPE_CHECKING:
@@ -25,7 +26,7 @@ if TYPE_CHECKING:
 __all__ = [
     "init", "Context", "Team", "Request", "PersistentRequest", "moe",
     "OffloadError", "InvalidArgument", "PeerFailure", "Timeout", "RemoteAccessError", "ConfigError",
-    "Canceled",
+    "Canceled", "Unsupported",
 ]
 
 

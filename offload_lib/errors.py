@@ -37,6 +37,11 @@ class RemoteAccessError(OffloadError):
     """A remote read/write was refused: bad rkey, out of bounds or wrong access."""
 
 
+class Unsupported(OffloadError, NotImplementedError):
+    """The operation exists elsewhere but not in this backend or build; the message says
+    what is supported instead."""
+
+
 class ConfigError(InvalidArgument):
     """A configuration key is unknown or has a bad value."""
 
@@ -53,6 +58,7 @@ ERR_UNSUPPORTED = -7
 ERR_INTERNAL = -8
 ERR_PEER_OP = -9
 ERR_LINK_DOWN = -10
+ERR_COUNT_MISMATCH = -11
 
 
 def completion_error(what: str, status: int, detail: int, result0: int, result1: int,
@@ -64,6 +70,11 @@ def completion_error(what: str, status: int, detail: int, result0: int, result1:
             f"{what}: the firmware rejected the command (sizes, counts or team do not match"
             f" across ranks; rank {detail} is involved)"
         )
+    if status == ERR_COUNT_MISMATCH:
+        unit, size = ("bytes", 1) if itemsize is None else ("elements", itemsize)
+        return InvalidArgument(
+            f"{what}: rank {detail} sends {result0 // size} {unit} but recv_counts (or the"
+            f" output split sizes) expect {result1 // size} from it; nothing was written")
     if status == ERR_REMOTE_ACCESS:
         return RemoteAccessError(
             f"{what}: rank {detail} refused a remote access (unknown or revoked key, out of"
@@ -89,7 +100,7 @@ def completion_error(what: str, status: int, detail: int, result0: int, result1:
             f"{what}: canceled (rank {detail} cancelled an op of this team); the team fails"
             " every later op: create a new team")
     if status == ERR_UNSUPPORTED:
-        return OffloadError(f"{what}: not supported by this backend (see docs/hardware.md)")
+        return Unsupported(f"{what}: not supported by this backend (see docs/hardware.md)")
     if status == ERR_LINK_DOWN:
         return PeerFailure(
             f"{what}: every rail to rank {detail} is down (no port left to reach it); this"

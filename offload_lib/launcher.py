@@ -1,6 +1,7 @@
 """Local launcher behind ``dpa-offload run -n N -- cmd ...``.
 
-Starts N ranks with OFFLOAD_RANK/SIZE/JOB/LOCAL_RANK set, forwards their output prefixed with
+Starts N ranks with OFFLOAD_RANK/SIZE/JOB/LOCAL_RANK set (and torchrun's RANK, WORLD_SIZE,
+LOCAL_RANK, MASTER_ADDR/PORT for torch.distributed), forwards their output prefixed with
 ``[rank] ``, stops the job when a rank fails, and always removes the job's /dev/shm segments.
 """
 from __future__ import annotations
@@ -218,7 +219,16 @@ def _check_args(nprocs: int, cmd: Sequence[str], grace: float, timeout: float | 
         raise InvalidArgument(f"timeout must be > 0 seconds or None, got {timeout!r}")
 
 
-def _rank_env(base: Mapping[str, str], rank: int, size: int, job: str) -> dict[str, str]:
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _rank_env(base: Mapping[str, str], rank: int, size: int, job: str,
+              port: int) -> dict[str, str]:
     env = dict(base)
     # Pipes make Python block-buffer; a rank killed at the end of the grace period would lose
     # the very lines that explain the failure.
@@ -226,7 +236,11 @@ def _rank_env(base: Mapping[str, str], rank: int, size: int, job: str) -> dict[s
     env.update(
         OFFLOAD_RANK=str(rank), OFFLOAD_SIZE=str(size), OFFLOAD_JOB=job,
         OFFLOAD_LOCAL_RANK=str(rank),
+        # torchrun's variables, so that dist.init_process_group("dpa") finds its store.
+        RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(size),
     )
+    env.setdefault("MASTER_ADDR", "127.0.0.1")
+    env.setdefault("MASTER_PORT", str(port))
     return env
 
 
@@ -263,6 +277,7 @@ def launch(
             pass
 
     job = new_job_name()
+    port = _free_port()
     procs: list[subprocess.Popen[bytes]] = []
     forwarders: list[_Forwarder] = []
     guard = _SignalGuard()
@@ -271,7 +286,7 @@ def launch(
             for rank in range(nprocs):
                 try:
                     p = subprocess.Popen(
-                        list(cmd), env=_rank_env(base_env, rank, nprocs, job),
+                        list(cmd), env=_rank_env(base_env, rank, nprocs, job, port),
                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
                         stderr=subprocess.PIPE, start_new_session=True,
                     )

@@ -82,7 +82,8 @@ def run_job(n: int, script_body: str, timeout: float = 60,
     script = PRELUDE + body + f"\nprint({DONE_MARK!r}, flush=True)\n"
     run_env = dict(os.environ)
     # Never inherit a launch environment (e.g. pytest itself started under dpa-offload run).
-    for key in ("OFFLOAD_RANK", "OFFLOAD_SIZE", "OFFLOAD_JOB", "OFFLOAD_LOCAL_RANK"):
+    for key in ("OFFLOAD_RANK", "OFFLOAD_SIZE", "OFFLOAD_JOB", "OFFLOAD_LOCAL_RANK",
+                "MASTER_ADDR", "MASTER_PORT"):
         run_env.pop(key, None)
     run_env["PYTHONUNBUFFERED"] = "1"
     run_env["PYTHONFAULTHANDLER"] = "1"  # a segfault leaves a traceback

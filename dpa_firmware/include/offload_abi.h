@@ -38,6 +38,7 @@ enum offload_status {
 	OFFLOAD_ERR_INTERNAL = -8,
 	OFFLOAD_ERR_PEER_OP = -9,       /* a peer reported that its part of this op failed */
 	OFFLOAD_ERR_LINK_DOWN = -10,    /* every rail to the peer (detail) is down */
+	OFFLOAD_ERR_COUNT_MISMATCH = -11, /* source (detail) sends result0 bytes, result1 expected */
 };
 
 enum offload_opcode {

@@ -106,6 +106,7 @@ static int try_layout(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 	struct dpa_vlayout *v = op->v;
 	uint64_t total = 0;
 	int32_t st = OFFLOAD_OK;
+	uint32_t mismatch = team->size;  /* the first source whose count recv_counts denies */
 
 	if (off_load_acquire(&op->layout_done))
 		return 1;
@@ -126,15 +127,25 @@ static int try_layout(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 		if (!args)  /* a refused command may have no args to report into */
 			continue;
 		args->recv_bytes[s] = v->recv_len[s];
-		if ((op->cmd.flags & OFFLOAD_CMD_F_EXPECT) && args->expect_bytes[s] != v->recv_len[s])
-			st = OFFLOAD_ERR_INVALID;
+		if ((op->cmd.flags & OFFLOAD_CMD_F_EXPECT) && args->expect_bytes[s] != v->recv_len[s] &&
+		    mismatch == team->size)
+			mismatch = s;
 	}
-	if (!st && (total > op->cmd.dst_len || (total && !op->cmd.dst_addr)))
+	/* A count recv_counts denies is the cause of a too-small destination, if both. */
+	if (!st && mismatch == team->size &&
+	    (total > op->cmd.dst_len || (total && !op->cmd.dst_addr)))
 		st = OFFLOAD_ERR_NO_SPACE;
 	op->result0 = total;
 	op->result1 = op->cmd.dst_len;
-	if (st && !op->refuse)
+	if (!st && mismatch < team->size && !op->refuse) {
+		/* Name the source and both counts: the user's split sizes disagree with it. */
+		op->result0 = v->recv_len[mismatch];
+		op->result1 = args->expect_bytes[mismatch];
+		dpa_op_fail(op, OFFLOAD_ERR_COUNT_MISMATCH, team->peers[mismatch].world_rank);
+		op->refuse = 1;
+	} else if (st && !op->refuse) {
 		dpa_op_refuse(eng, op, st);
+	}
 	off_store_release(&op->layout_done, 1);
 	off_unlock(&op->layout_lock);
 	dpa_hal_notify(hal);  /* sibling threads publish their readies now */

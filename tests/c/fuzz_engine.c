@@ -158,6 +158,7 @@ static int status_known(int32_t st)
 	case OFFLOAD_ERR_INTERNAL:
 	case OFFLOAD_ERR_PEER_OP:
 	case OFFLOAD_ERR_LINK_DOWN:
+	case OFFLOAD_ERR_COUNT_MISMATCH:
 		return 1;
 	}
 	return 0;   /* OFFLOAD_IN_PROGRESS included: it is no completion */
