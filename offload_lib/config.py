@@ -229,6 +229,11 @@ TUNABLES: tuple[Tunable, ...] = (
     Tunable("chunk_size", int, 1 * MiB,
             "RDMA write piece size in bytes (4 KiB..64 MiB; K/M/G suffixes allowed)",
             _size_range(4 * KiB, 64 * MiB)),
+    Tunable("gpu_piece", int, 4 * MiB,
+            "GPU buffers staged through host memory move in pieces of about this many bytes "
+            "per rank, so that the copies of one piece overlap the network of another "
+            "(64 KiB..1 GiB; K/M/G suffixes allowed)",
+            _size_range(64 * KiB, 1024 * MiB)),
     Tunable("ring_entries", int, 256,
             "command ring slots (power of two, 8..4096)",
             _pow2_range(8, 4096)),
@@ -318,6 +323,7 @@ class Config:
     backend: str = _default("backend")
     dpa_threads: int | str = _default("dpa_threads")
     chunk_size: int = _default("chunk_size")
+    gpu_piece: int = _default("gpu_piece")
     ring_entries: int = _default("ring_entries")
     post_timeout: float = _default("post_timeout")
     op_timeout: float = _default("op_timeout")

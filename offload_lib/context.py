@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from offload_lib import _staging
 from offload_lib._buffers import Buffer, as_buffer
 from offload_lib._native import ffi, lib
 from offload_lib.bootstrap import World, allgather
@@ -197,6 +198,8 @@ class Team:
         """Post an all-to-all: block j of src goes to rank j, block i of dst comes from rank i."""
         self._ctx._check_open()
         s, d = self._alltoall_args(src, dst)
+        if s.on_gpu or d.on_gpu:
+            return _staging.alltoall(self._ctx._gpu(), self, s, d)
         # host_post registers both buffers for this op alone.
         return self._ctx._post(self._alltoall_op(s, d), "alltoall", (s.obj, d.obj), nbytes=s.nbytes)
 
@@ -205,6 +208,9 @@ class Team:
         ctx = self._ctx
         ctx._check_open()
         s, d = self._alltoall_args(src, dst)
+        if s.on_gpu or d.on_gpu:
+            raise InvalidArgument("persistent requests take host buffers: post GPU buffers "
+                                  "with team.alltoall (staged and stream-ordered each time)")
         op = self._alltoall_op(s, d)
         keys: list[int] = []
         try:
@@ -262,6 +268,8 @@ class Team:
             args[2 * MAX_RANKS:2 * MAX_RANKS + n] = expect * s.itemsize
             op.flags |= F_EXPECT
         itemsize = s.itemsize
+        if s.on_gpu or d.on_gpu:
+            return _staging.alltoallv(ctx._gpu(), self, s, d, sends, recv_counts, slot)
 
         def received(_: Any) -> np.ndarray:
             return (args[MAX_RANKS:MAX_RANKS + n] // itemsize).astype(np.int64)
@@ -295,6 +303,9 @@ class Team:
         if index.size and (int(index.min()) < 0 or int(index.max()) >= table_rows):
             raise InvalidArgument(f"rows must index src's {table_rows} rows")
         row_bytes = row_elems * s.itemsize
+        if s.on_gpu or d.on_gpu:
+            return _staging.alltoallv_rows(ctx._gpu(), self, s, (table_rows, row_elems), index,
+                                           per_rank, d)
         op, args = _alltoallv_op(self, s, d, per_rank * row_bytes, index)
         args[3 * MAX_RANKS + 1] = row_bytes
         op.flags |= F_ROWS
@@ -317,6 +328,8 @@ class Team:
             raise InvalidArgument(f"root must be a team rank from 0 to {self.size - 1}, got {root!r}")
         root = int(root)
         b = as_buffer(buf, writable=self.rank != root, name="buf")
+        if b.on_gpu:
+            return _staging.broadcast(self._ctx._gpu(), self, b, root)
         op = ffi.new("struct host_op *")
         op.opcode = OP_BROADCAST
         op.team = self.id
@@ -338,6 +351,8 @@ class Team:
                 f"dst has {d.count} elements but all-gather needs src's {s.count} x "
                 f"{self.size} ranks = {s.count * self.size}"
             )
+        if s.on_gpu or d.on_gpu:
+            return _staging.allgather(self._ctx._gpu(), self, s, d)
         op = ffi.new("struct host_op *")
         op.opcode = OP_ALLGATHER
         op.team = self.id
@@ -369,6 +384,7 @@ class Context:
         self._orphans: dict[int, tuple[Any, ...]] = {}
         self._persistents: weakref.WeakSet[PersistentRequest] = weakref.WeakSet()
         self._next_team = 1
+        self._stager: _staging.Stager | None = None  # made when a GPU buffer first shows up
         self._ptr: Any = None
         params = ffi.new("struct host_ctx_params *")
         job_c = ffi.new("char[]", world.job.encode())
@@ -431,6 +447,9 @@ class Context:
 
     def close(self) -> None:
         """Stop the DPA threads and release everything; safe to call twice."""
+        stager, self._stager = self._stager, None
+        if stager is not None and self._ptr is not None:
+            stager.close()  # finishes the staged ops while the device is still open
         with self._lock:
             ptr, self._ptr = self._ptr, None
         if ptr is None:
@@ -508,8 +527,18 @@ class Context:
         return np.frombuffer(ffi.buffer(owner, nbytes), dtype=dt, count=count).reshape(shape)
 
     # -- posting ----------------------------------------------------------------------------
+    def _gpu(self) -> _staging.Stager:
+        """The stager GPU buffers go through (the emulator has no GPUDirect path)."""
+        if self._stager is None:
+            from offload_lib import _cuda
+
+            self._stager = _staging.Stager(self, _cuda.driver())
+        return self._stager
+
     def _post(self, op: Any, what: str, keep: tuple[Any, ...], result: Result | None = None,
               nbytes: int = 0, itemsize: int | None = None) -> Request:
+        if self._stager is not None:
+            self._stager.drain()  # staged ops called earlier take their place in line first
         tag = ffi.new("uint32_t *")
         if self._orphans:
             self._reap_orphans()
@@ -555,9 +584,13 @@ class Context:
             for t in range(n)
         ]
         totals = {f: sum(t[f] for t in per_thread) for f in _STAT_FIELDS}
+        gpu = {"path": "none", "ops": 0, "pieces": 0, "d2h_bytes": 0, "h2d_bytes": 0}
+        if self._stager is not None:
+            gpu.update(self._stager.stats)
         return {
             "backend": self.backend,
             "failed_ranks": self.failed_ranks(),
+            "gpu": gpu,
             "bytes": totals["bytes_written"],
             "chunks": totals["writes"],
             **totals,

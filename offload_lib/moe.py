@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from typing import Any, NamedTuple
 
+import sys
+
 import numpy as np
 
 from offload_lib.errors import InvalidArgument, OffloadError
@@ -96,6 +98,52 @@ def _as_array(obj: Any, name: str) -> np.ndarray:
             f"{name} ({type(obj).__name__}) is not an array: pass a numpy array or a torch "
             "CPU tensor"
         ) from None
+
+
+# -- GPU arrays ------------------------------------------------------------------------------
+# A Dispatcher given torch CUDA tensors or cupy arrays moves the token rows through the
+# staged GPU path (offload_lib._staging) and returns them on the device. The routing, small,
+# is worked out on the host; results go back to the device through the caller's library,
+# which is imported already since the caller passed its arrays.
+def _gpu_kind(obj: Any) -> str | None:
+    if getattr(obj, "is_cuda", False) and hasattr(obj, "data_ptr"):
+        return "torch"
+    try:
+        cai = hasattr(obj, "__cuda_array_interface__")
+    except Exception:
+        cai = False
+    if not cai:
+        return None
+    return "cupy" if type(obj).__module__.split(".")[0] == "cupy" else "other"
+
+
+def _gpu_lib(obj: Any) -> Any:
+    return sys.modules[type(obj).__module__.split(".")[0]]
+
+
+def _to_host(obj: Any, name: str) -> Any:
+    kind = _gpu_kind(obj)
+    if kind == "torch":
+        return obj.detach().cpu()
+    if kind == "cupy":
+        return obj.get()
+    if kind:
+        raise InvalidArgument(f"{name} is GPU memory of {type(obj).__name__}: pass a torch "
+                              "tensor, a cupy array or host memory")
+    return obj
+
+
+def _to_device(arr: np.ndarray, like: Any) -> Any:
+    if _gpu_kind(like) == "torch":
+        return _torch().from_numpy(arr).to(like.device)
+    return _gpu_lib(like).asarray(arr)
+
+
+def _gpu_view(obj: Any, dtype: np.dtype) -> Any:
+    """The same GPU memory reinterpreted as ``dtype`` elements."""
+    if _gpu_kind(obj) == "torch":
+        return obj.view(getattr(_torch(), dtype.name))
+    return obj.view(dtype)
 
 
 def _bf16_bits_to_f32(bits: np.ndarray) -> np.ndarray:
@@ -296,6 +344,32 @@ class Dispatcher:
                 f"{name} is {a.dtype} but the Dispatcher moves {self._payload.name}: pass {hint}")
         return a.view(self._payload.wire)
 
+    def _gpu_rows(self, obj: Any, name: str) -> Any:
+        """Check GPU rows [rows, hidden] of the payload; returns them as torch or cupy."""
+        kind = _gpu_kind(obj)
+        if kind == "other":
+            raise InvalidArgument(f"{name} is GPU memory of {type(obj).__name__}: the "
+                                  "Dispatcher takes torch CUDA tensors or cupy arrays")
+        shape = tuple(int(d) for d in obj.shape)
+        if len(shape) != 2 or shape[1] != self.hidden:
+            raise InvalidArgument(f"{name} must be [rows, hidden={self.hidden}], got shape {shape}")
+        got = str(obj.dtype).removeprefix("torch.")
+        if got != self._payload.name:
+            raise InvalidArgument(f"{name} is {got} but the Dispatcher moves {self._payload.name}")
+        return obj
+
+    def _gpu_recv(self, x: Any) -> Any:
+        """Dispatch's receive buffer on x's device, made once like the host one."""
+        rows = self.size * self.max_tokens_per_rank
+        buf = getattr(self, "_recv_gpu", None)
+        if buf is None or getattr(buf, "device", None) != getattr(x, "device", None):
+            if _gpu_kind(x) == "torch":
+                buf = _torch().empty((rows, self.hidden), dtype=x.dtype, device=x.device)
+            else:
+                buf = _gpu_lib(x).empty((rows, self.hidden), x.dtype)
+            self._recv_gpu = buf
+        return buf
+
     def _weights(self, topk_weights: Any, shape: tuple[int, ...]) -> np.ndarray:
         if _is_torch(topk_weights):
             t = _torch_cpu(topk_weights, "topk_weights")
@@ -323,8 +397,11 @@ class Dispatcher:
         elsewhere or dropped (weight 0 there). ``recv_x`` is a view valid until the next
         dispatch. Outputs are torch tensors when ``x`` is one.
         """
-        xr = self._rows(x, "x")
-        tokens = xr.shape[0]
+        gpu = _gpu_kind(x) is not None
+        xr = self._gpu_rows(x, "x") if gpu else self._rows(x, "x")
+        topk_idx = _to_host(topk_idx, "topk_idx")
+        topk_weights = _to_host(topk_weights, "topk_weights")
+        tokens = int(xr.shape[0])
         if tokens > self.max_tokens_per_rank:
             raise InvalidArgument(
                 f"x has {tokens} tokens but the Dispatcher was built for max_tokens_per_rank="
@@ -354,7 +431,9 @@ class Dispatcher:
 
         team = self.team
         # The DPA gathers the token rows straight from x: no send buffer, no host copy.
-        reqs = [team.alltoallv_rows(np.ascontiguousarray(xr), tok, send_rows, self._recv),
+        rows_src, recv = (xr, self._gpu_recv(x)) if gpu else (np.ascontiguousarray(xr),
+                                                              self._recv)
+        reqs = [team.alltoallv_rows(rows_src, tok, send_rows, recv),
                 team.alltoallv(meta.reshape(-1), send_rows * width, meta_recv)]
         got_rows, got_meta = _wait_all(reqs)
 
@@ -366,11 +445,19 @@ class Dispatcher:
                 "metadata): all ranks must use the same hidden and k, and all pass "
                 "topk_weights or all pass None")
         nrecv = int(recv_rows.sum())
-        recv_x = self._recv[:nrecv * hidden].reshape(nrecv, hidden)
         got = meta_recv[:nrecv * width].reshape(nrecv, width)
         recv_idx = got[:, :k].copy()
         recv_w = None if w is None else got[:, k:].view(np.float64).astype(w_dtype)
         handle = Handle(self, tokens, tok.astype(np.int64), send_rows, recv_rows)
+        if gpu:
+            out_w = None
+            if recv_w is not None:
+                out_w = _torch_weights(recv_w, topk_weights) if _is_torch(topk_weights) \
+                    else recv_w
+                out_w = _to_device(out_w, x) if isinstance(out_w, np.ndarray) else \
+                    out_w.to(x.device)
+            return recv[:nrecv], _to_device(recv_idx, x), out_w, handle
+        recv_x = self._recv[:nrecv * hidden].reshape(nrecv, hidden)
 
         if _is_torch(x):
             torch = _torch()
@@ -386,15 +473,17 @@ class Dispatcher:
         zeros for tokens with no expert. A new array; torch when ``y`` is a tensor."""
         if not isinstance(handle, Handle) or handle.dispatcher is not self:
             raise InvalidArgument("handle must come from dispatch() on this Dispatcher")
-        yr = self._rows(y, "y")
+        gpu = _gpu_kind(y) is not None
+        yr = self._gpu_rows(y, "y") if gpu else self._rows(y, "y")
         if yr.shape[0] != handle.num_recv_rows:
             raise InvalidArgument(
                 f"y has {yr.shape[0]} rows but dispatch delivered {handle.num_recv_rows}: "
                 "one output row per row of recv_x")
         hidden = self.hidden
         nsend = handle.send_tokens.size
-        req = self.team.alltoallv(np.ascontiguousarray(yr).reshape(-1), handle.recv_rows * hidden,
-                                  self._stage)
+        src = _gpu_view(yr, self._payload.wire).reshape(-1) if gpu else \
+            np.ascontiguousarray(yr).reshape(-1)
+        req = self.team.alltoallv(src, handle.recv_rows * hidden, self._stage)
         got = np.asarray(req.wait(), np.int64)
         if (got != handle.send_rows * hidden).any():
             raise OffloadError(
@@ -425,7 +514,10 @@ class Dispatcher:
         raw = _f32_to_bf16_bits(out) if name == "bfloat16" else out.astype(name, copy=False)
         if _is_torch(like):
             torch = _torch()
-            return torch.from_numpy(raw.view(self._payload.wire)).view(getattr(torch, name))
+            t = torch.from_numpy(raw.view(self._payload.wire)).view(getattr(torch, name))
+            return t.to(like.device) if like.device.type != "cpu" else t
+        if _gpu_kind(like):
+            return _to_device(raw, like)
         return raw.view(_user_dtype(like))
 
 
