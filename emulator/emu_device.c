@@ -445,6 +445,7 @@ const struct host_device_ops emu_device_ops = {
 	.free_shared = emu_free_shared,
 	.mr_dereg = emu_dereg,
 	.mr_reg = emu_reg,
+	.mr_reg_dmabuf = NULL,  /* no GPUDirect: offload_lib stages GPU memory through the host */
 	.open = emu_open,
 	.peer_ctrl = emu_peer_ctrl,
 	.poll_worthwhile = emu_poll_worthwhile,

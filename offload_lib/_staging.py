@@ -55,6 +55,7 @@ class _Op:
     staging: list[np.ndarray]
     seq: int = 0
     ev_last: int = 0
+    release: list[int] = field(default_factory=list)  # GPUDirect keys, released at the end
     canceled: bool = False
     error: BaseException | None = None
     done: threading.Event = field(default_factory=threading.Event)
@@ -112,8 +113,8 @@ class _Device:
 class Stager:
     """One per Context that met a GPU buffer."""
 
-    def __init__(self, ctx: Any, drv: Any) -> None:
-        self.ctx, self.drv = ctx, drv
+    def __init__(self, ctx: Any, drv: Any, direct: bool = False) -> None:
+        self.ctx, self.drv, self.direct = ctx, drv, direct
         self.piece_bytes = ctx.config.gpu_piece
         self._cv = threading.Condition()
         self._posting: collections.deque[_Op] = collections.deque()
@@ -123,7 +124,7 @@ class Stager:
         self._pinned: list[np.ndarray] = []
         self._closed = False
         self._local = threading.local()
-        self.stats = {"path": "staged", "ops": 0, "pieces": 0, "d2h_bytes": 0, "h2d_bytes": 0}
+        self.stats = {"path": "gpudirect" if direct else "staged", "ops": 0, "pieces": 0, "d2h_bytes": 0, "h2d_bytes": 0}
         self._threads = [threading.Thread(target=self._poster, name="dpa-gpu-poster", daemon=True),
                          threading.Thread(target=self._completer, name="dpa-gpu-completer",
                                           daemon=True)]
@@ -194,6 +195,48 @@ class Stager:
             self._cv.notify_all()
         return StagedRequest(self, op, result)
 
+    def direct_op(self, op: Any, what: str, bufs: tuple[Buffer, Buffer], keep: tuple[Any, ...],
+                  result: Any, itemsize: int | None) -> Any:
+        """GPUDirect: register the GPU buffers as dma-bufs and post ``op`` on them as it is,
+        once the user's stream reached the call; no copies."""
+        fields = {"src_key": bufs[0], "dst_key": bufs[1]}
+        keys: dict[int, int] = {}
+        try:
+            for name, b in fields.items():
+                if b.on_gpu and b.nbytes:
+                    if b.addr not in keys:
+                        keys[b.addr] = self._register_dmabuf(b)
+                    setattr(op, name, keys[b.addr])
+        except BaseException:
+            for key in keys.values():
+                self.ctx._release_key(key)
+            raise
+        piece = _Piece([], lambda: self.ctx._post(op, what, keep, result, itemsize=itemsize))
+        req = self.submit(what, list(bufs), [piece], [], lambda o: o.pieces[0].value)
+        req._op.release = list(keys.values())
+        return req
+
+    def _register_dmabuf(self, b: Buffer) -> int:
+        import os
+
+        from offload_lib._native import ffi, lib
+        from offload_lib.errors import check_rc
+
+        # dma-buf ranges are whole host pages
+        page = os.sysconf("SC_PAGESIZE")
+        base = b.addr & ~(page - 1)
+        span = -(-(b.addr + b.nbytes - base) // page) * page
+        with self.drv.scope(self.drv.device_of(b.addr)[0]):
+            fd = self.drv.dmabuf(base, span)
+        try:
+            key = ffi.new("uint32_t *")
+            access = 1 | 2 | 4 | 8  # local read/write, remote read/write: src or dst
+            check_rc(lib.host_mr_acquire_dmabuf(self.ctx._handle(), base, span, fd, access, key),
+                     "registering GPU memory for GPUDirect RDMA")
+            return int(key[0])
+        finally:
+            os.close(fd)
+
     # -- the two threads --------------------------------------------------------------------
     def _poster(self) -> None:
         self._local.worker = True
@@ -256,6 +299,8 @@ class Stager:
                     drv.copy_async(c, True, dev.stream)
                     self.stats["h2d_bytes"] += c.width * c.height
             drv.stream_write_value(dev.stream, dev.word, op.seq)
+            for key in op.release:
+                self.ctx._release_key(key)
             landed = drv.event_record(dev.stream)
             drv.event_synchronize(landed)
             for ev in {landed, *(p.ev_in for p in op.pieces)}:

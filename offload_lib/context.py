@@ -198,10 +198,9 @@ class Team:
         """Post an all-to-all: block j of src goes to rank j, block i of dst comes from rank i."""
         self._ctx._check_open()
         s, d = self._alltoall_args(src, dst)
-        if s.on_gpu or d.on_gpu:
-            return _staging.alltoall(self._ctx._gpu(), self, s, d)
         # host_post registers both buffers for this op alone.
-        return self._ctx._post(self._alltoall_op(s, d), "alltoall", (s.obj, d.obj), nbytes=s.nbytes)
+        return self._ctx._submit(self._alltoall_op(s, d), "alltoall", (s, d),
+                                 lambda g: _staging.alltoall(g, self, s, d), nbytes=s.nbytes)
 
     def alltoall_init(self, src: Any, dst: Any) -> PersistentRequest:
         """A persistent all-to-all: registered once, then post()/wait() repeatedly."""
@@ -268,14 +267,13 @@ class Team:
             args[2 * MAX_RANKS:2 * MAX_RANKS + n] = expect * s.itemsize
             op.flags |= F_EXPECT
         itemsize = s.itemsize
-        if s.on_gpu or d.on_gpu:
-            return _staging.alltoallv(ctx._gpu(), self, s, d, sends, recv_counts, slot)
 
         def received(_: Any) -> np.ndarray:
             return (args[MAX_RANKS:MAX_RANKS + n] // itemsize).astype(np.int64)
 
-        return ctx._post(op, "alltoallv", (s.obj, d.obj, args), received, nbytes=s.nbytes,
-                         itemsize=itemsize)
+        return ctx._submit(op, "alltoallv", (s, d),
+                           lambda g: _staging.alltoallv(g, self, s, d, sends, recv_counts, slot),
+                           (args,), received, nbytes=s.nbytes, itemsize=itemsize)
 
     def alltoallv_rows(self, src: Any, rows: Any, rows_per_rank: Any, dst: Any) -> Request:
         """All-to-all-v of table rows, gathered by the DPA (MoE dispatch): ``src`` is a 2-D
@@ -303,9 +301,6 @@ class Team:
         if index.size and (int(index.min()) < 0 or int(index.max()) >= table_rows):
             raise InvalidArgument(f"rows must index src's {table_rows} rows")
         row_bytes = row_elems * s.itemsize
-        if s.on_gpu or d.on_gpu:
-            return _staging.alltoallv_rows(ctx._gpu(), self, s, (table_rows, row_elems), index,
-                                           per_rank, d)
         op, args = _alltoallv_op(self, s, d, per_rank * row_bytes, index)
         args[3 * MAX_RANKS + 1] = row_bytes
         op.flags |= F_ROWS
@@ -314,8 +309,11 @@ class Team:
             got = args[MAX_RANKS:MAX_RANKS + n]
             return (got // row_bytes if row_bytes else got).astype(np.int64)
 
-        return ctx._post(op, "alltoallv_rows", (s.obj, d.obj, args), received,
-                         nbytes=int(index.size) * row_bytes, itemsize=s.itemsize)
+        return ctx._submit(op, "alltoallv_rows", (s, d),
+                           lambda g: _staging.alltoallv_rows(g, self, s, (table_rows, row_elems),
+                                                             index, per_rank, d),
+                           (args,), received, nbytes=int(index.size) * row_bytes,
+                           itemsize=s.itemsize)
 
     # -- multicast --------------------------------------------------------------------------
     def broadcast(self, buf: Any, root: int = 0) -> Request:
@@ -328,8 +326,6 @@ class Team:
             raise InvalidArgument(f"root must be a team rank from 0 to {self.size - 1}, got {root!r}")
         root = int(root)
         b = as_buffer(buf, writable=self.rank != root, name="buf")
-        if b.on_gpu:
-            return _staging.broadcast(self._ctx._gpu(), self, b, root)
         op = ffi.new("struct host_op *")
         op.opcode = OP_BROADCAST
         op.team = self.id
@@ -339,7 +335,8 @@ class Team:
         # elsewhere: host_post registers it both ways for this op.
         op.src_addr, op.src_len = b.addr, b.nbytes
         op.dst_addr, op.dst_len = b.addr, b.nbytes
-        return self._ctx._post(op, "broadcast", (b.obj,), nbytes=b.nbytes)
+        return self._ctx._submit(op, "broadcast", (b, b),
+                                 lambda g: _staging.broadcast(g, self, b, root), nbytes=b.nbytes)
 
     def allgather(self, src: Any, dst: Any) -> Request:
         """Post an all-gather: block i of ``dst`` (``src.size`` elements) comes from rank i.
@@ -351,15 +348,14 @@ class Team:
                 f"dst has {d.count} elements but all-gather needs src's {s.count} x "
                 f"{self.size} ranks = {s.count * self.size}"
             )
-        if s.on_gpu or d.on_gpu:
-            return _staging.allgather(self._ctx._gpu(), self, s, d)
         op = ffi.new("struct host_op *")
         op.opcode = OP_ALLGATHER
         op.team = self.id
         op.count = s.nbytes
         op.src_addr, op.src_len = s.addr, s.nbytes
         op.dst_addr, op.dst_len = d.addr, d.nbytes
-        return self._ctx._post(op, "allgather", (s.obj, d.obj), nbytes=d.nbytes)
+        return self._ctx._submit(op, "allgather", (s, d),
+                                 lambda g: _staging.allgather(g, self, s, d), nbytes=d.nbytes)
 
     # -- barrier ----------------------------------------------------------------------------
     def barrier(self) -> Request:
@@ -507,6 +503,10 @@ class Context:
                                      access, key, owned), "registering memory")
         return int(key[0]), bool(owned[0])
 
+    def _release_key(self, key: int) -> None:
+        if self._ptr is not None:
+            lib.host_mr_release(self._ptr, key)
+
     def empty(self, shape: int | Sequence[int], dtype: Any = np.float64) -> np.ndarray:
         """A numpy array in registered job-shared memory: peers copy into it directly."""
         self._check_open()
@@ -528,12 +528,30 @@ class Context:
 
     # -- posting ----------------------------------------------------------------------------
     def _gpu(self) -> _staging.Stager:
-        """The stager GPU buffers go through (the emulator has no GPUDirect path)."""
+        """The stager GPU buffers go through: GPUDirect where the device registers dma-bufs
+        (FlexIO), else staged through host memory (the emulator)."""
         if self._stager is None:
             from offload_lib import _cuda
 
-            self._stager = _staging.Stager(self, _cuda.driver())
+            key = ffi.new("uint32_t *")
+            # A probe that registers nothing: -EINVAL (fd -1) if supported, else -EOPNOTSUPP.
+            direct = lib.host_mr_acquire_dmabuf(self._handle(), 0, 0, -1, 0, key) != \
+                -errno.EOPNOTSUPP
+            self._stager = _staging.Stager(self, _cuda.driver(), direct)
         return self._stager
+
+    def _submit(self, op: Any, what: str, bufs: tuple[Buffer, Buffer], staged: Any,
+                keep: tuple[Any, ...] = (), result: Result | None = None, nbytes: int = 0,
+                itemsize: int | None = None) -> Any:
+        """Post ``op`` on (src, dst) buffers; GPU memory goes through the stager: registered
+        directly (GPUDirect), or ``staged(stager)`` through host memory."""
+        keep = (bufs[0].obj, bufs[1].obj, *keep)
+        if not (bufs[0].on_gpu or bufs[1].on_gpu):
+            return self._post(op, what, keep, result, nbytes, itemsize)
+        g = self._gpu()
+        if g.direct:
+            return g.direct_op(op, what, bufs, keep, result, itemsize)
+        return staged(g)
 
     def _post(self, op: Any, what: str, keep: tuple[Any, ...], result: Result | None = None,
               nbytes: int = 0, itemsize: int | None = None) -> Request:

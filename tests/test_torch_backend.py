@@ -206,3 +206,16 @@ print("ok")
 ''')
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=50)
     assert out.returncode == 0 and "ok" in out.stdout, out.stderr
+
+
+@pytest.mark.timeout(90)
+def test_example_moe_torch_4_ranks():
+    import os
+    import re
+
+    path = os.path.join(os.path.dirname(__file__), "..", "examples", "moe_torch.py")
+    with open(path, encoding="utf-8") as f:
+        out = run_ranks(4, f.read(), timeout=80)
+    for r in range(4):
+        assert re.search(rf"rank {r}/4: torch MoE layer on \d+ tokens \((cpu|cuda:0)\) matches",
+                         out[r]), out[r]

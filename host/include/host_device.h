@@ -58,6 +58,11 @@ struct host_device_ops {
 	int (*mr_dereg)(struct host_device *dev, uint32_t key);
 	int (*mr_reg)(struct host_device *dev, const void *addr, uint64_t len, uint32_t access,
 		      uint32_t *key);
+	/* GPU memory exported as a dma-buf (GPUDirect RDMA): fd covers [addr, addr+len) from
+	 * its start, and addr is how commands name it. NULL: the device cannot reach GPU
+	 * memory (the emulator), and callers stage it through host memory. */
+	int (*mr_reg_dmabuf)(struct host_device *dev, uint64_t addr, uint64_t len, int fd,
+			     uint32_t access, uint32_t *key);
 	int (*open)(const struct host_device_attr *attr, struct host_device **out);
 	int (*peer_ctrl)(struct host_device *dev, uint32_t rank, struct offload_peer *out);
 	/* Whether a host thread polling for a completion helps now (the emulator says no

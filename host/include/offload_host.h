@@ -105,6 +105,11 @@ int host_mr_acquire(struct host_ctx *ctx, const void *addr, uint64_t len, uint32
 		    uint32_t *key, int *owned);
 /* -EBUSY while an op that names the key has not completed. */
 int host_mr_release(struct host_ctx *ctx, uint32_t key);
+/* A key for GPU memory [addr, addr+len) exported as dma-buf fd (the caller keeps and closes
+ * fd); release it with host_mr_release. -EOPNOTSUPP where the device cannot reach GPU
+ * memory: stage it through host memory instead. */
+int host_mr_acquire_dmabuf(struct host_ctx *ctx, uint64_t addr, uint64_t len, int fd,
+			   uint32_t access, uint32_t *key);
 
 int host_alloc_shared(struct host_ctx *ctx, uint64_t len, void **addr, uint32_t *key);
 /* ctx may be NULL after close: the mapping is then just released. -EBUSY while an op

@@ -490,6 +490,16 @@ int host_mr_acquire(struct host_ctx *ctx, const void *addr, uint64_t len, uint32
 	return ctx->ops->mr_reg(ctx->dev, addr, len ? len : 1, access, key);
 }
 
+int host_mr_acquire_dmabuf(struct host_ctx *ctx, uint64_t addr, uint64_t len, int fd,
+			   uint32_t access, uint32_t *key)
+{
+	if (!ctx->ops->mr_reg_dmabuf)
+		return -EOPNOTSUPP;
+	if (!len || fd < 0)
+		return -EINVAL;
+	return ctx->ops->mr_reg_dmabuf(ctx->dev, addr, len, fd, access, key);
+}
+
 /* Is key used by an op the firmware may still be running? Call with ctx->lock held. */
 static int key_busy_locked(struct host_ctx *ctx, uint32_t key)
 {

@@ -1109,6 +1109,30 @@ static int fx_mr_reg(struct host_device *hd, const void *addr, uint64_t len, uin
 	return fx_reg(to_fx(hd), (void *)addr, len, access, 0, key);
 }
 
+/* GPUDirect RDMA: the HCA reaches GPU memory through the dma-buf the CUDA driver exported
+ * (cuMemGetHandleForAddressRange). iova = addr, so commands name it by its device address. */
+static int fx_mr_reg_dmabuf(struct host_device *hd, uint64_t addr, uint64_t len, int fd,
+			    uint32_t access, uint32_t *key)
+{
+	struct fx_device *d = to_fx(hd);
+	struct ibv_mr *mr = ibv_reg_dmabuf_mr(d->pd, 0, len, addr, fd, fx_ibv_access(access));
+	int rc;
+
+	if (!mr)
+		return errno ? -errno : -EIO;
+	if (mr->lkey != mr->rkey) {  /* see fx_reg */
+		ibv_dereg_mr(mr);
+		return -ENOTSUP;
+	}
+	rc = fx_mr_add(d, mr, 0);
+	if (rc) {
+		ibv_dereg_mr(mr);
+		return rc;
+	}
+	*key = mr->rkey;
+	return 0;
+}
+
 static int fx_mr_dereg(struct host_device *hd, uint32_t key)
 {
 	struct ibv_mr *mr = fx_mr_take(to_fx(hd), key, NULL);
@@ -1237,6 +1261,7 @@ static const struct host_device_ops flexio_device_ops = {
 	.free_shared = fx_free_shared,
 	.mr_dereg = fx_mr_dereg,
 	.mr_reg = fx_mr_reg,
+	.mr_reg_dmabuf = fx_mr_reg_dmabuf,
 	.open = fx_open,
 	.peer_ctrl = fx_peer_ctrl,
 	.poll_worthwhile = fx_poll_worthwhile,
