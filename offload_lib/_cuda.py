@@ -29,6 +29,8 @@ CU_MEMHOSTREGISTER_PORTABLE = 0x1
 CUDA_ERROR_NOT_READY = 600
 CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED = 712
 CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD = 0x1
+CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX = 0
+CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER = 100
 
 
 class CudaError(OffloadError):
@@ -90,12 +92,20 @@ class Driver:
 
     # -- pointers and contexts --------------------------------------------------------------
     def device_of(self, ptr: int) -> tuple[int, int]:
-        """(context, device ordinal) that own device pointer ``ptr``."""
+        """(context, device ordinal) for device pointer ``ptr``. Memory from the VMM API or
+        a stream-ordered pool (torch's expandable segments, cudaMallocAsync, cupy's async
+        pool) names no context: the device's primary context, which the runtime uses, is
+        taken then."""
         ctx, ordinal = ctypes.c_void_p(), ctypes.c_int()
-        self._call("cuPointerGetAttribute", ctypes.byref(ctx),
-                   CU_POINTER_ATTRIBUTE_CONTEXT, ctypes.c_uint64(ptr))
         self._call("cuPointerGetAttribute", ctypes.byref(ordinal),
                    CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ctypes.c_uint64(ptr))
+        self._call("cuPointerGetAttribute", ctypes.byref(ctx),
+                   CU_POINTER_ATTRIBUTE_CONTEXT, ctypes.c_uint64(ptr))
+        if not ctx.value:
+            dev = ctypes.c_int()
+            self._call("cuDeviceGet", ctypes.byref(dev), ordinal)
+            # retained for the life of the process, like the runtime's own
+            self._call("cuDevicePrimaryCtxRetain", ctypes.byref(ctx), dev)
         return int(ctx.value or 0), int(ordinal.value)
 
     @contextmanager
@@ -129,6 +139,19 @@ class Driver:
     def free(self, ptr: int) -> None:
         self._lib.cuMemFree_v2(ctypes.c_uint64(ptr))
 
+    def allocation(self, ptr: int) -> tuple[int, int]:
+        """(base, size) of the allocation holding ``ptr``."""
+        base, size = ctypes.c_uint64(), ctypes.c_size_t()
+        self._call("cuMemGetAddressRange_v2", ctypes.byref(base), ctypes.byref(size),
+                   ctypes.c_uint64(ptr))
+        return int(base.value), int(size.value)
+
+    def flush_rdma_writes(self) -> None:
+        """Make the NIC's completed writes into this context's memory visible to its
+        kernels, before the stream goes on (GPUDirect)."""
+        self._call("cuFlushGPUDirectRDMAWrites", CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX,
+                   CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER)
+
     def dmabuf(self, ptr: int, nbytes: int) -> int:
         """A dma-buf file descriptor for [ptr, ptr+nbytes) (GPUDirect RDMA registration)."""
         fd = ctypes.c_int(-1)
@@ -139,6 +162,12 @@ class Driver:
 
     # -- copies -----------------------------------------------------------------------------
     def copy_async(self, c: Copy2D, to_device: bool, stream: int) -> None:
+        if c.height == 1:  # a plain copy: no pitch limit
+            fn = "cuMemcpyHtoDAsync_v2" if to_device else "cuMemcpyDtoHAsync_v2"
+            dst = ctypes.c_uint64(c.dst) if to_device else ctypes.c_void_p(c.dst)
+            src = ctypes.c_void_p(c.src) if to_device else ctypes.c_uint64(c.src)
+            self._call(fn, dst, src, ctypes.c_size_t(c.width), ctypes.c_void_p(stream))
+            return
         p = _Memcpy2D()
         host, dev = CU_MEMORYTYPE_HOST, CU_MEMORYTYPE_DEVICE
         p.srcMemoryType, p.dstMemoryType = (host, dev) if to_device else (dev, host)

@@ -530,15 +530,17 @@ class Context:
     def _gpu(self) -> _staging.Stager:
         """The stager GPU buffers go through: GPUDirect where the device registers dma-bufs
         (FlexIO), else staged through host memory (the emulator)."""
-        if self._stager is None:
-            from offload_lib import _cuda
+        with self._lock:
+            if self._stager is None:
+                from offload_lib import _cuda
 
-            key = ffi.new("uint32_t *")
-            # A probe that registers nothing: -EINVAL (fd -1) if supported, else -EOPNOTSUPP.
-            direct = lib.host_mr_acquire_dmabuf(self._handle(), 0, 0, -1, 0, key) != \
-                -errno.EOPNOTSUPP
-            self._stager = _staging.Stager(self, _cuda.driver(), direct)
-        return self._stager
+                key = ffi.new("uint32_t *")
+                # A probe that registers nothing: -EINVAL (fd -1) if supported, else
+                # -EOPNOTSUPP.
+                direct = lib.host_mr_acquire_dmabuf(self._handle(), 0, 0, -1, 0, key) != \
+                    -errno.EOPNOTSUPP
+                self._stager = _staging.Stager(self, _cuda.driver(), direct)
+            return self._stager
 
     def _submit(self, op: Any, what: str, bufs: tuple[Buffer, Buffer], staged: Any,
                 keep: tuple[Any, ...] = (), result: Result | None = None, nbytes: int = 0,
@@ -583,7 +585,7 @@ class Context:
         comp = ffi.new("struct host_completion *")
         for tag in list(self._orphans):
             if lib.host_test(self._ptr, tag, comp) != 0:
-                del self._orphans[tag]
+                self._orphans.pop(tag, None)  # the stager's poster reaps too
 
     # -- introspection ----------------------------------------------------------------------
     def failed_ranks(self) -> list[int]:

@@ -136,7 +136,8 @@ def _to_host(obj: Any, name: str) -> Any:
 def _to_device(arr: np.ndarray, like: Any) -> Any:
     if _gpu_kind(like) == "torch":
         return _torch().from_numpy(arr).to(like.device)
-    return _gpu_lib(like).asarray(arr)
+    with like.device:  # cupy: allocate on like's device, not the current one
+        return _gpu_lib(like).asarray(arr)
 
 
 def _gpu_view(obj: Any, dtype: np.dtype) -> Any:

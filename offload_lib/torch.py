@@ -52,6 +52,7 @@ class _Process:
 
     def __init__(self) -> None:
         self.ctx: Context | None = None
+        self.store: Any = None  # the default group's store: every rank of the job sees it
         self.inits = 0  # default groups created so far: names this generation's store keys
 
     def open(self, store: Any, rank: int, size: int) -> Context:
@@ -76,9 +77,10 @@ class _Process:
             store.set(f"{prefix}/job", new_job_name())
         job = bytes(store.get(f"{prefix}/job")).decode()
         self.ctx = Context(config, World(rank, size, job, "torch", exchange), backend)
+        self.store = store
         return self.ctx
 
-    def team(self, root_store: Any, store: Any, group_rank: int, ranks: list[int]) -> Team:
+    def team(self, store: Any, group_rank: int, ranks: list[int]) -> Team:
         """A team for a dist.new_group: its id comes from a job-wide counter in the store,
         so that groups created by different subsets of ranks never share one."""
         ctx = self.ctx
@@ -86,7 +88,7 @@ class _Process:
             raise OffloadError("create the default group with dist.init_process_group('dpa') "
                                "before dist.new_group")
         if group_rank == 0:
-            team_id = int(root_store.add(f"{_KEY}/{self.inits}/teams", 1))
+            team_id = int(self.store.add(f"{_KEY}/{self.inits}/teams", 1))
             store.set(f"{_KEY}/team", str(team_id))
         team_id = int(bytes(store.get(f"{_KEY}/team")))
         if team_id >= MAX_TEAMS:
@@ -251,14 +253,16 @@ for _name in ("allreduce", "allreduce_coalesced", "reduce", "allgather", "allgat
 def _create(opts: Any, _backend_options: Any) -> ProcessGroupDPA:
     store, rank, size = opts.store, int(opts.group_rank), int(opts.group_size)
     ranks = [int(r) for r in (opts.global_ranks_in_group or range(size))]
-    root_store = getattr(store, "underlying_store", store)
     ctx = _process.ctx
     if ctx is None or ctx.closed:
-        # The first group a process creates is the default one: group rank = world rank.
+        if dist.is_initialized():
+            raise OffloadError(
+                "the 'dpa' backend must serve the default group: dist.init_process_group('dpa') "
+                "(or a device map such as 'cpu:gloo,cuda:dpa'), then dist.new_group for more")
+        # The default group: group rank = world rank.
         ctx = _process.open(store, rank, size)
         return ProcessGroupDPA(ctx.world, opts.timeout, owns_context=True)
-    return ProcessGroupDPA(_process.team(root_store, store, rank, ranks), opts.timeout,
-                           owns_context=False)
+    return ProcessGroupDPA(_process.team(store, rank, ranks), opts.timeout, owns_context=False)
 
 
 dist.Backend.register_backend(BACKEND, _create, extended_api=True, devices=["cpu", "cuda"])

@@ -50,6 +50,7 @@ class FakeDriver:
         self._events: dict[int, threading.Event] = {}
         self._next_event = 1
         self.copies = {"d2h": 0, "h2d": 0}
+        self.fail_h2d = 0  # the next this-many host-to-device copies raise, as a CUDA error would
 
     # -- memory -----------------------------------------------------------------------------
     def device_empty(self, nbytes: int) -> int:
@@ -92,6 +93,12 @@ class FakeDriver:
     def dmabuf(self, ptr: int, nbytes: int) -> int:
         raise AssertionError("the emulator stages GPU buffers; it never asks for a dma-buf")
 
+    def allocation(self, ptr: int) -> tuple[int, int]:
+        raise AssertionError("the emulator stages GPU buffers; it never registers them")
+
+    def flush_rdma_writes(self) -> None:
+        raise AssertionError("no GPUDirect writes to flush in the emulator")
+
     # -- copies -----------------------------------------------------------------------------
     def copy_async(self, c: Any, to_device: bool, stream: int) -> None:
         span_src = c.src_pitch * (c.height - 1) + c.width
@@ -101,6 +108,9 @@ class FakeDriver:
         assert c.width <= c.src_pitch and c.width <= c.dst_pitch, c
         assert self._in_device(*dev), f"copy {c}: the device side is not device memory"
         assert self._in_pinned(*host), f"copy {c}: the host side is not pinned host memory"
+        if to_device and self.fail_h2d:
+            self.fail_h2d -= 1
+            raise RuntimeError("injected CUDA error in a host-to-device copy")
         self.copies["h2d" if to_device else "d2h"] += c.width * c.height
 
         def run() -> None:
@@ -177,6 +187,20 @@ class FakeDriver:
         self._queue(stream, write)
 
 
+class _Device:
+    """cupy's Device: a context manager making it current (there is one device here)."""
+    id = 0
+
+    def __enter__(self) -> _Device:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+
+DEVICE0 = _Device()
+
+
 class DeviceArray:
     """A "GPU array" of the fake driver, exporting ``__cuda_array_interface__`` (version 3,
     with the stream its producer uses). Views (``view(dtype)``, ``reshape``, row slices)
@@ -195,6 +219,8 @@ class DeviceArray:
         return {"shape": self.shape, "typestr": self.dtype.str, "version": 3,
                 "data": (self.ptr, self.readonly), "strides": self.strides,
                 "stream": self.stream}
+
+    device = DEVICE0
 
     def _like(self, shape: Any, dtype: Any = None, offset: int = 0) -> DeviceArray:
         return type(self)(self.drv, shape, self.dtype if dtype is None else dtype, self.stream,

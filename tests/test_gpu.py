@@ -239,3 +239,81 @@ st = ctx.stats()["gpu"]
 assert st["ops"] >= 4 and st["d2h_bytes"] and st["h2d_bytes"], st
 ctx.close()
 ''', timeout=100)
+
+
+@pytest.mark.timeout(120)
+def test_ranks_with_buffers_in_different_places_post_the_same_ops():
+    # Rank 1 passes host memory where rank 0 passes GPU memory; with 64 KiB pieces the op is
+    # cut, and both must cut it the same way (rank 1 packs its host memory into staging).
+    run_ranks(2, PRELUDE + r'''
+count = 100_000
+vals = np.concatenate([pattern(me, j, count, "float32") for j in range(n)])
+want = np.concatenate([pattern(i, me, count, "float32") for i in range(n)])
+if me == 0:
+    src, dst = dev(n * count, "float32"), dev(n * count, "float32")
+    produce(src, vals)
+else:
+    src, dst = dev(n * count, "float32"), np.full(n * count, -1, np.float32)
+    produce(src, vals)
+team.alltoall(src, dst).wait(timeout=60)
+drv.synchronize(USER)
+check_equal(dst.host() if me == 0 else dst, want, "alltoall, GPU and host destinations")
+
+g_src = vals[:count].copy() if me == 1 else dev(count, "float32")
+if me == 0:
+    produce(g_src, vals[:count])
+g_dst = dev(n * count, "float32") if me == 1 else np.full(n * count, -1, np.float32)
+team.allgather(g_src, g_dst).wait(timeout=60)
+drv.synchronize(USER)
+check_equal(g_dst.host() if me == 1 else g_dst,
+            np.concatenate([pattern(i, 0, count, "float32") for i in range(n)]),
+            "allgather, host and GPU buffers")
+st = ctx.stats()["gpu"]
+assert st["pieces"] >= 2 * st["ops"], st
+ctx.close()
+''', timeout=100, env={"OFFLOAD_GPU_PIECE": "64K"})
+
+
+@pytest.mark.timeout(120)
+def test_empty_buffers_cuda_errors_and_cancel():
+    run_ranks(2, PRELUDE + r'''
+# Empty GPU buffers take no staging memory, however many (the job has 256 segments).
+for i in range(300):
+    team.alltoall(dev(0, "float32"), dev(0, "float32")).wait(timeout=10)
+
+# A CUDA error while landing the result: wait() raises it, the stream still goes on.
+src, dst = dev(n * 4, "int32"), dev(n * 4, "int32")
+produce(src, np.arange(n * 4, dtype=np.int32))
+drv.fail_h2d = 1
+req = team.alltoall(src, dst)
+after = consume(dst)
+try:
+    req.wait(timeout=30)
+    raise AssertionError("the injected CUDA error was lost")
+except RuntimeError as e:
+    assert "injected" in str(e), e
+drv.synchronize(USER, timeout=10)
+assert "v" in after
+
+# Cancel: rank 1's producer never finishes in time, rank 0 cancels its op. The stream goes
+# on, wait() raises Canceled, and the team fails later ops (the NCCL-abort rule).
+src, dst = dev(n * 4, "int32"), dev(n * 4, "int32")
+produce(src, np.arange(n * 4, dtype=np.int32), delay=0.3 if me == 1 else 0)
+req = team.alltoall(src, dst)
+if me == 0:
+    time.sleep(0.05)
+    assert req.cancel() is True
+    try:
+        req.wait(timeout=10)
+        raise AssertionError("a cancelled op completed")
+    except ol.Canceled:
+        pass
+    drv.synchronize(USER, timeout=10)
+else:
+    try:
+        req.wait(timeout=30)
+    except ol.OffloadError as e:
+        print("rank 1 after the cancel:", type(e).__name__, e)
+    drv.synchronize(USER, timeout=10)
+ctx.close()
+''', timeout=100, env={"OFFLOAD_OP_TIMEOUT": "3"})

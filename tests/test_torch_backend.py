@@ -133,6 +133,17 @@ dist.broadcast(got, src=second, group=mine)
 dist.broadcast(want, src=second, group=ref)
 same(got, want, "subgroup broadcast")
 
+# Overlapping groups (rank 1 and 2 in both) get distinct teams on every member.
+low, high = dist.new_group([0, 1, 2]), dist.new_group([1, 2, 3])
+low_gloo, high_gloo = dist.new_group([0, 1, 2], backend="gloo"), dist.new_group([1, 2, 3], backend="gloo")
+for grp, ref, members in ((low, low_gloo, [0, 1, 2]), (high, high_gloo, [1, 2, 3])):
+    if rank in members:
+        x = payload((9,), torch.int64, members[0])
+        got, want = torch.empty(9, dtype=torch.int64), torch.empty(9, dtype=torch.int64)
+        dist.all_to_all_single(got, x, group=grp)
+        dist.all_to_all_single(want, x, group=ref)
+        same(got, want, f"overlapping group {members}")
+
 # Unsupported collectives name the supported ones; nothing is posted, the group goes on.
 for call in (lambda: dist.all_reduce(torch.ones(2)),
              lambda: dist.reduce_scatter_tensor(torch.empty(1), torch.ones(size)),
