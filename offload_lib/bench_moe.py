@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from offload_lib.bench import GB, WrongResult, header_lines, render_rows, summarize
+from offload_lib.moe import sum_rows
 
 __all__ = ["aggregate", "check_args", "format_table", "routing", "token_rows", "work"]
 
@@ -142,11 +143,12 @@ class _MpiMoe:
         self.comm, self.n, self.me = comm, comm.Get_size(), comm.Get_rank()
         self.per_rank = experts // self.n
         self.tokens, self.hidden, self.dt, self.width = tokens, hidden, dt, 2 * topk
-        self.acc = np.float64 if dt == np.float64 else np.float32
         self.row_type = MPI.BYTE.Create_contiguous(dt.itemsize).Commit()
         self.int64 = MPI.INT64_T
         self.int = MPI.INT
-        self.stage = np.empty((max_send, hidden), dt)  # dispatch's send, combine's receive
+        # dispatch's send, combine's receive (and a zero row for sum_rows)
+        self.stage = np.empty((max_send + 1, hidden), dt)
+        self.scratch = np.empty((tokens, hidden), dt)
         self.recv = np.empty((max_recv, hidden), dt)
         self.meta_send = np.empty((max_send, self.width), np.int64)
         self.meta_recv = np.empty((max_recv, self.width), np.int64)
@@ -189,16 +191,12 @@ class _MpiMoe:
 
     def combine(self, y: np.ndarray, handle: tuple[Any, ...]) -> np.ndarray:
         tok, send_rows, recv_rows = handle
-        back = self.stage[:tok.size]
+        back = self.stage[:tok.size + 1]
         self.comm.Alltoallv(self._v(y, recv_rows, self.hidden, self.row_type),
                             self._v(back, send_rows, self.hidden, self.row_type))
-        out = np.zeros((self.tokens, self.hidden), self.acc)
-        start = 0
-        for end in np.cumsum(send_rows).tolist():
-            if end > start:
-                out[tok[start:end]] += back[start:end]
-            start = end
-        return out.astype(self.dt, copy=False)
+        back[tok.size] = 0
+        return sum_rows(back, tok, self.tokens, self.dt.name, self.scratch).astype(self.dt,
+                                                                                copy=False)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -290,11 +290,11 @@ class Dispatcher:
         self._payload = _payload(dtype)
         self.dtype = self._payload.name
         max_rows = size * self.max_tokens_per_rank  # sent by one rank, or received by one
-        # Staging: dispatch's send buffer, then combine's receive buffer. Both layouts are
-        # "rows grouped by destination rank, in token order", and a peer writes into it only
-        # once this rank posted combine, after its own dispatch finished reading it.
-        self._stage = self._alloc(max_rows * self.hidden, self._payload.wire)
+        # combine's receive buffer ("rows grouped by source rank, in token order"), and one
+        # zero row after them
+        self._stage = self._alloc((max_rows + 1) * self.hidden, self._payload.wire)
         self._recv = self._alloc(max_rows * self.hidden, self._payload.wire)
+        self._scratch = np.empty(self.max_tokens_per_rank * self.hidden, self._payload.wire)
         self._meta_width = 0
         self._meta_send = self._meta_recv = np.empty(0, np.int64)
 
@@ -491,24 +491,12 @@ class Dispatcher:
                 f"combine: received {got.tolist()} elements but dispatch sent "
                 f"{(handle.send_rows * hidden).tolist()}: every rank must combine the handle of "
                 "the same dispatch")
-        back = self._stage[:nsend * hidden].reshape(nsend, hidden)
-        out = self._accumulate(back, handle)
+        # One zero row past the returned ones stands in for a token's missing contributions.
+        back = self._stage[:(nsend + 1) * hidden].reshape(nsend + 1, hidden)
+        back[nsend] = 0
+        out = sum_rows(back, handle.send_tokens, handle.num_tokens, self._payload.name,
+                       self._scratch)
         return self._finish(out, y)
-
-    def _accumulate(self, back: np.ndarray, handle: Handle) -> np.ndarray:
-        """Add the returned rows into their tokens, rank by rank (a token appears at most once
-        per rank, so each step is a plain fancy-indexed add), widening one rank's rows at a
-        time."""
-        name = self._payload.name
-        out = np.zeros((handle.num_tokens, self.hidden), self._payload.acc)
-        start = 0
-        for end in np.cumsum(handle.send_rows).tolist():
-            if end > start:
-                rows = back[start:end]
-                vals = _bf16_bits_to_f32(rows) if name == "bfloat16" else rows.view(name)
-                out[handle.send_tokens[start:end]] += vals
-            start = end
-        return out
 
     def _finish(self, out: np.ndarray, like: Any) -> Any:
         name = self._payload.name
@@ -520,6 +508,48 @@ class Dispatcher:
         if _gpu_kind(like):
             return _to_device(raw, like)
         return raw.view(_user_dtype(like))
+
+
+def sum_rows(back: np.ndarray, tokens: np.ndarray, num_tokens: int, payload: str,
+             scratch: np.ndarray) -> np.ndarray:
+    """out[t] = the sum of the rows ``back[i]`` with ``tokens[i] == t``, in row order, widened
+    to the payload's accumulation type; ``back`` holds one zero row after those ``tokens``
+    names, and ``scratch`` (reused between calls) at least num_tokens rows like back's.
+    (combine's host work, shared with the MPI comparison in bench_moe.)
+
+    By contribution rather than by source rank: the c-th contributions of all tokens are
+    gathered at once (a zero row where a token has fewer), so each step is one gather and
+    one contiguous add, where adding into out[tokens of a rank] takes a gather, an add and
+    a scatter. Gathers go into memory that is already mapped: a fresh array of this size
+    costs the kernel a page fault and a page of zeros per 4 KiB."""
+    p = _PAYLOADS[payload]
+    hidden = back.shape[1]
+    zero_row = back.shape[0] - 1
+    order = np.argsort(tokens, kind="stable")  # by token, each token's rows in row order
+    per_token = np.bincount(tokens, minlength=num_tokens)
+    depth = int(per_token.max()) if per_token.size else 0
+    if depth == 0:
+        return np.zeros((num_tokens, hidden), p.acc)
+    sorted_tokens = tokens[order]
+    first = np.cumsum(per_token) - per_token
+    nth = np.arange(order.size) - first[sorted_tokens]
+    pos = np.full((depth, num_tokens), zero_row, np.intp)
+    pos[nth, sorted_tokens] = order
+    rows = back.view(np.uint16) if payload == "bfloat16" else back.view(payload)
+    tmp = scratch.reshape(-1)[:num_tokens * hidden].view(rows.dtype).reshape(num_tokens, hidden)
+    out = np.empty((num_tokens, hidden), p.acc)
+    for c in range(depth):
+        same = c == 0 and rows.dtype == p.acc  # the first gather can land in out itself
+        # mode="clip": with "raise", numpy gathers into a temporary first (indices are valid)
+        got = np.take(rows, pos[c], axis=0, out=out if same else tmp, mode="clip")
+        if same:
+            continue
+        vals = _bf16_bits_to_f32(got) if payload == "bfloat16" else got
+        if c == 0:
+            out[...] = vals
+        else:
+            out += vals
+    return out
 
 
 def _wait_all(reqs: list[Any]) -> list[Any]:
