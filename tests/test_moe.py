@@ -572,3 +572,29 @@ def test_torch_cpu_tensors(test_seed):
     pytest.importorskip("torch")
     out = run_ranks(3, TORCH, timeout=50, env={"MOE_SEED": str(test_seed)})
     assert all(o.splitlines()[-1] == "ok" for o in out), out
+
+
+@pytest.mark.parametrize("payload", ["float32", "float16", "bfloat16", "float64"])
+def test_sum_rows_matches_a_loop(payload):
+    """combine's sum: every token's rows added in row order; tokens with no row are zero."""
+    rng = np.random.default_rng(11)
+    num_tokens, hidden = 37, 5
+    # rows grouped by source rank, each group in token order, as combine receives them
+    groups = [np.sort(rng.choice(num_tokens, size, replace=False)) for size in (0, 20, 37, 9)]
+    tokens = np.concatenate(groups).astype(np.int64)
+    wire = np.int16 if payload == "bfloat16" else np.dtype(payload)
+    back = np.zeros((tokens.size + 1, hidden), wire)
+    vals = rng.integers(-60, 60, (tokens.size, hidden)).astype(np.float32)
+    if payload == "bfloat16":
+        back[:-1] = moe._f32_to_bf16_bits(vals)
+    else:
+        back[:-1] = vals
+    want = np.zeros((num_tokens, hidden), np.float64 if payload == "float64" else np.float32)
+    for i, t in enumerate(tokens.tolist()):
+        want[t] += vals[i]
+    scratch = np.full((num_tokens, hidden), 99, wire)  # stale contents must not leak in
+    got = moe.sum_rows(back, tokens, num_tokens, payload, scratch)
+    assert got.dtype == want.dtype
+    np.testing.assert_array_equal(got, want)
+    empty = moe.sum_rows(back[:1] * 0, tokens[:0], num_tokens, payload, scratch)
+    np.testing.assert_array_equal(empty, np.zeros_like(want))
