@@ -39,6 +39,10 @@ w.barrier().wait(timeout=30)
 if rank == 3:
     post(w, src, dst)
     os.kill(os.getpid(), signal.SIGKILL)
+# Rank 3 dies with its op posted and unfinished: nobody has posted the matching op yet, so
+# none of its blocks can have moved. (Posting at once raced: on a busy machine rank 3 could
+# finish its part before the kill landed, and the survivors' op then rightly completed.)
+time.sleep(0.2)
 
 t0 = time.monotonic()
 try:

@@ -207,6 +207,13 @@ static uint32_t lowest_rank(uint64_t mask)
 	return r;
 }
 
+static void poison_team(struct dpa_team *team, int32_t status, uint32_t detail)
+{
+	uint64_t none = 0;
+
+	off_cas(&team->poisoned, &none, ((uint64_t)detail << 32) | (uint32_t)status);
+}
+
 static int try_complete_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
 {
 	uint64_t dead = off_read_once(&eng->failed_ranks) & eng->teams[op->team_id].world_mask;
@@ -234,6 +241,12 @@ static int try_complete_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa
 		dpa_mcast_release(eng, op, hal);
 	if (!write_cqe(eng, hal, &cqe))
 		return 0;
+	/* A rank lost (dead, or every rail to it down) leaves the team's sequence broken,
+	 * whether or not this rank's watch has seen the death yet: later ops fail at intake
+	 * with the same error. (Errors that keep the ranks in step, a refused command or a
+	 * destination too small, leave the team usable.) */
+	if (cqe.status == OFFLOAD_ERR_PEER || cqe.status == OFFLOAD_ERR_LINK_DOWN)
+		poison_team(&eng->teams[op->team_id], cqe.status, cqe.detail);
 	dpa_stats(hal)->ops_completed++;
 	if (cqe.status != OFFLOAD_OK)
 		dpa_stats(hal)->errors++;
@@ -299,13 +312,6 @@ static int32_t validate_collective(struct dpa_engine *eng, const struct offload_
 	if (cmd->opcode >= OFFLOAD_OP_MAX || !dpa_algos[cmd->opcode])
 		return OFFLOAD_ERR_INVALID;
 	return OFFLOAD_OK;
-}
-
-static void poison_team(struct dpa_team *team, int32_t status, uint32_t detail)
-{
-	uint64_t none = 0;
-
-	off_cas(&team->poisoned, &none, ((uint64_t)detail << 32) | (uint32_t)status);
 }
 
 /* CANCEL: flag the op that carries the tag; the threads owning its items abort it. */
