@@ -298,7 +298,7 @@ assert "v" in after
 # Cancel: rank 1's producer never finishes in time, rank 0 cancels its op. The stream goes
 # on, wait() raises Canceled, and the team fails later ops (the NCCL-abort rule).
 src, dst = dev(n * 4, "int32"), dev(n * 4, "int32")
-produce(src, np.arange(n * 4, dtype=np.int32), delay=0.3 if me == 1 else 0)
+produce(src, np.arange(n * 4, dtype=np.int32), delay=1.0 if me == 1 else 0)
 req = team.alltoall(src, dst)
 if me == 0:
     time.sleep(0.05)
