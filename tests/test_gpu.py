@@ -317,3 +317,18 @@ else:
     drv.synchronize(USER, timeout=10)
 ctx.close()
 ''', timeout=100, env={"OFFLOAD_OP_TIMEOUT": "3"})
+
+
+def test_fake_driver_implements_the_real_drivers_methods():
+    import inspect
+
+    from fake_cuda import FakeDriver
+
+    from offload_lib._cuda import Driver
+
+    real = {n: inspect.signature(f) for n, f in inspect.getmembers(Driver, inspect.isfunction)
+            if not n.startswith("_")}
+    fake = dict(inspect.getmembers(FakeDriver, inspect.isfunction))
+    for name, sig in real.items():
+        assert name in fake, f"FakeDriver lacks {name}"
+        assert list(inspect.signature(fake[name]).parameters) == list(sig.parameters), name
