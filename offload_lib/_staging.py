@@ -424,6 +424,22 @@ class _Sides:
             self.packed.append(packed)
 
 
+def _columns_back(d: Buffer, staged: bool, host: np.ndarray, user: np.ndarray, n: int,
+                  pitch: int, off: int, width: int
+                  ) -> tuple[Callable[[Any], list[Copy2D]], Callable[[], None] | None]:
+    """How a piece that arrived packed ([n, width] at host[n*off:]) goes back to columns
+    [off, off+width) of d's n rows of ``pitch`` bytes: a 2-D copy to the GPU (h2d), or a
+    copy on the host (unpack)."""
+    if not (staged and width):
+        return _nothing, None
+    packed = host[n * off:n * (off + width)]
+    if d.on_gpu:
+        copies = [Copy2D(d.addr + off, pitch, packed.ctypes.data, width, width, n)]
+        return (lambda _v: copies), None
+    return _nothing, (lambda: np.copyto(user.reshape(n, pitch)[:, off:off + width],
+                                        packed.reshape(n, width)))
+
+
 def alltoall(stager: Stager, team: Any, s: Buffer, d: Buffer) -> Any:
     n, size = team.size, s.itemsize
     block = s.nbytes // n
@@ -443,14 +459,7 @@ def alltoall(stager: Stager, team: Any, s: Buffer, d: Buffer) -> Any:
         else:
             d2h, pack = [], (lambda r=region, o=off, w=width: np.copyto(
                 src_h[r].reshape(n, w), user_src.reshape(n, block)[:, o:o + w]))
-        h2d: Callable[[Any], list[Copy2D]] = _nothing
-        unpack = None
-        if dst_staged and width and d.on_gpu:
-            copies = [Copy2D(d.addr + off, block, dst_h.ctypes.data + n * off, width, width, n)]
-            h2d = (lambda _v, c=copies: c)
-        elif dst_staged and width:
-            unpack = (lambda r=region, o=off, w=width: np.copyto(
-                user_dst.reshape(n, block)[:, o:o + w], dst_h[r].reshape(n, w)))
+        h2d, unpack = _columns_back(d, dst_staged, dst_h, user_dst, n, block, off, width)
         pieces.append(_Piece(d2h, lambda r=region: team.alltoall(src_h[r], dst_h[r]), h2d,
                              pack, unpack))
     return stager.submit("alltoall", [s, d], pieces, sides.staging)
@@ -470,14 +479,7 @@ def allgather(stager: Stager, team: Any, s: Buffer, d: Buffer) -> Any:
         off, width = lo * size, (hi - lo) * size
         d2h = [Copy2D.flat(src_h.ctypes.data + off, s.addr + off, width)] \
             if s.on_gpu and width else []
-        h2d: Callable[[Any], list[Copy2D]] = _nothing
-        unpack = None
-        if dst_staged and width and d.on_gpu:
-            copies = [Copy2D(d.addr + off, total, dst_h.ctypes.data + n * off, width, width, n)]
-            h2d = (lambda _v, c=copies: c)
-        elif dst_staged and width:
-            unpack = (lambda o=off, w=width: np.copyto(
-                user_dst.reshape(n, total)[:, o:o + w], dst_h[n * o:n * o + n * w].reshape(n, w)))
+        h2d, unpack = _columns_back(d, dst_staged, dst_h, user_dst, n, total, off, width)
         dst_region = slice(n * off, n * off + n * width) if dst_staged else slice(0, d.nbytes)
         pieces.append(_Piece(
             d2h, lambda o=off, w=width, r=dst_region: team.allgather(src_h[o:o + w], dst_h[r]),

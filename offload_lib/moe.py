@@ -295,6 +295,7 @@ class Dispatcher:
         self._stage = self._alloc((max_rows + 1) * self.hidden, self._payload.wire)
         self._recv = self._alloc(max_rows * self.hidden, self._payload.wire)
         self._scratch = np.empty(self.max_tokens_per_rank * self.hidden, self._payload.wire)
+        self._recv_gpu: Any = None  # dispatch's receive buffer on the GPU, made on first use
         self._meta_width = 0
         self._meta_send = self._meta_recv = np.empty(0, np.int64)
 
@@ -362,7 +363,7 @@ class Dispatcher:
     def _gpu_recv(self, x: Any) -> Any:
         """Dispatch's receive buffer on x's device, made once like the host one."""
         rows = self.size * self.max_tokens_per_rank
-        buf = getattr(self, "_recv_gpu", None)
+        buf = self._recv_gpu
         if buf is None or getattr(buf, "device", None) != getattr(x, "device", None):
             if _gpu_kind(x) == "torch":
                 buf = _torch().empty((rows, self.hidden), dtype=x.dtype, device=x.device)

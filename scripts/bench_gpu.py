@@ -14,25 +14,14 @@ import argparse
 import datetime
 import json
 import time
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import torch
 
 import offload_lib as ol
 from offload_lib import _cuda
-from offload_lib.bench import parse_sizes
-
-
-def timed(run: Callable[[], Any], barrier: Callable[[], Any], warmup: int, iters: int) -> list[float]:
-    out = []
-    for i in range(warmup + iters):
-        barrier()
-        t0 = time.perf_counter()
-        run()
-        if i >= warmup:
-            out.append(time.perf_counter() - t0)
-    return out
+from offload_lib.bench import _timed, parse_sizes
 
 
 def copy_rates(ctx: Any, nbytes: int, iters: int) -> dict[str, float]:
@@ -76,9 +65,9 @@ def main() -> None:
             src_h = torch.arange(n * count, dtype=torch.float32) + 1000 * ctx.rank
             dst_h = torch.empty_like(src_h)
             src_d, dst_d = src_h.cuda(), torch.empty_like(src_h, device="cuda")
-            host_t = timed(lambda: team.alltoall(src_h, dst_h).wait(), barrier, args.warmup,
+            host_t, _ = _timed(lambda: team.alltoall(src_h, dst_h).wait(), barrier, args.warmup,
                            args.iters)
-            gpu_t = timed(lambda: team.alltoall(src_d, dst_d).wait(), barrier, args.warmup,
+            gpu_t, _ = _timed(lambda: team.alltoall(src_d, dst_d).wait(), barrier, args.warmup,
                           args.iters)
             if not torch.equal(dst_d.cpu(), dst_h):
                 raise SystemExit(f"rank {ctx.rank}: GPU result differs from host at {size} B")

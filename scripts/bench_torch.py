@@ -17,7 +17,6 @@ import json
 import os
 import platform
 import sys
-import time
 from typing import Any
 
 import numpy as np
@@ -25,7 +24,7 @@ import torch
 import torch.distributed as dist
 
 import offload_lib.torch as olt
-from offload_lib.bench import parse_sizes
+from offload_lib.bench import _timed, parse_sizes
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int64": torch.int64}
 
@@ -37,19 +36,6 @@ def expected_blocks(rank: int, n: int, count: int, dtype: torch.dtype, sender: b
     peers = torch.arange(n, dtype=torch.int64)[:, None]
     src, dst = (rank, peers) if sender else (peers, rank)
     return ((src * 31 + dst * 7 + k[None, :]) % 128).to(dtype).reshape(-1)
-
-
-def timed(op: Any, barrier: Any, warmup: int, iters: int) -> tuple[list[float], list[float]]:
-    wall, cpu = [], []
-    for it in range(warmup + iters):
-        barrier()
-        c0, t0 = time.thread_time(), time.perf_counter()
-        op()
-        t1, c1 = time.perf_counter(), time.thread_time()
-        if it >= warmup:
-            wall.append(t1 - t0)
-            cpu.append(c1 - c0)
-    return wall, cpu
 
 
 def main() -> int:
@@ -84,7 +70,7 @@ def main() -> int:
                                  f"at {size} bytes per peer")
             # each backend's own barrier, as the MPI comparisons use comm.Barrier: a gloo
             # barrier leaves gloo's threads busy on the cores the next op needs
-            wall, cpu = timed(lambda: dist.all_to_all_single(out, src, group=group),
+            wall, cpu = _timed(lambda: dist.all_to_all_single(out, src, group=group),
                               lambda: dist.barrier(group=group), args.warmup, args.iters)
             per_rank: list[Any] = [None] * n
             dist.all_gather_object(per_rank, wall, group=gloo)
