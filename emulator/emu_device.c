@@ -109,17 +109,23 @@ static void park(struct emu_device *dev, uint32_t snapshot, enum dpa_engine_load
 	uint64_t start = emu_now_ns();
 	uint64_t spin_end = start + (uint64_t)dev->attr.spin_us * 1000u;
 	uint64_t yield_end = spin_end + (uint64_t)yield_us * 1000u;
-	struct timespec slice = ns_to_ts(EMU_SLEEP_SLICE_NS);
 
 	while (off_load_acquire(&r->event) == snapshot && !off_read_once(&dev->stop)) {
 		uint64_t now = emu_now_ns();
+		uint64_t timer = dpa_engine_wake_at(dev->fw_state, now);
 
+		if (timer && timer <= now)
+			return;  /* a firmware timeout expired: no event will say so */
 		if (now < spin_end) {
 			for (int i = 0; i < 64; i++)
 				cpu_relax();
 		} else if (now < yield_end) {
 			sched_yield();
 		} else {
+			int64_t sleep_ns = timer && timer - now < (uint64_t)EMU_SLEEP_SLICE_NS ?
+					   (int64_t)(timer - now) : EMU_SLEEP_SLICE_NS;
+			struct timespec slice = ns_to_ts(sleep_ns);
+
 			off_fetch_add(&r->sleepers, 1);
 			off_fence();
 			if (off_load_acquire(&r->event) == snapshot && !off_read_once(&dev->stop))

@@ -193,6 +193,7 @@ struct dpa_engine {
 	uint32_t inflight;     /* active ops; read by the runtime to choose how to idle */
 	uint32_t inflight_bulk; /* of which move more than DPA_ENGINE_SMALL_BYTES per rank */
 	uint64_t failed_ranks;  /* the ring header's failed_ranks, as last read */
+	uint64_t wake_at;       /* earliest timer a pass waits for (dpa_hal_time_ns); 0: none */
 	struct dpa_team teams[OFFLOAD_MAX_TEAMS];
 	struct dpa_op ops[OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW];
 	struct dpa_vlayout vlayouts[OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW];
@@ -208,6 +209,16 @@ struct dpa_engine {
 #define DPA_MC_COPIED   4u  /* all-gather: own block copied into dst */
 #define DPA_MC_RECEIVED 8u  /* item 0 finished receiving: acknowledgements may go out */
 #define DPA_MC_COPYING  16u /* all-gather: the copy of our own block is posted */
+
+/* Ask the runtime to run a pass at `when` (dpa_hal_time_ns) even if no event comes:
+ * what a timeout needs, since no completion announces that time has passed. */
+static inline void dpa_wake_at(struct dpa_engine *eng, uint64_t when)
+{
+	uint64_t cur = off_read_once(&eng->wake_at);
+
+	while ((!cur || when < cur) && !off_cas(&eng->wake_at, &cur, when ? when : 1))
+		;
+}
 
 /* Algorithm registry entries, one per file. */
 extern const struct dpa_algo dpa_algo_broadcast_mcast;

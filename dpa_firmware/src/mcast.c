@@ -311,8 +311,10 @@ int dpa_mcast_receive(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 		missing = (uint64_t)(b->nchunks - b->got) * dpa_hal_mtu(hal);
 		grace = DPA_MCAST_MIN_GRACE_NS +
 			missing * 1000u / (eng->params.link_mbps ? eng->params.link_mbps : 1);
-		if (now - b->sent_all_ns < grace)
+		if (now - b->sent_all_ns < grace) {
+			dpa_wake_at(eng, b->sent_all_ns + grace);
 			continue;
+		}
 		work += refetch_round(eng, op, hal, st, b, world);
 		if (it0->inflight)
 			break;  /* one block's round at a time: a failed read names its round */
