@@ -549,3 +549,20 @@ def alltoallv_rows(stager: Stager, team: Any, s: Buffer, shape: tuple[int, int],
 
     return stager.submit("alltoallv_rows", [s, d], [_Piece(d2h, post, h2d)], sides.staging,
                          lambda op: op.pieces[0].value)
+
+
+def alltoallv_place(stager: Stager, team: Any, s: Buffer, shape: tuple[int, int], per_rank: Any,
+                    d: Buffer, dst_shape: tuple[int, int], place: Any) -> Any:
+    """GPU rows sent to host tables (the placed rows land in host memory directly)."""
+    size = s.itemsize
+    sides = _Sides(stager, False, s)
+    (src_h,) = sides.host
+    d2h = [Copy2D.flat(src_h.ctypes.data, s.addr, s.nbytes)] if s.on_gpu and s.nbytes else []
+
+    def post() -> Any:
+        table = _elem_view(src_h[:s.nbytes], size).reshape(shape)
+        return team.alltoallv_place(table, per_rank, _elem_view(_user_bytes(d), size)
+                                    .reshape(dst_shape), place)
+
+    return stager.submit("alltoallv_place", [s, d], [_Piece(d2h, post, _nothing)],
+                         sides.staging, lambda op: op.pieces[0].value)

@@ -6,14 +6,18 @@ every rank can recompute every other rank's routing and check what it received),
 per iteration and each after a barrier, ``Dispatcher.dispatch`` and ``Dispatcher.combine``.
 The "experts" are the identity scaled by the token's weights, computed once outside the timing.
 
-``--compare mpi`` times the mpi4py equivalent in the same processes, doing the same host work
-as offload_lib.moe: dispatch = the routing arithmetic and the gather of the rows, then
-``comm.Alltoall`` of the row counts, ``comm.Alltoallv`` of the rows and of the routing
-metadata; combine = ``comm.Alltoallv`` of the rows back, then the same sum (float32 for
-float16/float32 payloads, in rank order, rounded once).
+``--compare mpi`` times the usual mpi4py implementation in the same processes, with the same
+routing arithmetic as offload_lib.moe: dispatch = the gather of the rows into a send buffer,
+then ``comm.Alltoall`` of the row counts, ``comm.Alltoallv`` of the rows and of the routing
+metadata; combine = ``comm.Alltoallv`` of the rows back, packed by source rank, then
+``moe.sum_rows`` (gather each token's rows, add them). The offload side has the DPA do both
+scatters and gathers: dispatch gathers the rows from x by index, combine lands each row in
+its token's slot, so its host work is ``moe.sum_slots`` (contiguous adds). Sums are float32
+for float16/float32 payloads, in rank order, rounded once, on both sides.
 
-Rows of the table: one per phase. ``rows`` and ``bytes``: token rows a rank sends in that phase
-(mean over ranks); GB/s = bytes / time; time: median over iterations of the slowest rank.
+Rows of the table: one per phase, and "both" (dispatch + combine of the same iteration).
+``rows`` and ``bytes``: token rows a rank sends in that phase (mean over ranks); GB/s = bytes
+/ time; time: median over iterations of the slowest rank.
 """
 from __future__ import annotations
 
@@ -31,7 +35,7 @@ __all__ = ["aggregate", "check_args", "format_table", "routing", "token_rows", "
 
 SEED = 20261129
 DTYPES = ("float16", "float32", "float64")
-PHASES = ("dispatch", "combine")
+PHASES = ("dispatch", "combine", "both")  # both: dispatch + combine of one iteration
 
 
 # ---------------------------------------------------------------------------------------------
@@ -221,6 +225,8 @@ def _timed_pair(dispatch: Callable[[], Any], combine: Callable[[Any], Any],
             times["dispatch_cpu_s"].append(c1 - c0)
             times["combine_s"].append(t3 - t2)
             times["combine_cpu_s"].append(c3 - c2)
+            times["both_s"].append(t1 - t0 + t3 - t2)
+            times["both_cpu_s"].append(c1 - c0 + c3 - c2)
     return times
 
 
@@ -239,7 +245,8 @@ def work(ctx: Any, team: Any, comm: Any, args: argparse.Namespace) -> list[dict[
     nrecv = int(expected.recv_rows.sum())
     row_bytes = hidden * dt.itemsize
     entries = [{"phase": "dispatch", "rows": nsend, "bytes": nsend * row_bytes},
-               {"phase": "combine", "rows": nrecv, "bytes": nrecv * row_bytes}]
+               {"phase": "combine", "rows": nrecv, "bytes": nrecv * row_bytes},
+               {"phase": "both", "rows": nsend + nrecv, "bytes": (nsend + nrecv) * row_bytes}]
 
     def measure(which: str, dispatch: Callable[..., Any], combine: Callable[..., Any],
                 barrier: Callable[[], None]) -> None:
@@ -343,13 +350,14 @@ def format_table(meta: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
         f"iters: {meta.get('iters', '?')}  warmup: {meta.get('warmup', '?')}  "
         f"launcher: {meta.get('launcher', '?')}",
         "# offload: offload_lib.moe.Dispatcher dispatch (2 all-to-all-v: rows, routing "
-        "metadata) and combine (1 all-to-all-v + sum); counts exchanged by the DPA",
+        "metadata) and combine (1 placed all-to-all-v + sum); counts exchanged by the DPA",
     ]
     if compare:
         lines.append(f"# mpi: {meta.get('mpi', '?')} (mpi4py {meta.get('mpi4py', '?')}), same "
-                     "processes: dispatch = Alltoall(counts) + Alltoallv(rows) + "
-                     "Alltoallv(metadata), combine = Alltoallv(rows) + the same sum; same host "
-                     "work (routing, gather)")
+                     "processes: dispatch = gather + Alltoall(counts) + Alltoallv(rows) + "
+                     "Alltoallv(metadata), combine = Alltoallv(rows) + moe.sum_rows (gather, "
+                     "add); ours: the DPA gathers (dispatch) and places (combine) the rows, the "
+                     "host adds (moe.sum_slots)")
     lines += [
         "# time: median over iterations of the slowest rank; rows/bytes: token rows a rank "
         "sends (mean over ranks); GB/s = bytes/time (1e9); cpu_us: rank 0's thread CPU time",

@@ -29,6 +29,7 @@ OP_ALLGATHER = 7
 F_EXPECT = 1  # OFFLOAD_CMD_F_EXPECT
 F_ROWS = 2  # OFFLOAD_CMD_F_ROWS
 F_SLOTS = 4  # OFFLOAD_CMD_F_SLOTS
+F_PLACE = 8  # OFFLOAD_CMD_F_PLACE
 
 # access bits (offload_abi.h)
 _LOCAL_READ, _LOCAL_WRITE, _REMOTE_READ, _REMOTE_WRITE = 1, 2, 4, 8
@@ -116,21 +117,27 @@ def _src_dst(src: Any, dst: Any) -> tuple[Buffer, Buffer]:
     return s, d
 
 
-_ARGS_WORDS = 3 * MAX_RANKS + 3
+_ARGS_WORDS = 3 * MAX_RANKS + 4
+_ROWS_ADDR, _ROW_BYTES, _SLOT_BYTES, _PLACE_ADDR = (3 * MAX_RANKS + i for i in range(4))
 
 
 def _alltoallv_op(team: Team, s: Buffer, d: Buffer, send_bytes: np.ndarray,
-                  rows: np.ndarray | None = None) -> tuple[Any, np.ndarray]:
+                  rows: np.ndarray | None = None, place: np.ndarray | None = None
+                  ) -> tuple[Any, np.ndarray]:
     """The command and its struct offload_alltoallv_args (send_bytes, recv_bytes (out),
-    expect_bytes, rows_addr, row_bytes, slot_bytes) as one uint64 array that lives until
-    completion; a row list follows the struct in the same array, so that the one
-    registration host_post makes for the arguments covers it too."""
-    tail = 0 if rows is None else (rows.size + 1) // 2
-    args = np.zeros(_ARGS_WORDS + tail, np.uint64)
+    expect_bytes, rows_addr, row_bytes, slot_bytes, place_addr) as one uint64 array that
+    lives until completion; the row lists (uint32) follow the struct in the same array, so
+    that the one registration host_post makes for the arguments covers them too."""
+    lists = [(_ROWS_ADDR, rows), (_PLACE_ADDR, place)]
+    words = [0 if a is None else (a.size + 1) // 2 for _, a in lists]
+    args = np.zeros(_ARGS_WORDS + sum(words), np.uint64)
     args[:team.size] = send_bytes
-    if rows is not None and rows.size:
-        args[_ARGS_WORDS:].view(np.uint32)[:rows.size] = rows
-        args[3 * MAX_RANKS] = args.ctypes.data + _ARGS_WORDS * 8
+    at = _ARGS_WORDS
+    for (field, arr), nwords in zip(lists, words):
+        if arr is not None and arr.size:
+            args[at:at + nwords].view(np.uint32)[:arr.size] = arr
+            args[field] = args.ctypes.data + at * 8
+        at += nwords
     op = ffi.new("struct host_op *")
     op.opcode = OP_ALLTOALLV
     op.team = team.id
@@ -138,6 +145,19 @@ def _alltoallv_op(team: Team, s: Buffer, d: Buffer, send_bytes: np.ndarray,
     op.dst_addr, op.dst_len = d.addr, d.nbytes
     op.aux_addr, op.aux_len = args.ctypes.data, args.nbytes
     return op, args
+
+
+def _row_index(obj: Any, name: str, size: int, bound: int | None, what: str) -> np.ndarray:
+    """A 1-D integer row list of ``size`` entries, each in [0, bound) (or [0, 2**32))."""
+    index = np.asarray(obj)
+    if index.ndim != 1 or index.dtype.kind not in "iu":
+        raise InvalidArgument(f"{name} must be a 1-D array of integer row indices")
+    if index.size != size:
+        raise InvalidArgument(f"{name} holds {index.size} indices but rows_per_rank adds up to {size}")
+    limit = bound if bound is not None else 1 << 32
+    if index.size and (int(index.min()) < 0 or int(index.max()) >= limit):
+        raise InvalidArgument(f"{name} must index {what}")
+    return index
 
 
 def _counts(counts: Any, n: int, name: str) -> np.ndarray:
@@ -256,7 +276,7 @@ class Team:
                 )
             if any(c > slot for c in sends.tolist()):
                 raise InvalidArgument(f"send_counts {sends.tolist()} must each fit a slot of {slot}")
-            args[3 * MAX_RANKS + 2] = slot * s.itemsize
+            args[_SLOT_BYTES] = slot * s.itemsize
             op.flags |= F_SLOTS
         if recv_counts is not None:
             expect = _counts(recv_counts, n, "recv_counts")
@@ -290,19 +310,11 @@ class Team:
         s, d = _src_dst(src, dst)
         table_rows, row_elems = int(shape[0]), int(shape[1])
         per_rank = _counts(rows_per_rank, n, "rows_per_rank")
-        index = np.asarray(rows)
-        if index.ndim != 1 or index.dtype.kind not in "iu":
-            raise InvalidArgument("rows must be a 1-D array of integer row indices")
-        if index.size != sum(per_rank.tolist()):
-            raise InvalidArgument(
-                f"rows holds {index.size} indices but rows_per_rank adds up to "
-                f"{sum(per_rank.tolist())}"
-            )
-        if index.size and (int(index.min()) < 0 or int(index.max()) >= table_rows):
-            raise InvalidArgument(f"rows must index src's {table_rows} rows")
+        index = _row_index(rows, "rows", sum(per_rank.tolist()), table_rows,
+                           f"src's {table_rows} rows")
         row_bytes = row_elems * s.itemsize
         op, args = _alltoallv_op(self, s, d, per_rank * row_bytes, index)
-        args[3 * MAX_RANKS + 1] = row_bytes
+        args[_ROW_BYTES] = row_bytes
         op.flags |= F_ROWS
 
         def received(_: Any) -> np.ndarray:
@@ -314,6 +326,50 @@ class Team:
                                                              index, per_rank, d),
                            (args,), received, nbytes=int(index.size) * row_bytes,
                            itemsize=s.itemsize)
+
+    def alltoallv_place(self, src: Any, rows_per_rank: Any, dst: Any, place: Any) -> Request:
+        """All-to-all-v of rows that land where the receivers want them (MoE combine), the
+        mirror of ``alltoallv_rows``: ``src`` [R, row] sends its rows in order, the next
+        ``rows_per_rank[j]`` to rank j, and the k-th of them lands at row ``place[k]`` of
+        rank j's ``dst`` [D, row] (every rank calls this, with the same row size). Rows
+        nobody places keep their contents. The DPA writes each row where it belongs, so the
+        receiving host scatters nothing; a row outside rank j's table fails the op on both
+        sides before anything is written. ``wait()`` returns the rows received from each
+        rank (numpy int64)."""
+        ctx = self._ctx
+        ctx._check_open()
+        n = self.size
+        for name, arr in (("src", src), ("dst", dst)):
+            shape = getattr(arr, "shape", None)
+            if shape is None or len(shape) != 2:
+                raise InvalidArgument(f"{name} must be a 2-D table of rows (e.g. [tokens, hidden])")
+        if int(src.shape[1]) != int(dst.shape[1]):
+            raise InvalidArgument(f"src rows have {src.shape[1]} elements but dst rows "
+                                  f"{dst.shape[1]}: use the same row size")
+        s, d = _src_dst(src, dst)
+        if d.on_gpu:
+            raise InvalidArgument("dst must be host memory: placed rows land by index in a "
+                                  "registered host table (src may be on the GPU)")
+        per_rank = _counts(rows_per_rank, n, "rows_per_rank")
+        nrows = sum(per_rank.tolist())
+        if nrows > int(src.shape[0]):
+            raise InvalidArgument(f"rows_per_rank adds up to {nrows} rows but src holds "
+                                  f"{int(src.shape[0])}")
+        index = _row_index(place, "place", nrows, None, "dst rows (0 <= place < 2**32)")
+        row_bytes = int(src.shape[1]) * s.itemsize
+        op, args = _alltoallv_op(self, s, d, per_rank * row_bytes, place=index)
+        args[_ROW_BYTES] = row_bytes
+        op.flags |= F_PLACE
+
+        def received(_: Any) -> np.ndarray:
+            got = args[MAX_RANKS:MAX_RANKS + n]
+            return (got // row_bytes if row_bytes else got).astype(np.int64)
+
+        return ctx._submit(op, "alltoallv_place", (s, d),
+                           lambda g: _staging.alltoallv_place(g, self, s, tuple(src.shape),
+                                                              per_rank, d, tuple(dst.shape),
+                                                              index),
+                           (args,), received, nbytes=nrows * row_bytes, itemsize=s.itemsize)
 
     # -- multicast --------------------------------------------------------------------------
     def broadcast(self, buf: Any, root: int = 0) -> Request:

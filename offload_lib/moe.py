@@ -236,15 +236,21 @@ def get_layout(topk_idx: Any, num_experts: int, num_ranks: int) -> tuple[Any, An
 class Handle:
     """What ``combine`` needs to send rows back and add them up; returned by ``dispatch``."""
 
-    __slots__ = ("dispatcher", "num_tokens", "recv_rows", "send_rows", "send_tokens")
+    __slots__ = ("dispatcher", "num_tokens", "recv_rows", "send_rows", "send_tokens",
+                 "recv_place", "contributions")
 
     def __init__(self, dispatcher: Dispatcher, num_tokens: int, send_tokens: np.ndarray,
-                 send_rows: np.ndarray, recv_rows: np.ndarray) -> None:
+                 send_rows: np.ndarray, recv_rows: np.ndarray, recv_place: np.ndarray,
+                 contributions: np.ndarray) -> None:
         self.dispatcher = dispatcher
         self.num_tokens = num_tokens
         self.send_tokens = send_tokens  # source token of each sent row, grouped by destination
         self.send_rows = send_rows  # rows sent to each rank
         self.recv_rows = recv_rows  # rows received from each rank
+        # combine: where each received row goes back to (its source's slot c, token t:
+        # row c * max_tokens_per_rank + t of the source's combine table)
+        self.recv_place = recv_place
+        self.contributions = contributions  # ranks each of our tokens went to
 
     @property
     def num_recv_rows(self) -> int:
@@ -290,11 +296,10 @@ class Dispatcher:
         self._payload = _payload(dtype)
         self.dtype = self._payload.name
         max_rows = size * self.max_tokens_per_rank  # sent by one rank, or received by one
-        # combine's receive buffer ("rows grouped by source rank, in token order"), and one
-        # zero row after them
-        self._stage = self._alloc((max_rows + 1) * self.hidden, self._payload.wire)
+        # combine's table: row c * max_tokens_per_rank + t holds the c-th rank's output for
+        # token t (a token goes to at most `size` ranks), placed there by the DPA
+        self._stage = self._alloc(max_rows * self.hidden, self._payload.wire)
         self._recv = self._alloc(max_rows * self.hidden, self._payload.wire)
-        self._scratch = np.empty(self.max_tokens_per_rank * self.hidden, self._payload.wire)
         self._recv_gpu: Any = None  # dispatch's receive buffer on the GPU, made on first use
         self._meta_width = 0
         self._meta_send = self._meta_recv = np.empty(0, np.int64)
@@ -422,14 +427,18 @@ class Dispatcher:
 
         hidden = self.hidden
 
-        width = k if w is None else 2 * k
+        # Metadata per row: local expert ids, weights, and where combine lands the row's
+        # output here (the token's c-th rank, c counted in rank order).
+        width = (k if w is None else 2 * k) + 1
         meta_send, meta_recv = self._meta_buffers(width)
         meta = meta_send[:nsend * width].reshape(nsend, width)
         mine = owners[tok] == dest[:, None]
         first_of_dest = (dest * self.num_local_experts)[:, None]
         np.copyto(meta[:, :k], np.where(mine, idx[tok] - first_of_dest, -1))
         if w is not None:
-            meta[:, k:].view(np.float64)[...] = np.where(mine, w[tok], 0.0)
+            meta[:, k:2 * k].view(np.float64)[...] = np.where(mine, w[tok], 0.0)
+        nth_rank = np.cumsum(in_rank, axis=1, dtype=np.int64) - 1
+        meta[:, -1] = nth_rank[tok, dest] * self.max_tokens_per_rank + tok
 
         team = self.team
         # The DPA gathers the token rows straight from x: no send buffer, no host copy.
@@ -449,8 +458,9 @@ class Dispatcher:
         nrecv = int(recv_rows.sum())
         got = meta_recv[:nrecv * width].reshape(nrecv, width)
         recv_idx = got[:, :k].copy()
-        recv_w = None if w is None else got[:, k:].view(np.float64).astype(w_dtype)
-        handle = Handle(self, tokens, tok.astype(np.int64), send_rows, recv_rows)
+        recv_w = None if w is None else got[:, k:2 * k].view(np.float64).astype(w_dtype)
+        handle = Handle(self, tokens, tok.astype(np.int64), send_rows, recv_rows,
+                        got[:, -1].copy(), in_rank.sum(axis=1))
         if gpu:
             out_w = None
             if recv_w is not None:
@@ -481,22 +491,18 @@ class Dispatcher:
             raise InvalidArgument(
                 f"y has {yr.shape[0]} rows but dispatch delivered {handle.num_recv_rows}: "
                 "one output row per row of recv_x")
-        hidden = self.hidden
-        nsend = handle.send_tokens.size
-        src = _gpu_view(yr, self._payload.wire).reshape(-1) if gpu else \
-            np.ascontiguousarray(yr).reshape(-1)
-        req = self.team.alltoallv(src, handle.recv_rows * hidden, self._stage)
-        got = np.asarray(req.wait(), np.int64)
-        if (got != handle.send_rows * hidden).any():
+        src = _gpu_view(yr, self._payload.wire) if gpu else np.ascontiguousarray(yr)
+        # Each row lands in its token's slot of our table: no unpacking, no gather.
+        table = self._stage.reshape(-1, self.hidden)
+        got = np.asarray(self.team.alltoallv_place(src, handle.recv_rows, table,
+                                                   handle.recv_place).wait(), np.int64)
+        if (got != handle.send_rows).any():
             raise OffloadError(
-                f"combine: received {got.tolist()} elements but dispatch sent "
-                f"{(handle.send_rows * hidden).tolist()}: every rank must combine the handle of "
-                "the same dispatch")
-        # One zero row past the returned ones stands in for a token's missing contributions.
-        back = self._stage[:(nsend + 1) * hidden].reshape(nsend + 1, hidden)
-        back[nsend] = 0
-        out = sum_rows(back, handle.send_tokens, handle.num_tokens, self._payload.name,
-                       self._scratch)
+                f"combine: received {got.tolist()} rows but dispatch sent "
+                f"{handle.send_rows.tolist()}: every rank must combine the handle of the same "
+                "dispatch")
+        out = sum_slots(table, handle.contributions, self.max_tokens_per_rank,
+                        self._payload.name)
         return self._finish(out, y)
 
     def _finish(self, out: np.ndarray, like: Any) -> Any:
@@ -509,6 +515,55 @@ class Dispatcher:
         if _gpu_kind(like):
             return _to_device(raw, like)
         return raw.view(_user_dtype(like))
+
+
+def sum_slots(table: np.ndarray, contributions: np.ndarray, stride: int,
+              payload: str) -> np.ndarray:
+    """out[t] = the sum over c < contributions[t] of table[c * stride + t], widened to the
+    payload's accumulation type (combine's host work). Slot c holds the token's c-th
+    contribution; where a token has fewer, slot c is stale and is left out: zeroed when
+    most tokens have a c-th contribution (then one contiguous add), else added only where
+    present."""
+    p = _PAYLOADS[payload]
+    num_tokens, hidden = contributions.size, table.shape[1]
+    depth = int(contributions.max()) if num_tokens else 0
+    rows = table.view(np.uint16) if payload == "bfloat16" else table.view(payload)
+
+    def slot(c: int) -> np.ndarray:
+        part = rows[c * stride:c * stride + num_tokens]
+        return _bf16_bits_to_f32(part) if payload == "bfloat16" else part
+
+    def dense(c: int) -> np.ndarray | None:
+        """Slot c with its stale rows zeroed, or None when most tokens lack a c-th row."""
+        has = contributions > c
+        present = int(np.count_nonzero(has))
+        if 2 * present < num_tokens:
+            return None
+        if present < num_tokens:
+            rows[c * stride:c * stride + num_tokens][~has] = 0
+        return slot(c)
+
+    if depth == 0:
+        return np.zeros((num_tokens, hidden), p.acc)
+    out = np.empty((num_tokens, hidden), p.acc)
+    first = dense(0)
+    if first is None:
+        out[...] = 0
+        done = 0
+    elif depth > 1 and (second := dense(1)) is not None:
+        np.add(first, second, out=out)  # one pass for the common top-2 case
+        done = 2
+    else:
+        out[...] = first
+        done = 1
+    for c in range(done, depth):
+        full = dense(c)
+        if full is not None:
+            out += full
+        else:
+            picked = np.flatnonzero(contributions > c)
+            out[picked] += slot(c)[picked]
+    return out
 
 
 def sum_rows(back: np.ndarray, tokens: np.ndarray, num_tokens: int, payload: str,

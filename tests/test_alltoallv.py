@@ -632,6 +632,121 @@ def test_alltoallv_rows_bad_input(ctx, src, rows, per, match):
 
 
 # ---------------------------------------------------------------------------------------------
+# alltoallv_place: the DPA lands each row at the receiver's row the sender names (MoE combine)
+
+PLACE_SCRIPT = r'''
+ctx = ol.init()
+D, H = 60, 5
+
+
+def plan(trial, s):
+    """Rank s's rows_per_rank and, for each receiver j, where its rows land on j (distinct
+    rows of j's table across all senders; every rank can recompute every plan)."""
+    rng = np.random.default_rng(7000 * trial + s)
+    per = rng.integers(0, 12, size=size)
+    if trial % 4 == 1:
+        per[(trial + s) % size] = 0
+    if trial % 5 == 0:
+        per[:] = 0
+    return per
+
+
+def places(trial, j):
+    """Receiver j's table rows, handed out to the senders in rank order."""
+    rng = np.random.default_rng(9000 * trial + j)
+    order = rng.permutation(D)
+    if trial % 3 == 0:
+        order = np.sort(order)  # consecutive rows: one write per run
+    out, at = [], 0
+    for s in range(size):
+        c = int(plan(trial, s)[j])
+        out.append(order[at:at + c])
+        at += c
+    return out
+
+
+for trial in range(12):
+    per = plan(trial, rank)
+    place = np.concatenate([places(trial, j)[rank] for j in range(size)]).astype(np.int64)
+    extra = trial % 2  # src may hold rows past the ones sent
+    src = np.arange((per.sum() + extra) * H, dtype=np.int32).reshape(-1, H) + 10000 * rank
+    dst = ctx.empty((D, H), np.int32) if trial % 2 else np.empty((D, H), np.int32)
+    dst[...] = -1
+    got = ctx.world.alltoallv_place(src, per, dst, place).wait(timeout=20)
+    want = np.full((D, H), -1, np.int32)
+    for s in range(size):
+        ps = plan(trial, s)
+        start = int(ps[:rank].sum())
+        rows = np.arange(start, start + ps[rank])
+        want[places(trial, rank)[s]] = (rows[:, None] * H + np.arange(H)) + 10000 * s
+    assert got.tolist() == [int(plan(trial, s)[rank]) for s in range(size)], got
+    check_equal(dst.reshape(-1), want.reshape(-1), f"trial {trial}")
+
+# A row outside the receiver's table: the sender's op fails naming that rank, the
+# receiver's fails too, nothing lands anywhere, and the team works for the next op.
+if size > 1:
+    dst = np.full((4, H), -1, np.int32)
+    bad = 4 if rank == 0 else 0  # rank 0 aims past rank 1's last row
+    place = np.array([0 if j != 1 else bad for j in range(size)], np.int64)
+    try:
+        ctx.world.alltoallv_place(np.full((size, H), rank + 1, np.int32), [1] * size, dst,
+                                  place).wait(timeout=20)
+        outcome = "ok"
+    except ol.OffloadError as e:
+        outcome = f"{type(e).__name__}: {e}"
+    if rank == 0:
+        assert outcome.startswith("InvalidArgument") and "rank 1 is involved" in outcome, outcome
+    elif rank == 1:
+        assert outcome.startswith("OffloadError") and "rank 0 failed" in outcome, outcome
+        assert not (dst == 1).any(), f"rank 0's row landed: {dst}"
+    # placed on one side, packed on the other: refused on both, nothing written
+    dst = np.full((size, H), -1, np.int32)
+    src = np.ones((size, H), np.int32)
+    try:
+        if rank == 0:
+            ctx.world.alltoallv_place(src, [1] * size, dst, np.arange(size)).wait(timeout=20)
+        else:
+            ctx.world.alltoallv(src.reshape(-1), [H] * size, dst.reshape(-1)).wait(timeout=20)
+        outcome = "ok"
+    except ol.OffloadError as e:
+        outcome = type(e).__name__
+    assert outcome != "ok", outcome
+    dst = np.full((size, H), -1, np.int32)
+    got = ctx.world.alltoallv_place(np.full((size, H), rank, np.int32), [1] * size, dst,
+                                    np.full(size, rank)).wait(timeout=20)
+    assert got.tolist() == [1] * size
+    check_equal(dst, np.repeat(np.arange(size, dtype=np.int32), H).reshape(size, H), "after")
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [1, 2, 3, 5])
+def test_alltoallv_place_lands_rows_by_index(n):
+    run_ranks(n, PLACE_SCRIPT, timeout=90)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("src, per, dst, place, match", [
+    (np.zeros(12, np.int32), [1], np.zeros((4, 3), np.int32), [0], "2-D"),
+    (np.zeros((4, 3), np.int32), [1], np.zeros(12, np.int32), [0], "2-D"),
+    (np.zeros((4, 3), np.int32), [1], np.zeros((4, 2), np.int32), [0], "same row size"),
+    (np.zeros((4, 3), np.int32), [5], np.zeros((4, 3), np.int32), [0] * 5, "src holds 4"),
+    (np.zeros((4, 3), np.int32), [2], np.zeros((4, 3), np.int32), [0], "adds up"),
+    (np.zeros((4, 3), np.int32), [1], np.zeros((4, 3), np.int32), [-1], "index"),
+    (np.zeros((4, 3), np.int32), [1], np.zeros((4, 3), np.int32), [2**32], "index"),
+    (np.zeros((4, 3), np.int32), [1], np.zeros((4, 3), np.int32), [0.5], "integer"),
+    (np.zeros((4, 3), np.int32), [-1], np.zeros((4, 3), np.int32), [], "negative"),
+    (np.zeros((4, 3), np.int32), [1], np.zeros((4, 3), np.float32), [0], "same dtype"),
+    (np.zeros((4, 3), np.int32), [1], np.zeros((4, 6), np.int32)[:, ::2], [0], "C-contiguous"),
+], ids=["flat-src", "flat-dst", "row-size", "more-than-src", "count-mismatch", "negative",
+        "too-large", "float-index", "negative-count", "dtype", "strided-dst"])
+def test_alltoallv_place_bad_input(ctx, src, per, dst, place, match):
+    with pytest.raises(InvalidArgument, match=match):
+        ctx.world.alltoallv_place(src, per, dst, place)
+
+
+# ---------------------------------------------------------------------------------------------
 # slot mode: fixed per-source slots, no count round (DeepEP's low-latency layout)
 
 SLOTS_SCRIPT = r'''

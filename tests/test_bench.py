@@ -475,9 +475,12 @@ def test_end_to_end_moe(capsys):
     assert bench.main(argv) == 0
     out = capsys.readouterr().out
     rows = data_rows(out)
-    assert [r[0] for r in rows] == ["dispatch", "combine"] and all(len(r) == 6 for r in rows)
-    assert all(float(r[3]) > 0 for r in rows)
+    assert [r[0] for r in rows] == ["dispatch", "combine", "both"]
+    assert all(len(r) == 6 and float(r[3]) > 0 for r in rows)
     assert float(rows[0][2]) == float(rows[0][1]) * 40 * 2  # bytes = rows * hidden * 2
+    # both = dispatch + combine: rows and bytes add up, so does time (per iteration)
+    assert float(rows[2][1]) == float(rows[0][1]) + float(rows[1][1])
+    assert float(rows[2][3]) >= 0.9 * max(float(rows[0][3]), float(rows[1][3]))
 
 
 @pytest.mark.timeout(120)
@@ -490,6 +493,6 @@ def test_end_to_end_moe_compare_mpi(capsys):
                        "--buffers", "shared"]) == 0
     out = capsys.readouterr().out
     rows = data_rows(out)
-    assert [r[0] for r in rows] == ["dispatch", "combine"]
+    assert [r[0] for r in rows] == ["dispatch", "combine", "both"]
     assert all(len(r) == 10 and float(r[6]) > 0 and float(r[9]) > 0 for r in rows)
     assert "Alltoall(counts) + Alltoallv(rows) + Alltoallv(metadata)" in out

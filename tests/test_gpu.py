@@ -138,6 +138,16 @@ want = np.stack([np.arange(24, dtype=np.float32).reshape(6, 4)[rows[me]] + 100 *
                  for i in range(n)])
 check_equal(out.host(), want, "rows from a GPU table")
 
+# GPU rows placed by index into host tables (MoE combine): row j of ours lands at row
+# me + 1 of rank j's table
+landing = np.full((n + 2, 4), -1, np.float32)
+got = team.alltoallv_place(table, per_rank, landing, np.full(n, me + 1)).wait(timeout=60)
+check_equal(got, np.ones(n, np.int64), "placed rows received")
+want = np.full((n + 2, 4), -1, np.float32)
+for i in range(n):
+    want[i + 1] = np.arange(24, dtype=np.float32).reshape(6, 4)[me] + 100 * i
+check_equal(landing, want, "GPU rows placed in a host table")
+
 # host src, GPU dst and the reverse; a DLPack-only exporter
 count = 1000
 host_src = np.concatenate([pattern(me, j, count, "float32") for j in range(n)])
@@ -188,6 +198,8 @@ refused(lambda: team.alltoall(a, dev(8, "float64")), ["float64"])
 refused(lambda: team.alltoall(a, dev(8, "float32", stream=LEGACY_STREAM)), ["streams"])
 refused(lambda: team.alltoall_init(a, b), ["persistent", "GPU"])
 refused(lambda: team.alltoall(a, dev(6, "float32")), ["elements"])
+refused(lambda: team.alltoallv_place(dev((2, 4), "float32"), [1, 1], dev((2, 4), "float32"),
+                                     [0, 1]), ["host memory"])
 
 # A destination too small on rank 1: its wait() says so, rank 0 learns rank 1 failed, and
 # both users' streams go on (the completion word is raised on errors too).

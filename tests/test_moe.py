@@ -239,6 +239,24 @@ class FakeTeam:
         dst.reshape(-1)[:recv.sum()] = np.concatenate(parts)
         return _FakeRequest(recv)
 
+    def alltoallv_place(self, src, rows_per_rank, dst, place):
+        n, w = self.size, self.world
+        assert src.ndim == 2 and dst.ndim == 2 and src.shape[1] == dst.shape[1]
+        assert dst.flags.c_contiguous and dst.flags.writeable and src.dtype == dst.dtype
+        per, place = np.asarray(rows_per_rank), np.asarray(place)
+        assert place.ndim == 1 and place.size == per.sum() <= src.shape[0]
+        ends = np.cumsum(per)
+        self.posts += 1
+        key = (self.posts, self.rank)
+        w.slots[key] = [(src[e - c:e].copy(), place[e - c:e].copy()) for c, e in zip(per, ends)]
+        w.barrier.wait()
+        parts = [w.slots[(self.posts, i)][self.rank] for i in range(n)]
+        w.barrier.wait()
+        del w.slots[key]
+        for rows, where in parts:
+            assert not where.size or where.max() < dst.shape[0], "a row placed outside dst"
+            dst[where] = rows
+        return _FakeRequest(np.array([rows.shape[0] for rows, _ in parts], np.int64))
 
     def alltoallv_rows(self, src, rows, rows_per_rank, dst):
         assert isinstance(src, np.ndarray) and src.ndim == 2 and src.flags.c_contiguous
@@ -289,7 +307,7 @@ class _NoPostTeam:
     def alltoallv(self, *args, **kwargs):
         raise AssertionError("something was posted before the arguments were checked")
 
-    alltoallv_rows = alltoallv
+    alltoallv_rows = alltoallv_place = alltoallv
 
 
 # -- 1. argument checks and layout, in this process ----------------------------------------------
@@ -572,6 +590,31 @@ def test_torch_cpu_tensors(test_seed):
     pytest.importorskip("torch")
     out = run_ranks(3, TORCH, timeout=50, env={"MOE_SEED": str(test_seed)})
     assert all(o.splitlines()[-1] == "ok" for o in out), out
+
+
+@pytest.mark.parametrize("payload", ["float32", "float16", "bfloat16", "float64"])
+@pytest.mark.parametrize("shape", ["top2", "sparse-tail", "sparse-first", "none"])
+def test_sum_slots_matches_a_loop(payload, shape):
+    """combine's sum over the placed table: slot c of token t holds its c-th contribution;
+    stale rows (from an earlier combine) past a token's count never leak into its sum, in
+    the dense (zeroed, then one add) and the sparse (added where present) cases."""
+    rng = np.random.default_rng(12)
+    num_tokens, hidden, stride, depth = 41, 6, 50, 4
+    counts = {"top2": rng.choice([1, 2, 2, 2], num_tokens),
+              "sparse-tail": rng.choice([1, 1, 1, 2, 3, 4], num_tokens),
+              "sparse-first": rng.choice([0, 0, 0, 1], num_tokens),
+              "none": np.zeros(num_tokens, np.int64)}[shape]
+    wire = np.int16 if payload == "bfloat16" else np.dtype(payload)
+    vals = rng.integers(-60, 60, (depth * stride, hidden)).astype(np.float32)
+    table = (moe._f32_to_bf16_bits(vals) if payload == "bfloat16" else vals.astype(wire))
+    table = np.ascontiguousarray(table)
+    want = np.zeros((num_tokens, hidden), np.float64 if payload == "float64" else np.float32)
+    for t in range(num_tokens):
+        for c in range(int(counts[t])):
+            want[t] += vals[c * stride + t]
+    got = moe.sum_slots(table, counts, stride, payload)
+    assert got.dtype == want.dtype and got.shape == want.shape
+    np.testing.assert_array_equal(got, want)
 
 
 @pytest.mark.parametrize("payload", ["float32", "float16", "bfloat16", "float64"])

@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define OFFLOAD_ABI_VERSION 5u
+#define OFFLOAD_ABI_VERSION 6u
 
 #define OFFLOAD_MAX_RANKS   64u   /* ranks in one job (team members index peer tables) */
 #define OFFLOAD_MAX_TEAMS   16u   /* teams alive at once, world included */
@@ -57,6 +57,7 @@ enum offload_opcode {
 #define OFFLOAD_CMD_F_EXPECT (1u << 0)  /* alltoallv: check arrivals against expect_bytes */
 #define OFFLOAD_CMD_F_ROWS   (1u << 1)  /* alltoallv: gather src rows by index (rows_addr) */
 #define OFFLOAD_CMD_F_SLOTS  (1u << 2)  /* alltoallv: fixed slots, no count round (slot_bytes) */
+#define OFFLOAD_CMD_F_PLACE  (1u << 3)  /* alltoallv: land rows at receiver rows by index (place_addr) */
 
 /* Memory access rights, carried by registrations (rkeys/lkeys). */
 #define OFFLOAD_ACCESS_LOCAL_READ   (1u << 0)
@@ -139,6 +140,7 @@ struct offload_ready {
 };
 
 #define OFFLOAD_READY_REFUSED (1u << 0)
+#define OFFLOAD_READY_PLACED  (1u << 1)  /* addr/len is the whole table: land rows by index */
 
 /* What a sender will send (all-to-all-v), published into the receiver's control region
  * before the receiver lays out its destination. seq is written last. */
@@ -162,6 +164,13 @@ struct offload_alltoallv_args {
 	 * in team-rank order, published at intake; each sender writes at most that much and
 	 * announces its byte count with its done signal, so there is no count round. */
 	uint64_t slot_bytes;
+	/* With OFFLOAD_CMD_F_PLACE (MoE combine), the mirror of F_ROWS: dst is a table of
+	 * row_bytes rows, and the k-th row this rank sends to rank j lands at row
+	 * place_addr[k] of rank j's dst (uint32, concatenated in team-rank order like rows).
+	 * Every rank of the op sets it; receivers publish their whole table and each sender
+	 * checks its indices against it before writing, so the host never scatters the
+	 * arrivals. May be combined with F_ROWS (gather by index, land by index). */
+	uint64_t place_addr;
 };
 
 /*
@@ -217,7 +226,7 @@ _Static_assert(sizeof(struct offload_peer) == 16, "peer entry");
 _Static_assert(sizeof(struct offload_team_desc) == 16 + 16 * OFFLOAD_MAX_RANKS, "team desc");
 _Static_assert(sizeof(struct offload_ready) == 32, "ready descriptor");
 _Static_assert(sizeof(struct offload_count) == 16, "count descriptor");
-_Static_assert(sizeof(struct offload_alltoallv_args) == 24 * OFFLOAD_MAX_RANKS + 24,
+_Static_assert(sizeof(struct offload_alltoallv_args) == 24 * OFFLOAD_MAX_RANKS + 32,
 	       "alltoallv args");
 _Static_assert(sizeof(struct offload_thread_stats) == 128, "stats are two cache lines");
 

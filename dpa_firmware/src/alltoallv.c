@@ -9,6 +9,11 @@
  * exchange step (p2p.c). A destination too small for what arrives fails this rank's op
  * with OFFLOAD_ERR_NO_SPACE (needed/available in the completion) and answers every
  * sender with a refused ready, so the senders fail cleanly too, and nobody writes.
+ *
+ * Placed (OFFLOAD_CMD_F_PLACE, MoE combine): nothing is packed. Every receiver publishes
+ * its whole destination table to every source, marked PLACED, and each sender lands its
+ * rows at the receiver's rows its list names, after checking every index against the
+ * table: the scatter is done by the writes, not by the receiving host.
  */
 #include "engine_internal.h"
 
@@ -20,30 +25,47 @@ static const struct offload_alltoallv_args *args_of(struct dpa_hal *hal, const s
 			       sizeof(struct offload_alltoallv_args));
 }
 
-/* Rows mode: every block a whole number of rows, every row index inside src. */
+/* A row list of nrows uint32 entries in the registered argument block, or NULL. */
+static const uint32_t *row_list(struct dpa_hal *hal, const struct dpa_op *op, uint64_t addr,
+				uint64_t nrows)
+{
+	if (addr & 3)
+		return NULL;
+	return dpa_hal_aux_ptr(hal, op->cmd.aux_key, addr, nrows * sizeof(uint32_t));
+}
+
+/* Rows and place modes: every block a whole number of rows; every gathered row index
+ * inside src (placed ones are checked against each receiver's table when its ready
+ * arrives). */
 static int check_rows(struct dpa_hal *hal, const struct dpa_op *op,
 		      const struct offload_alltoallv_args *args, struct dpa_vlayout *v,
 		      uint64_t total)
 {
 	uint64_t row_bytes = args->row_bytes, nrows, table_rows;
-	const uint32_t *rows;
+	const uint32_t *rows = NULL, *place = NULL;
 
 	if (!row_bytes || total % row_bytes)
 		return 0;
 	nrows = total / row_bytes;
-	table_rows = op->cmd.count / row_bytes;
-	/* The row list lives in the same registered argument block. */
-	rows = args->rows_addr & 3 ? NULL :
-	       dpa_hal_aux_ptr(hal, op->cmd.aux_key, args->rows_addr, nrows * sizeof(*rows));
-	if (nrows && !rows)
-		return 0;
-	for (uint64_t k = 0; k < nrows; k++)
-		if (rows[k] >= table_rows)
+	if (op->cmd.flags & OFFLOAD_CMD_F_ROWS) {
+		table_rows = op->cmd.count / row_bytes;
+		rows = row_list(hal, op, args->rows_addr, nrows);
+		if (nrows && !rows)
 			return 0;
+		for (uint64_t k = 0; k < nrows; k++)
+			if (rows[k] >= table_rows)
+				return 0;
+	}
+	if (op->cmd.flags & OFFLOAD_CMD_F_PLACE) {
+		place = row_list(hal, op, args->place_addr, nrows);
+		if (nrows && !place)
+			return 0;
+	}
 	for (uint32_t p = 0; p < OFFLOAD_MAX_RANKS; p++)
 		if (args->send_bytes[p] % row_bytes)
 			return 0;
 	v->rows = rows;
+	v->place = place;
 	v->row_bytes = row_bytes;
 	return 1;
 }
@@ -54,7 +76,8 @@ static int plan_sends(struct dpa_hal *hal, const struct dpa_op *op,
 {
 	uint64_t off = 0;
 
-	if (!args || (op->cmd.flags & ~(OFFLOAD_CMD_F_EXPECT | OFFLOAD_CMD_F_ROWS)))
+	if (!args || (op->cmd.flags & ~(OFFLOAD_CMD_F_EXPECT | OFFLOAD_CMD_F_ROWS |
+					 OFFLOAD_CMD_F_PLACE)))
 		return 0;
 	/* Re-check what crosses the boundary: the sends must fit in src. */
 	for (uint32_t p = 0; p < n; p++) {
@@ -65,7 +88,7 @@ static int plan_sends(struct dpa_hal *hal, const struct dpa_op *op,
 	}
 	if (off && !op->cmd.src_addr)
 		return 0;
-	if (op->cmd.flags & OFFLOAD_CMD_F_ROWS)
+	if (op->cmd.flags & (OFFLOAD_CMD_F_ROWS | OFFLOAD_CMD_F_PLACE))
 		return check_rows(hal, op, args, v, off);
 	return off <= op->cmd.count;
 }
@@ -76,13 +99,13 @@ static int a2av_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 	struct dpa_vlayout *v = &eng->vlayouts[op->index];
 	uint32_t n = team->size, me = team->my_rank;
 
-	v->rows = NULL;
+	v->rows = v->place = NULL;
 	v->row_bytes = 0;
 	if (!plan_sends(hal, op, args_of(hal, op), v, n)) {
 		/* Refused: announce zero bytes to everyone, so the peers still lay out. */
 		for (uint32_t p = 0; p < n; p++)
 			v->send_len[p] = v->send_off[p] = 0;
-		v->rows = NULL;
+		v->rows = v->place = NULL;
 		dpa_op_refuse(eng, op, OFFLOAD_ERR_INVALID);
 	}
 	op->v = v;
@@ -131,8 +154,9 @@ static int try_layout(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 		    mismatch == team->size)
 			mismatch = s;
 	}
-	/* A count recv_counts denies is the cause of a too-small destination, if both. */
-	if (!st && mismatch == team->size &&
+	/* A count recv_counts denies is the cause of a too-small destination, if both. Placed
+	 * rows are not packed: each sender checks its indices against the table instead. */
+	if (!st && mismatch == team->size && !(op->cmd.flags & OFFLOAD_CMD_F_PLACE) &&
 	    (total > op->cmd.dst_len || (total && !op->cmd.dst_addr)))
 		st = OFFLOAD_ERR_NO_SPACE;
 	op->result0 = total;
@@ -173,21 +197,32 @@ static int a2av_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 		work++;
 	}
 	if (!(it->flags & DPA_ITEM_READY_OUT)) {
+		int placed = !!(op->cmd.flags & OFFLOAD_CMD_F_PLACE);
+
 		if (!try_layout(eng, op, hal))
 			return work;
-		if (dpa_publish_ready(eng, op, hal, src, op->cmd.dst_addr + v->recv_off[src],
-				      op->refuse ? 0 : v->recv_len[src],
-				      op->refuse ? OFFLOAD_READY_REFUSED : 0) == DPA_HAL_EAGAIN)
+		if (dpa_publish_ready(eng, op, hal, src,
+				      op->cmd.dst_addr + (placed ? 0 : v->recv_off[src]),
+				      op->refuse ? 0 : placed ? op->cmd.dst_len : v->recv_len[src],
+				      op->refuse ? OFFLOAD_READY_REFUSED :
+				      placed ? OFFLOAD_READY_PLACED : 0) == DPA_HAL_EAGAIN)
 			return work;
 		it->flags |= DPA_ITEM_READY_OUT;
 		work++;
 	}
-	struct dpa_send send = { .addr = op->cmd.src_addr + v->send_off[dst], .len = v->send_len[dst] };
+	struct dpa_send send = { .addr = op->cmd.src_addr + v->send_off[dst], .len = v->send_len[dst],
+				 .placed = !!(op->cmd.flags & OFFLOAD_CMD_F_PLACE) };
 
-	if (v->rows) {
-		send.addr = op->cmd.src_addr;
-		send.rows = v->rows + v->send_off[dst] / v->row_bytes;
+	if (v->row_bytes) {
+		/* send_off counts bytes of src, or (rows) rows of the list in bytes' units */
+		uint64_t first = v->send_off[dst] / v->row_bytes;
+
 		send.row_bytes = v->row_bytes;
+		send.place = v->place ? v->place + first : NULL;
+		if (v->rows) {
+			send.addr = op->cmd.src_addr;
+			send.rows = v->rows + first;
+		}
 	}
 	return work + dpa_exchange_step(eng, op, i, hal, &send);
 }

@@ -79,6 +79,7 @@ struct dpa_vlayout {
 	uint64_t recv_off[OFFLOAD_MAX_RANKS];
 	uint64_t recv_len[OFFLOAD_MAX_RANKS];
 	const uint32_t *rows;                  /* OFFLOAD_CMD_F_ROWS: the host's row list */
+	const uint32_t *place;                 /* OFFLOAD_CMD_F_PLACE: the receivers' row list */
 	uint64_t row_bytes;
 };
 
@@ -88,9 +89,11 @@ struct dpa_send {
 	uint64_t addr;         /* the range's start, or the row table's */
 	uint64_t len;          /* bytes to send */
 	const uint32_t *rows;  /* NULL, or this block's row indices */
+	const uint32_t *place; /* NULL, or the receiver's row for each row of this block */
 	uint64_t row_bytes;
 	uint32_t slot;         /* the ready is a slot to fill up to its length, not an exact fit;
 				* the byte count is announced before the done signal */
+	uint32_t placed;       /* OFFLOAD_CMD_F_PLACE: the ready is the receiver's whole table */
 };
 
 struct dpa_op {

@@ -82,6 +82,25 @@ int dpa_item_begin(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct
 	return 1;
 }
 
+/* Placed rows: the receiver published a whole table (PLACED) and every index of ours
+ * falls inside it; a plain receiver and a placing sender (or the reverse) disagree. */
+static int ready_fits(const struct offload_ready *r, const struct dpa_send *send)
+{
+	uint64_t table_rows, nrows;
+
+	if (!send->placed)
+		return !(r->flags & OFFLOAD_READY_PLACED) &&
+		       (send->slot ? r->len >= send->len : r->len == send->len);
+	if (!(r->flags & OFFLOAD_READY_PLACED))
+		return 0;
+	table_rows = r->len / send->row_bytes;
+	nrows = send->len / send->row_bytes;
+	for (uint64_t k = 0; k < nrows; k++)
+		if (send->place[k] >= table_rows)
+			return 0;
+	return 1;
+}
+
 /* Returns 1 once the destination's ready for this op was seen (and judged). */
 static int take_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 		      struct dpa_item *it, uint32_t dst, const struct dpa_send *send)
@@ -99,8 +118,9 @@ static int take_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 	it->rkey = r->key;
 	if (r->flags & OFFLOAD_READY_REFUSED)
 		dpa_op_fail(op, OFFLOAD_ERR_PEER_OP, dst_world);
-	else if (send->slot ? r->len < send_len : r->len != send_len)
-		/* The ranks disagree on the block size, or the block overflows the slot. */
+	else if (!ready_fits(r, send))
+		/* The ranks disagree on the block size or mode, the block overflows the slot,
+		 * or a placed row falls outside the receiver's table. */
 		dpa_op_fail(op, OFFLOAD_ERR_INVALID, dst_world);
 	else
 		return 1;
@@ -123,31 +143,39 @@ static uint64_t post_range(struct dpa_engine *eng, struct dpa_op *op, struct dpa
 	return piece;
 }
 
-/* One gather write of the next rows (runs of adjacent rows merged into one piece), up to
- * DPA_HAL_MAX_SGE pieces and chunk_size bytes, at least one row; returns its length. */
+/*
+ * One write of the next rows: read from src rows by index (rows) or in order, landing at
+ * the receiver's rows by index (place) or in order. Adjacent rows merge into one piece,
+ * up to DPA_HAL_MAX_SGE pieces and chunk_size bytes, at least one row; a write ends where
+ * the receiver's rows stop being consecutive. Returns its length.
+ */
 static uint64_t post_rows(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 			  const struct dpa_item *it, uint32_t i, uint32_t peer,
 			  const struct dpa_send *send, int *rc)
 {
 	struct dpa_hal_sge sge[DPA_HAL_MAX_SGE];
-	uint64_t k = it->posted / send->row_bytes, nrows = send->len / send->row_bytes;
+	uint64_t rb = send->row_bytes, k = it->posted / rb, nrows = send->len / rb;
+	uint64_t raddr = send->place ? it->raddr + (uint64_t)send->place[k] * rb :
+				       it->raddr + it->posted;
 	uint64_t bytes = 0;
 	uint32_t n = 0;
 
-	for (; k < nrows && (bytes == 0 || bytes + send->row_bytes <= eng->params.chunk_size); k++) {
-		uint64_t addr = send->addr + (uint64_t)send->rows[k] * send->row_bytes;
+	for (; k < nrows && (bytes == 0 || bytes + rb <= eng->params.chunk_size); k++) {
+		uint64_t addr = send->addr + (send->rows ? (uint64_t)send->rows[k] : k) * rb;
 
+		if (bytes && send->place && it->raddr + (uint64_t)send->place[k] * rb != raddr + bytes)
+			break;
 		if (n && sge[n - 1].addr + sge[n - 1].len == addr) {
-			sge[n - 1].len += send->row_bytes;
+			sge[n - 1].len += rb;
 		} else {
 			if (n == DPA_HAL_MAX_SGE)
 				break;
-			sge[n++] = (struct dpa_hal_sge){ .addr = addr, .len = send->row_bytes };
+			sge[n++] = (struct dpa_hal_sge){ .addr = addr, .len = rb };
 		}
-		bytes += send->row_bytes;
+		bytes += rb;
 	}
-	*rc = dpa_hal_rdma_write_sg(hal, peer, sge, n, op->cmd.src_key, it->raddr + it->posted,
-				    it->rkey, dpa_wr_id(op, i, DPA_WR_DATA));
+	*rc = dpa_hal_rdma_write_sg(hal, peer, sge, n, op->cmd.src_key, raddr, it->rkey,
+				    dpa_wr_id(op, i, DPA_WR_DATA));
 	return bytes;
 }
 
@@ -170,8 +198,9 @@ static int put_chunks(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 	}
 	while (it->posted < send->len && posted < (int)eng->params.chunks_per_pass) {
 		int rc;
-		uint64_t len = send->rows ? post_rows(eng, op, hal, it, i, peer, send, &rc) :
-					    post_range(eng, op, hal, it, i, peer, send, &rc);
+		uint64_t len = send->rows || send->place ?
+			       post_rows(eng, op, hal, it, i, peer, send, &rc) :
+			       post_range(eng, op, hal, it, i, peer, send, &rc);
 
 		if (rc == DPA_HAL_EAGAIN)
 			break;
