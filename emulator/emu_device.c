@@ -93,7 +93,8 @@ static int job_bulk(const struct emu_device *dev)
  *    from the futex costs tens of microseconds (an IPI to a halted vCPU);
  *  - nothing in flight: a short yield, so that back-to-back ops find the thread awake.
  */
-static void park(struct emu_device *dev, uint32_t snapshot, enum dpa_engine_load load)
+static void park(struct emu_device *dev, uint32_t thread, uint32_t snapshot,
+		 enum dpa_engine_load load)
 {
 	struct emu_rank *r = &dev->ranks[dev->attr.rank];
 	uint32_t yield_us;
@@ -112,7 +113,7 @@ static void park(struct emu_device *dev, uint32_t snapshot, enum dpa_engine_load
 
 	while (off_load_acquire(&r->event) == snapshot && !off_read_once(&dev->stop)) {
 		uint64_t now = emu_now_ns();
-		uint64_t timer = dpa_engine_wake_at(dev->fw_state, now);
+		uint64_t timer = dpa_engine_wake_at(dev->fw_state, thread, now);
 
 		if (timer && timer <= now)
 			return;  /* a firmware timeout expired: no event will say so */
@@ -184,7 +185,7 @@ static void *progress_thread(void *arg)
 		if (off_read_once(&self->load) != (uint32_t)load)
 			off_write_once(&self->load, (uint32_t)load);
 		if (!work)
-			park(dev, snap, load);
+			park(dev, hal->index, snap, load);
 	}
 	return NULL;
 }

@@ -334,7 +334,8 @@ class Team:
         rank j's ``dst`` [D, row] (every rank calls this, with the same row size). Rows
         nobody places keep their contents. The DPA writes each row where it belongs, so the
         receiving host scatters nothing; a row outside rank j's table fails the op on both
-        sides before anything is written. ``wait()`` returns the rows received from each
+        sides before anything is written. Two rows placed at the same row (by one sender or
+        by several) land in no defined order. ``wait()`` returns the rows received from each
         rank (numpy int64)."""
         ctx = self._ctx
         ctx._check_open()
@@ -346,6 +347,8 @@ class Team:
         if int(src.shape[1]) != int(dst.shape[1]):
             raise InvalidArgument(f"src rows have {src.shape[1]} elements but dst rows "
                                   f"{dst.shape[1]}: use the same row size")
+        if int(src.shape[1]) == 0:
+            raise InvalidArgument("rows have no elements: placing needs rows of at least one")
         s, d = _src_dst(src, dst)
         if d.on_gpu:
             raise InvalidArgument("dst must be host memory: placed rows land by index in a "

@@ -551,7 +551,7 @@ def sum_slots(table: np.ndarray, contributions: np.ndarray, stride: int,
         out[...] = 0
         done = 0
     elif depth > 1 and (second := dense(1)) is not None:
-        np.add(first, second, out=out)  # one pass for the common top-2 case
+        np.add(first, second, out=out, dtype=p.acc)  # one pass for the common top-2 case
         done = 2
     else:
         out[...] = first

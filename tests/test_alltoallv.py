@@ -739,8 +739,9 @@ def test_alltoallv_place_lands_rows_by_index(n):
     (np.zeros((4, 3), np.int32), [-1], np.zeros((4, 3), np.int32), [], "negative"),
     (np.zeros((4, 3), np.int32), [1], np.zeros((4, 3), np.float32), [0], "same dtype"),
     (np.zeros((4, 3), np.int32), [1], np.zeros((4, 6), np.int32)[:, ::2], [0], "C-contiguous"),
+    (np.zeros((4, 0), np.int32), [1], np.zeros((4, 0), np.int32), [0], "no elements"),
 ], ids=["flat-src", "flat-dst", "row-size", "more-than-src", "count-mismatch", "negative",
-        "too-large", "float-index", "negative-count", "dtype", "strided-dst"])
+        "too-large", "float-index", "negative-count", "dtype", "strided-dst", "zero-width"])
 def test_alltoallv_place_bad_input(ctx, src, per, dst, place, match):
     with pytest.raises(InvalidArgument, match=match):
         ctx.world.alltoallv_place(src, per, dst, place)
@@ -829,3 +830,42 @@ ctx.close()
 @pytest.mark.timeout(60)
 def test_alltoallv_slot_overflow_is_refused_not_written():
     run_ranks(2, SLOT_DISAGREEMENT, timeout=45)
+
+
+MODE_DISAGREEMENT = r'''
+ctx = ol.init()
+H = 4
+src = np.full((size, H), rank + 1, np.int32)
+for other in ("plain", "placed"):
+    dst = np.full((2 * size, H), -1, np.int32)
+    start = time.monotonic()
+    try:
+        if rank == 0 and other == "plain":
+            ctx.world.alltoallv(src.reshape(-1), [H] * size, dst.reshape(-1)).wait(timeout=20)
+        elif rank == 0:
+            ctx.world.alltoallv_place(src, [1] * size, dst, np.arange(size)).wait(timeout=20)
+        else:
+            ctx.world.alltoallv(src.reshape(-1), [H] * size, dst.reshape(-1),
+                                slot=2 * H).wait(timeout=20)
+        outcome = "ok"
+    except ol.OffloadError as e:
+        outcome = type(e).__name__
+    # rank 0 waits for counts slot-mode ranks never send first: it sees their slot readies
+    # and refuses, instead of waiting for its op_timeout
+    assert time.monotonic() - start < 10, f"{other}: the mode mismatch took until a timeout"
+    assert outcome == ("InvalidArgument" if rank == 0 else "OffloadError"), (other, outcome)
+    if rank == 0:
+        check_equal(dst.reshape(-1), np.full(dst.size, -1, np.int32), f"{other}: rank 0's dst")
+dst = np.full(size * 8, -1, np.int32)
+got = ctx.world.alltoallv(np.arange(size, dtype=np.int32), [1] * size, dst, slot=8).wait(timeout=20)
+assert got.tolist() == [1] * size
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("n", [2, 3])
+def test_slot_mode_against_counted_or_placed_fails_fast(n):
+    """Ranks that disagree on the mode (slot against counted or placed) fail at once on
+    every rank, nothing lands in the counting rank's destination, and the team goes on."""
+    run_ranks(n, MODE_DISAGREEMENT, timeout=45)

@@ -133,6 +133,40 @@ def test_lost_last_chunks_are_fetched():
     assert int(out[1].split("REFETCHED")[1].split()[0]) >= 60
 
 
+NO_LOST_WAKEUPS = r'''
+ctx = ol.init()
+w = ctx.world
+per = 16 * 1024
+kinds = {"broadcast": lambda b, d: w.broadcast(b, root=k % size),
+         "allgather": lambda b, d: w.allgather(b, d)}
+for kind, post in kinds.items():
+    start = time.monotonic()
+    for k in range(60):
+        want = ((np.arange(per) + k) % 251).astype(np.uint8)
+        buf = want.copy() if kind == "allgather" or rank == k % size else np.zeros(per, np.uint8)
+        dst = np.empty(per * size, np.uint8)
+        post(buf, dst).wait(timeout=30)
+        check_equal(dst if kind == "allgather" else buf,
+                    np.tile(want, size) if kind == "allgather" else want, f"{kind} {k}")
+    took = time.monotonic() - start
+    print(kind, f"{took:.3f}")
+    # A flag one thread raises for a sibling's item, or a loss timeout nobody re-arms,
+    # leaves an op waiting for the 50 ms safety slice of a parked thread: 60 ops > 3 s.
+    assert took < 1.5, f"60 {kind}s took {took:.2f} s: a wake-up between DPA threads is lost"
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n, threads", [(2, 2), (3, 3)])
+def test_no_wakeup_is_lost_between_dpa_threads(n, threads):
+    """Several DPA threads per rank: the items of one multicast op live on different
+    threads and wait on each other's flags and on loss timeouts."""
+    run_ranks(n, NO_LOST_WAKEUPS, timeout=100,
+              env={"OFFLOAD_DPA_THREADS": str(threads), "OFFLOAD_MCAST_LOSS": "0.05",
+                   "OFFLOAD_MCAST_SEED": "5"})
+
+
 INJECTED = r'''
 ctx = ol.init()
 w = ctx.world

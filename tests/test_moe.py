@@ -617,6 +617,22 @@ def test_sum_slots_matches_a_loop(payload, shape):
     np.testing.assert_array_equal(got, want)
 
 
+@pytest.mark.parametrize("payload", ["float16", "bfloat16"])
+def test_sum_slots_accumulates_in_float32(payload):
+    """Half-precision contributions are added in float32 and rounded once (at the end, by
+    combine): three of 30000 make 90000, past float16's range, and 1 + 2**-11 + 2**-11 keeps
+    the bits each addend alone would round away."""
+    stride, hidden = 2, 2
+    vals = np.array([[30000, 1], [0, 0], [30000, 2**-11], [0, 0], [30000, 2**-11], [0, 0]],
+                    np.float32)
+    table = moe._f32_to_bf16_bits(vals) if payload == "bfloat16" else vals.astype(np.float16)
+    got = moe.sum_slots(table, np.array([3, 0]), stride, payload)
+    widened = (moe._bf16_bits_to_f32(table) if payload == "bfloat16"
+               else table.astype(np.float32)).reshape(3, stride, hidden)[:, 0]
+    np.testing.assert_array_equal(got[0], widened.sum(axis=0, dtype=np.float32))
+    assert got[0, 0] > 65504 and (got[1] == 0).all(), got
+
+
 @pytest.mark.parametrize("payload", ["float32", "float16", "bfloat16", "float64"])
 def test_sum_rows_matches_a_loop(payload):
     """combine's sum: every token's rows added in row order; tokens with no row are zero."""

@@ -43,11 +43,11 @@ enum dpa_engine_load {
 #define DPA_ENGINE_SMALL_BYTES (1024u * 1024u)
 enum dpa_engine_load dpa_engine_load(const void *state);
 /*
- * A timer the firmware waits on (a multicast receiver's loss timeout): run a pass at or
- * after the returned dpa_hal_time_ns, whatever the events say; 0 when there is none.
- * Consumed by the call that finds it expired (it returns 1 then): the pass that follows
- * sets it again if it still waits.
+ * A timer the firmware waits on in `thread` (dpa_hal_thread_index; a multicast receiver's
+ * loss timeout): run a pass of that thread at or after the returned dpa_hal_time_ns,
+ * whatever the events say; 0 when there is none. Consumed by the call that finds it
+ * expired (it returns 1 then): the pass that follows sets it again if it still waits.
  */
-uint64_t dpa_engine_wake_at(void *state, uint64_t now);
+uint64_t dpa_engine_wake_at(void *state, uint32_t thread, uint64_t now);
 
 #endif /* DPA_ENGINE_H */

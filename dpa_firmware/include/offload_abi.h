@@ -141,6 +141,7 @@ struct offload_ready {
 
 #define OFFLOAD_READY_REFUSED (1u << 0)
 #define OFFLOAD_READY_PLACED  (1u << 1)  /* addr/len is the whole table: land rows by index */
+#define OFFLOAD_READY_SLOT    (1u << 2)  /* a slot-mode receiver's slot: it sends no count first */
 
 /* What a sender will send (all-to-all-v), published into the receiver's control region
  * before the receiver lays out its destination. seq is written last. */

@@ -77,8 +77,7 @@ static int ag_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *ha
 	int work = 0, rc;
 
 	if (op->refuse || !len) {
-		__atomic_fetch_or(&op->mc_flags, DPA_MC_POSTED | DPA_MC_INJECTED | DPA_MC_RECEIVED,
-				  __ATOMIC_RELEASE);
+		dpa_mc_raise(op, hal, DPA_MC_POSTED | DPA_MC_INJECTED | DPA_MC_RECEIVED);
 		it->flags |= DPA_ITEM_FINISHED;
 		return 1;
 	}
@@ -88,7 +87,7 @@ static int ag_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *ha
 	if (!(off_read_once(&op->mc_flags) & DPA_MC_POSTED)) {
 		setup(eng, op, hal, st);
 		dpa_mcast_post(eng, op, hal, st);
-		__atomic_fetch_or(&op->mc_flags, DPA_MC_POSTED, __ATOMIC_RELEASE);
+		dpa_mc_raise(op, hal, DPA_MC_POSTED);
 		work++;
 	}
 	if (!(off_read_once(&op->mc_flags) & DPA_MC_COPYING)) {
@@ -117,7 +116,7 @@ static int ag_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *ha
 			__atomic_fetch_and(&op->mc_flags, ~DPA_MC_COPYING, __ATOMIC_RELEASE);
 			return work + 1;
 		}
-		__atomic_fetch_or(&op->mc_flags, DPA_MC_COPIED, __ATOMIC_RELEASE);
+		dpa_mc_raise(op, hal, DPA_MC_COPIED);
 		work++;
 	}
 	if (!(off_read_once(&op->mc_flags) & DPA_MC_INJECTED) &&
@@ -128,14 +127,14 @@ static int ag_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *ha
 			work += dpa_mcast_inject(op, hal, me * dpa_mcast_chunks(hal, len),
 						 op->cmd.src_addr, len, &done);
 		if (done) {
-			__atomic_fetch_or(&op->mc_flags, DPA_MC_INJECTED, __ATOMIC_RELEASE);
+			dpa_mc_raise(op, hal, DPA_MC_INJECTED);
 			work++;
 		}
 	}
 	work += dpa_mcast_receive(eng, op, hal, st);
 	if ((off_read_once(&op->mc_flags) & DPA_MC_INJECTED) && it->inflight == 0 &&
 	    (all_blocks_done(team, st) || off_load_acquire(&op->fail))) {
-		__atomic_fetch_or(&op->mc_flags, DPA_MC_RECEIVED, __ATOMIC_RELEASE);
+		dpa_mc_raise(op, hal, DPA_MC_RECEIVED);
 		it->flags |= DPA_ITEM_FINISHED;
 		work++;
 	}

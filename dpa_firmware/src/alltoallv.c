@@ -29,9 +29,11 @@ static const struct offload_alltoallv_args *args_of(struct dpa_hal *hal, const s
 static const uint32_t *row_list(struct dpa_hal *hal, const struct dpa_op *op, uint64_t addr,
 				uint64_t nrows)
 {
-	if (addr & 3)
+	uint64_t len;
+
+	if ((addr & 3) || __builtin_mul_overflow(nrows, sizeof(uint32_t), &len))
 		return NULL;
-	return dpa_hal_aux_ptr(hal, op->cmd.aux_key, addr, nrows * sizeof(uint32_t));
+	return dpa_hal_aux_ptr(hal, op->cmd.aux_key, addr, len);
 }
 
 /* Rows and place modes: every block a whole number of rows; every gathered row index
@@ -55,6 +57,8 @@ static int check_rows(struct dpa_hal *hal, const struct dpa_op *op,
 		for (uint64_t k = 0; k < nrows; k++)
 			if (rows[k] >= table_rows)
 				return 0;
+	} else if (total > op->cmd.count) {  /* rows read in order: they must fit in src */
+		return 0;
 	}
 	if (op->cmd.flags & OFFLOAD_CMD_F_PLACE) {
 		place = row_list(hal, op, args->place_addr, nrows);
@@ -136,14 +140,22 @@ static int try_layout(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 	if (!off_trylock(&op->layout_lock))
 		return 0;
 	for (uint32_t s = 0; s < team->size; s++) {
-		/* Pairs with the sender's seq write, which follows the byte count. */
-		if (off_load_acquire(&ctrl->counts[op->slot][s].seq) != op->seq) {
-			off_unlock(&op->layout_lock);
-			return 0;
+		/* Pairs with the sender's seq write, which follows the byte count. A peer in
+		 * slot mode sends no count before it has our ready: its slot ready says so. */
+		if (off_load_acquire(&ctrl->counts[op->slot][s].seq) == op->seq)
+			continue;
+		if (off_load_acquire(&ctrl->ready[op->slot][s].seq) == op->seq &&
+		    (ctrl->ready[op->slot][s].flags & OFFLOAD_READY_SLOT)) {
+			st = OFFLOAD_ERR_INVALID;
+			continue;
 		}
+		off_unlock(&op->layout_lock);
+		return 0;
 	}
 	for (uint32_t s = 0; s < team->size; s++) {
-		v->recv_len[s] = ctrl->counts[op->slot][s].bytes;
+		int counted = off_load_acquire(&ctrl->counts[op->slot][s].seq) == op->seq;
+
+		v->recv_len[s] = counted ? ctrl->counts[op->slot][s].bytes : 0;
 		v->recv_off[s] = total;
 		if (__builtin_add_overflow(total, v->recv_len[s], &total))
 			st = OFFLOAD_ERR_INVALID;

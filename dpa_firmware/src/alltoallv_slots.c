@@ -41,10 +41,12 @@ static int publish(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *ha
 {
 	const struct dpa_vlayout *v = op->v;
 
+	/* Marked SLOT even when refused: a counting peer waits for our count otherwise. */
 	if (op->refuse)
-		return dpa_publish_ready(eng, op, hal, src, 0, 0, OFFLOAD_READY_REFUSED);
+		return dpa_publish_ready(eng, op, hal, src, 0, 0,
+					 OFFLOAD_READY_REFUSED | OFFLOAD_READY_SLOT);
 	return dpa_publish_ready(eng, op, hal, src, op->cmd.dst_addr + v->recv_off[src],
-				 v->recv_len[src], 0);
+				 v->recv_len[src], OFFLOAD_READY_SLOT);
 }
 
 static int slots_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)

@@ -41,7 +41,7 @@ static int root_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *
 	int work = 0;
 
 	if (!(off_read_once(&op->mc_flags) & DPA_MC_POSTED))  /* the root receives nothing */
-		__atomic_fetch_or(&op->mc_flags, DPA_MC_POSTED, __ATOMIC_RELEASE);
+		dpa_mc_raise(op, hal, DPA_MC_POSTED);
 	if (!(off_read_once(&op->mc_flags) & DPA_MC_INJECTED)) {
 		int done = 1;
 
@@ -51,7 +51,7 @@ static int root_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *
 			work += dpa_mcast_inject(op, hal, 0, op->cmd.src_addr, op->cmd.count, &done);
 		if (!done)
 			return work;
-		__atomic_fetch_or(&op->mc_flags, DPA_MC_INJECTED, __ATOMIC_RELEASE);
+		dpa_mc_raise(op, hal, DPA_MC_INJECTED);
 		work++;
 	}
 	if (it->inflight == 0)
@@ -69,7 +69,7 @@ static int receiver_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_h
 	int work;
 
 	if (op->refuse || !op->cmd.count) {
-		__atomic_fetch_or(&op->mc_flags, DPA_MC_POSTED | DPA_MC_RECEIVED, __ATOMIC_RELEASE);
+		dpa_mc_raise(op, hal, DPA_MC_POSTED | DPA_MC_RECEIVED);
 		it->flags |= DPA_ITEM_FINISHED;
 		return 1;
 	}
@@ -85,7 +85,7 @@ static int receiver_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_h
 		for (uint32_t w = 0; w < (b->nchunks + 63) / 64; w++)
 			st->bits[w] = 0;
 		dpa_mcast_post(eng, op, hal, st);
-		__atomic_fetch_or(&op->mc_flags, DPA_MC_POSTED, __ATOMIC_RELEASE);
+		dpa_mc_raise(op, hal, DPA_MC_POSTED);
 	}
 	work = dpa_mcast_receive(eng, op, hal, st);
 	/* Done when whole, or when the op failed (nothing more will come) and no read is out. */
@@ -93,7 +93,7 @@ static int receiver_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_h
 	    ((off_load_acquire(&b->flags) & DPA_BLOCK_COMPLETE) || off_load_acquire(&op->fail) ||
 	     dpa_peer_gone(eng, op, team->peers[root].world_rank))) {
 		off_store_release(&b->flags, b->flags | DPA_BLOCK_COMPLETE);
-		__atomic_fetch_or(&op->mc_flags, DPA_MC_RECEIVED, __ATOMIC_RELEASE);
+		dpa_mc_raise(op, hal, DPA_MC_RECEIVED);
 		it->flags |= DPA_ITEM_FINISHED;
 		work++;
 	}

@@ -614,14 +614,17 @@ enum dpa_engine_load dpa_engine_load(const void *state)
 	return off_read_once(&eng->inflight) ? DPA_ENGINE_SMALL : DPA_ENGINE_IDLE;
 }
 
-uint64_t dpa_engine_wake_at(void *state, uint64_t now)
+uint64_t dpa_engine_wake_at(void *state, uint32_t thread, uint64_t now)
 {
 	struct dpa_engine *eng = state;
-	uint64_t when = off_read_once(&eng->wake_at);
+	uint64_t when;
 
+	if (thread >= OFFLOAD_MAX_THREADS)
+		return 0;
+	when = off_read_once(&eng->wake_at[thread]);
 	if (!when || when > now)
 		return when;
-	off_cas(&eng->wake_at, &when, 0);
+	off_cas(&eng->wake_at[thread], &when, 0);
 	return 1;
 }
 

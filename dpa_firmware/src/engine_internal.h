@@ -196,7 +196,9 @@ struct dpa_engine {
 	uint32_t inflight;     /* active ops; read by the runtime to choose how to idle */
 	uint32_t inflight_bulk; /* of which move more than DPA_ENGINE_SMALL_BYTES per rank */
 	uint64_t failed_ranks;  /* the ring header's failed_ranks, as last read */
-	uint64_t wake_at;       /* earliest timer a pass waits for (dpa_hal_time_ns); 0: none */
+	/* Per thread: the earliest time (dpa_hal_time_ns) a pass of that thread must run
+	 * though no event may come (a loss timeout); 0: none. */
+	uint64_t wake_at[OFFLOAD_MAX_THREADS];
 	struct dpa_team teams[OFFLOAD_MAX_TEAMS];
 	struct dpa_op ops[OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW];
 	struct dpa_vlayout vlayouts[OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW];
@@ -213,14 +215,28 @@ struct dpa_engine {
 #define DPA_MC_RECEIVED 8u  /* item 0 finished receiving: acknowledgements may go out */
 #define DPA_MC_COPYING  16u /* all-gather: the copy of our own block is posted */
 
-/* Ask the runtime to run a pass at `when` (dpa_hal_time_ns) even if no event comes:
- * what a timeout needs, since no completion announces that time has passed. */
-static inline void dpa_wake_at(struct dpa_engine *eng, uint64_t when)
+/* Ask the runtime to run a pass of this thread at `when` (dpa_hal_time_ns) even if no
+ * event comes: what a timeout needs, since no completion announces that time has passed.
+ * Per thread, because only the thread whose item waits re-arms it. */
+static inline void dpa_wake_at(struct dpa_engine *eng, struct dpa_hal *hal, uint64_t when)
 {
-	uint64_t cur = off_read_once(&eng->wake_at);
+	uint32_t t = dpa_hal_thread_index(hal);
+	uint64_t cur;
 
-	while ((!cur || when < cur) && !off_cas(&eng->wake_at, &cur, when ? when : 1))
+	if (t >= OFFLOAD_MAX_THREADS)
+		return;
+	cur = off_read_once(&eng->wake_at[t]);
+	while ((!cur || when < cur) && !off_cas(&eng->wake_at[t], &cur, when ? when : 1))
 		;
+}
+
+/* Raise multicast progress flags (DPA_MC_*) that another item of the op waits for. That
+ * item may belong to a sibling thread parked until an event, and a flag in memory is no
+ * event: wake the siblings. */
+static inline void dpa_mc_raise(struct dpa_op *op, struct dpa_hal *hal, uint32_t bits)
+{
+	__atomic_fetch_or(&op->mc_flags, bits, __ATOMIC_RELEASE);
+	dpa_hal_notify(hal);
 }
 
 /* Algorithm registry entries, one per file. */

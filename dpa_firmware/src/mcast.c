@@ -312,7 +312,7 @@ int dpa_mcast_receive(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 		grace = DPA_MCAST_MIN_GRACE_NS +
 			missing * 1000u / (eng->params.link_mbps ? eng->params.link_mbps : 1);
 		if (now - b->sent_all_ns < grace) {
-			dpa_wake_at(eng, b->sent_all_ns + grace);
+			dpa_wake_at(eng, hal, b->sent_all_ns + grace);
 			continue;
 		}
 		work += refetch_round(eng, op, hal, st, b, world);
@@ -371,6 +371,7 @@ int dpa_mcast_owner_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 			return work;
 		it->flags |= DPA_ITEM_READY_IN;
 		off_fetch_add(&op->mc_readies, 1);
+		dpa_hal_notify(hal);  /* item 0 injects once every ready is in */
 		work++;
 	}
 	if (!(it->flags & DPA_ITEM_COUNT_OUT)) {

@@ -82,16 +82,19 @@ int dpa_item_begin(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct
 	return 1;
 }
 
-/* Placed rows: the receiver published a whole table (PLACED) and every index of ours
- * falls inside it; a plain receiver and a placing sender (or the reverse) disagree. */
+/* The receiver's ready fits what we send: the same mode (plain, slot, placed), and the
+ * exact size, a slot large enough, or a table holding every row index of ours. */
 static int ready_fits(const struct offload_ready *r, const struct dpa_send *send)
 {
 	uint64_t table_rows, nrows;
 
 	if (!send->placed)
 		return !(r->flags & OFFLOAD_READY_PLACED) &&
+		       !(r->flags & OFFLOAD_READY_SLOT) == !send->slot &&
 		       (send->slot ? r->len >= send->len : r->len == send->len);
-	if (!(r->flags & OFFLOAD_READY_PLACED))
+	/* A placing sender that refused its own plan has no row size to judge by. */
+	if (!(r->flags & OFFLOAD_READY_PLACED) || (r->flags & OFFLOAD_READY_SLOT) ||
+	    !send->row_bytes)
 		return 0;
 	table_rows = r->len / send->row_bytes;
 	nrows = send->len / send->row_bytes;

@@ -203,6 +203,24 @@ static void seeds_single(void)
 	b_args(&b, AUX_ARGS2)->expect_bytes[0] = 640;
 	add_seed(&b, "rows and expect");
 
+	/* Placed rows (MoE combine): 3 rows of 64 bytes land at rows 7 0 3 of our own table;
+	 * then gathered and placed at once (rows 5 2 to rows 1 60). */
+	b_init(&b, 1, 0, 1);
+	one = 3 * 64;
+	b_a2av(&b, 0, 0, 1, AUX_ARGS, &one, 4096)->flags = OFFLOAD_CMD_F_PLACE;
+	a = b_args(&b, AUX_ARGS);
+	a->place_addr = FZ_AUX_BASE + AUX_ROWS;
+	a->row_bytes = 64;
+	b_aux(&b, AUX_ROWS, (const uint32_t[]){ 7, 0, 3, 5, 2, 1, 60 }, 7 * sizeof(uint32_t));
+	one = 2 * 64;
+	b_a2av(&b, 0, 0, 1, AUX_ARGS2, &one, 4096)->flags = OFFLOAD_CMD_F_ROWS | OFFLOAD_CMD_F_PLACE;
+	b.cmds[1].count = 10 * 64;
+	a = b_args(&b, AUX_ARGS2);
+	a->rows_addr = FZ_AUX_BASE + AUX_ROWS + 3 * sizeof(uint32_t);
+	a->place_addr = FZ_AUX_BASE + AUX_ROWS + 5 * sizeof(uint32_t);
+	a->row_bytes = 64;
+	add_seed(&b, "placed rows");
+
 	/* Teams created by the input, including one created twice. */
 	b_init(&b, 1, 0, 1);
 	b.h.flags = FZ_F_NO_WORLD;
@@ -273,6 +291,13 @@ static void seeds_bad(void)
 	c->count = 10;                                        /* sends exceed src */
 	c = b_a2av(&b, 0, 0, 1, AUX_ARGS, &send, 4096);
 	c->flags = OFFLOAD_CMD_F_ROWS;                        /* row_bytes 0 */
+	c = b_a2av(&b, 0, 0, 1, AUX_ARGS, &send, 4096);
+	c->flags = OFFLOAD_CMD_F_PLACE;                       /* row_bytes 0 */
+	c = b_a2av(&b, 0, 0, 1, AUX_ARGS2, &send, 4096);
+	c->flags = OFFLOAD_CMD_F_PLACE;
+	c->count = 50;                                        /* placed sends exceed src */
+	b_args(&b, AUX_ARGS2)->row_bytes = 1;
+	b_args(&b, AUX_ARGS2)->place_addr = FZ_AUX_BASE + AUX_ROWS;
 	b_cmd(&b, OFFLOAD_OP_TEAM_CREATE, 0)->aux_addr = FZ_AUX_BASE + AUX_ARGS;
 	b_cmd(&b, OFFLOAD_OP_TEAM_CREATE, 0);
 	b_cmd(&b, OFFLOAD_OP_BARRIER, 0);
@@ -364,6 +389,35 @@ static void seeds_multi(void)
 		b_poke(&b, done_poke(p, 1, OFFLOAD_SIGNAL_OK, (uint16_t)(8 + p)));
 	}
 	add_seed(&b, "5 ranks, slots");
+
+	/* 2 ranks, placed: the peer publishes its whole table (PLACED). A row past it fails the
+	 * op before any write; a rank whose own plan was refused (row_bytes 0) meets a PLACED
+	 * ready without dividing by its row size. */
+	n = 2;
+	me = 0;
+	b_init(&b, n, me, 1);
+	send[0] = send[1] = 2 * 64;
+	b_a2av(&b, 0, me, n, AUX_ARGS, send, 4096)->flags = OFFLOAD_CMD_F_PLACE;
+	b_args(&b, AUX_ARGS)->place_addr = FZ_AUX_BASE + AUX_ROWS;
+	b_args(&b, AUX_ARGS)->row_bytes = 64;
+	b_aux(&b, AUX_ROWS, (const uint32_t[]){ 1, 0, 3, 2, 0, 9 }, 6 * sizeof(uint32_t));
+	b_poke(&b, count_poke(1, 1, 1, 64));
+	b_poke(&b, ready_poke(1, 1, 1, fz_addr(1, FZ_DST), 4 * 64, fz_key(1, FZ_DST)));
+	b.pokes[b.npokes - 1].d = OFFLOAD_READY_PLACED;
+	b_poke(&b, done_poke(1, 1, OFFLOAD_SIGNAL_OK, 10));
+	send[0] = send[1] = 64;
+	b_a2av(&b, 0, me, n, AUX_ARGS2, send, 4096)->flags = OFFLOAD_CMD_F_PLACE;
+	b_args(&b, AUX_ARGS2)->place_addr = FZ_AUX_BASE + AUX_ROWS + 4 * sizeof(uint32_t);
+	b_args(&b, AUX_ARGS2)->row_bytes = 64;  /* row 9 is past the peer's 4 */
+	b_poke(&b, count_poke(2, 1, 2, 64));
+	b_poke(&b, ready_poke(2, 1, 2, fz_addr(1, FZ_DST), 4 * 64, fz_key(1, FZ_DST)));
+	b.pokes[b.npokes - 1].d = OFFLOAD_READY_PLACED;
+	b_poke(&b, done_poke(1, 2, OFFLOAD_SIGNAL_OK, 20));
+	b_a2av(&b, 0, me, n, AUX_DESC, send, 4096)->flags = OFFLOAD_CMD_F_PLACE;
+	b_poke(&b, count_poke(3, 1, 3, 64));
+	b_poke(&b, ready_poke(3, 1, 3, fz_addr(1, FZ_DST), 4 * 64, fz_key(1, FZ_DST)));
+	b.pokes[b.npokes - 1].d = OFFLOAD_READY_PLACED;
+	add_seed(&b, "2 ranks, placed");
 
 	/* Two rails; rail 0 to our peer fails mid-transfer: the rest goes out on rail 1. */
 	n = 2;

@@ -755,12 +755,13 @@ __dpa_global__ void dpa_offload_event_handler(uint64_t thread_arg)
 		idle = run_pass(hal) ? 0 : idle + 1;
 		if (idle < limit)
 			continue;
-		/* A DPA has no timer event: a thread whose firmware waits on a timeout keeps
-		 * polling until it expired instead of giving the EU back. */
-		if (dpa_engine_wake_at(dptr(ctx->state_daddr), dpa_hal_time_ns(hal)))
-			continue;
 		if (stop_requested(ctx))
 			break;
+		/* A DPA has no timer event: a thread whose firmware waits on a timeout keeps
+		 * polling until it expired instead of giving the EU back. */
+		if (dpa_engine_wake_at(dptr(ctx->state_daddr), hal->thread_index,
+				       dpa_hal_time_ns(hal)))
+			continue;
 		arm_cqs(hal);
 		__dpa_thread_system_fence();  /* the arm doorbells before the board flag */
 		off_store_release(&hal->board[hal->thread_index], 1u);
