@@ -309,6 +309,8 @@ class Team:
             raise InvalidArgument("src must be a 2-D table of rows (e.g. a [tokens, hidden] array)")
         s, d = _src_dst(src, dst)
         table_rows, row_elems = int(shape[0]), int(shape[1])
+        if row_elems == 0:
+            raise InvalidArgument("rows have no elements: gathering needs rows of at least one")
         per_rank = _counts(rows_per_rank, n, "rows_per_rank")
         index = _row_index(rows, "rows", sum(per_rank.tolist()), table_rows,
                            f"src's {table_rows} rows")

@@ -624,8 +624,9 @@ def test_alltoallv_rows_gathers_by_index(n):
     (np.zeros((4, 3), np.int32), [0.5], [1], "1-D array of integer"),
     (np.zeros((4, 3), np.int32), [0], [-1], "negative"),
     (np.zeros((4, 3), np.float32), [0], [1], "same dtype"),
+    (np.zeros((4, 0), np.int32), [0], [1], "no elements"),
 ], ids=["flat-src", "row-past-end", "negative-row", "count-mismatch", "2-D-rows",
-        "float-rows", "negative-count", "dtype"])
+        "float-rows", "negative-count", "dtype", "zero-width"])
 def test_alltoallv_rows_bad_input(ctx, src, rows, per, match):
     with pytest.raises(InvalidArgument, match=match):
         ctx.world.alltoallv_rows(src, rows, per, np.zeros(12, np.int32))
@@ -836,26 +837,35 @@ MODE_DISAGREEMENT = r'''
 ctx = ol.init()
 H = 4
 src = np.full((size, H), rank + 1, np.int32)
-for other in ("plain", "placed"):
+# rank 0 counts (plain, placed, rows); the others send no count first (slot mode, or a
+# plain all-to-all): rank 0 sees their readies and refuses, instead of waiting for its
+# op_timeout, and names one of them
+for mine, theirs in (("plain", "slot"), ("placed", "slot"), ("plain", "alltoall"),
+                     ("rows", "alltoall"), ("placed", "alltoall")):
     dst = np.full((2 * size, H), -1, np.int32)
     start = time.monotonic()
     try:
-        if rank == 0 and other == "plain":
+        if rank == 0 and mine == "plain":
             ctx.world.alltoallv(src.reshape(-1), [H] * size, dst.reshape(-1)).wait(timeout=20)
-        elif rank == 0:
+        elif rank == 0 and mine == "placed":
             ctx.world.alltoallv_place(src, [1] * size, dst, np.arange(size)).wait(timeout=20)
-        else:
+        elif rank == 0:
+            ctx.world.alltoallv_rows(src, np.arange(size), [1] * size, dst).wait(timeout=20)
+        elif theirs == "slot":
             ctx.world.alltoallv(src.reshape(-1), [H] * size, dst.reshape(-1),
                                 slot=2 * H).wait(timeout=20)
+        else:
+            ctx.world.alltoall(src.reshape(-1), dst[:size].reshape(-1)).wait(timeout=20)
         outcome = "ok"
     except ol.OffloadError as e:
-        outcome = type(e).__name__
-    # rank 0 waits for counts slot-mode ranks never send first: it sees their slot readies
-    # and refuses, instead of waiting for its op_timeout
-    assert time.monotonic() - start < 10, f"{other}: the mode mismatch took until a timeout"
-    assert outcome == ("InvalidArgument" if rank == 0 else "OffloadError"), (other, outcome)
+        outcome = f"{type(e).__name__}: {e}"
+    what = f"{mine} against {theirs}"
+    assert time.monotonic() - start < 10, f"{what}: the mode mismatch took until a timeout"
     if rank == 0:
-        check_equal(dst.reshape(-1), np.full(dst.size, -1, np.int32), f"{other}: rank 0's dst")
+        assert outcome.startswith("InvalidArgument") and "rank 0 is" not in outcome, (what, outcome)
+        check_equal(dst.reshape(-1), np.full(dst.size, -1, np.int32), f"{what}: rank 0's dst")
+    else:
+        assert outcome.startswith("OffloadError"), (what, outcome)
 dst = np.full(size * 8, -1, np.int32)
 got = ctx.world.alltoallv(np.arange(size, dtype=np.int32), [1] * size, dst, slot=8).wait(timeout=20)
 assert got.tolist() == [1] * size
@@ -865,7 +875,8 @@ ctx.close()
 
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("n", [2, 3])
-def test_slot_mode_against_counted_or_placed_fails_fast(n):
-    """Ranks that disagree on the mode (slot against counted or placed) fail at once on
-    every rank, nothing lands in the counting rank's destination, and the team goes on."""
+def test_modes_that_send_no_count_against_counting_ranks_fail_fast(n):
+    """Ranks that disagree on the op (slot mode or all-to-all against counted, rows or
+    placed all-to-all-v) fail at once on every rank, nothing lands in the counting rank's
+    destination, and the team goes on."""
     run_ranks(n, MODE_DISAGREEMENT, timeout=45)

@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define OFFLOAD_ABI_VERSION 6u
+#define OFFLOAD_ABI_VERSION 7u
 
 #define OFFLOAD_MAX_RANKS   64u   /* ranks in one job (team members index peer tables) */
 #define OFFLOAD_MAX_TEAMS   16u   /* teams alive at once, world included */
@@ -141,7 +141,10 @@ struct offload_ready {
 
 #define OFFLOAD_READY_REFUSED (1u << 0)
 #define OFFLOAD_READY_PLACED  (1u << 1)  /* addr/len is the whole table: land rows by index */
-#define OFFLOAD_READY_SLOT    (1u << 2)  /* a slot-mode receiver's slot: it sends no count first */
+/* The receiver's mode, which the sender's must match. SLOT and FIXED receivers send no
+ * count before they have our ready: a counting rank that sees one refuses, not waits. */
+#define OFFLOAD_READY_SLOT    (1u << 2)  /* all-to-all-v slot mode: a slot to fill up to len */
+#define OFFLOAD_READY_FIXED   (1u << 3)  /* all-to-all: the block, exactly len */
 
 /* What a sender will send (all-to-all-v), published into the receiver's control region
  * before the receiver lays out its destination. seq is written last. */

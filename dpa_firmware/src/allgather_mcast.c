@@ -93,7 +93,7 @@ static int ag_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *ha
 	if (!(off_read_once(&op->mc_flags) & DPA_MC_COPYING)) {
 		/* Our own block, by the same engine that copies everything else. */
 		if (dpa_rail_select(eng, hal, world) == DPA_NO_RAIL) {
-			dpa_op_abort(eng, op, OFFLOAD_ERR_LINK_DOWN, world);
+			dpa_op_abort(eng, hal, op, OFFLOAD_ERR_LINK_DOWN, world);
 			return work;
 		}
 		rc = dpa_hal_rdma_write(hal, world, op->cmd.src_addr, op->cmd.src_key,

@@ -11,9 +11,10 @@
 static int publish(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal, uint32_t src)
 {
 	if (op->refuse)
-		return dpa_publish_ready(eng, op, hal, src, 0, 0, OFFLOAD_READY_REFUSED);
+		return dpa_publish_ready(eng, op, hal, src, 0, 0,
+					 OFFLOAD_READY_REFUSED | OFFLOAD_READY_FIXED);
 	return dpa_publish_ready(eng, op, hal, src, op->cmd.dst_addr + (uint64_t)src * op->cmd.count,
-				 op->cmd.count, 0);
+				 op->cmd.count, OFFLOAD_READY_FIXED);
 }
 
 static int a2a_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
@@ -43,7 +44,8 @@ static int a2a_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, s
 	const struct dpa_team *team = &eng->teams[op->team_id];
 	uint32_t dst = (team->my_rank + i) % team->size;
 	uint64_t count = op->cmd.count;
-	struct dpa_send send = { .addr = op->cmd.src_addr + (uint64_t)dst * count, .len = count };
+	struct dpa_send send = { .addr = op->cmd.src_addr + (uint64_t)dst * count, .len = count,
+				 .fixed = 1 };
 	int work = dpa_item_begin(eng, op, i, hal, publish);
 
 	return work < 0 ? 0 : work + dpa_exchange_step(eng, op, i, hal, &send);

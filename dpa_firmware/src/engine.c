@@ -95,7 +95,7 @@ int dpa_signal_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *h
 	if (rc == 0)
 		dpa_stats(hal)->signals++;
 	else if (rc == OFFLOAD_ERR_LINK_DOWN)
-		dpa_op_abort(eng, op, OFFLOAD_ERR_LINK_DOWN, m.peer);
+		dpa_op_abort(eng, hal, op, OFFLOAD_ERR_LINK_DOWN, m.peer);
 	else if (rc != DPA_HAL_EAGAIN)
 		dpa_op_fail(op, OFFLOAD_ERR_INTERNAL, m.peer);
 	return rc == DPA_HAL_EAGAIN ? rc : 0;
@@ -498,7 +498,8 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
  * every survivor names the same rank), and the team is poisoned: its peers' sequence no
  * longer pairs with ours.
  */
-void dpa_op_abort(struct dpa_engine *eng, struct dpa_op *op, int32_t status, uint32_t detail)
+void dpa_op_abort(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa_op *op, int32_t status,
+		  uint32_t detail)
 {
 	uint64_t why = ((uint64_t)detail << 32) | (uint32_t)status;
 
@@ -508,9 +509,11 @@ void dpa_op_abort(struct dpa_engine *eng, struct dpa_op *op, int32_t status, uin
 		dpa_op_fail(op, status, detail);
 	poison_team(&eng->teams[op->team_id], status, detail);
 	__atomic_store_n(&op->aborted, 1, __ATOMIC_SEQ_CST);
+	dpa_hal_notify(hal);  /* items on parked sibling threads finish now */
 }
 
-void dpa_op_abort_wr(struct dpa_engine *eng, uint64_t wr_id, int32_t status, uint32_t detail)
+void dpa_op_abort_wr(struct dpa_engine *eng, struct dpa_hal *hal, uint64_t wr_id, int32_t status,
+		     uint32_t detail)
 {
 	uint32_t opi = (uint32_t)(wr_id >> 32);
 	struct dpa_op *op;
@@ -520,7 +523,7 @@ void dpa_op_abort_wr(struct dpa_engine *eng, uint64_t wr_id, int32_t status, uin
 	op = &eng->ops[opi];
 	if (__atomic_load_n(&op->state, __ATOMIC_SEQ_CST) == DPA_OP_ACTIVE &&
 	    (op->seq & 0xffffu) == ((wr_id >> 16) & 0xffffu))
-		dpa_op_abort(eng, op, status, detail);
+		dpa_op_abort(eng, hal, op, status, detail);
 }
 
 static void check_abort(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
@@ -538,18 +541,18 @@ static void check_abort(struct dpa_engine *eng, struct dpa_op *op, struct dpa_ha
 			*now = dpa_hal_time_ns(hal);
 		if (!off_cas(&op->dead_since, &none, *now) &&
 		    *now - off_load_acquire(&op->dead_since) > DPA_DEAD_GRACE_NS)
-			dpa_op_abort(eng, op, OFFLOAD_ERR_PEER, lowest_rank(dead));
+			dpa_op_abort(eng, hal, op, OFFLOAD_ERR_PEER, lowest_rank(dead));
 		return;
 	}
 	if (__atomic_load_n(&op->cancel, __ATOMIC_SEQ_CST)) {
-		dpa_op_abort(eng, op, OFFLOAD_ERR_CANCELED, team->peers[team->my_rank].world_rank);
+		dpa_op_abort(eng, hal, op, OFFLOAD_ERR_CANCELED, team->peers[team->my_rank].world_rank);
 		return;
 	}
 	if (op->deadline_ns != UINT64_MAX) {
 		if (!*now)
 			*now = dpa_hal_time_ns(hal);
 		if (*now > op->deadline_ns)
-			dpa_op_abort(eng, op, OFFLOAD_ERR_TIMEOUT, team->peers[team->my_rank].world_rank);
+			dpa_op_abort(eng, hal, op, OFFLOAD_ERR_TIMEOUT, team->peers[team->my_rank].world_rank);
 	}
 }
 

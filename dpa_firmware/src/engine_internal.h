@@ -94,6 +94,7 @@ struct dpa_send {
 	uint32_t slot;         /* the ready is a slot to fill up to its length, not an exact fit;
 				* the byte count is announced before the done signal */
 	uint32_t placed;       /* OFFLOAD_CMD_F_PLACE: the ready is the receiver's whole table */
+	uint32_t fixed;        /* all-to-all: the receiver's ready is marked FIXED */
 };
 
 struct dpa_op {
@@ -300,9 +301,11 @@ int dpa_exchange_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, str
 /* Helpers for algorithms (engine.c). */
 void dpa_op_fail(struct dpa_op *op, int32_t status, uint32_t world_rank);
 /* Abort an op (see engine.c): its items stop, the team fails every later op. */
-void dpa_op_abort(struct dpa_engine *eng, struct dpa_op *op, int32_t status, uint32_t detail);
+void dpa_op_abort(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa_op *op, int32_t status,
+		  uint32_t detail);
 /* The same for the op a wr_id names, if it is still that op. */
-void dpa_op_abort_wr(struct dpa_engine *eng, uint64_t wr_id, int32_t status, uint32_t detail);
+void dpa_op_abort_wr(struct dpa_engine *eng, struct dpa_hal *hal, uint64_t wr_id, int32_t status,
+		     uint32_t detail);
 struct offload_ctrl_team *dpa_my_ctrl(struct dpa_hal *hal, uint32_t team);
 uint64_t dpa_peer_ctrl_addr(const struct dpa_team *team, uint32_t peer, uint64_t offset);
 int dpa_signal_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,

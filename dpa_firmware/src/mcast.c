@@ -227,7 +227,7 @@ static int refetch_round(struct dpa_engine *eng, struct dpa_op *op, struct dpa_h
 	uint32_t mtu = dpa_hal_mtu(hal), reads = 0, c;
 
 	if (dpa_rail_select(eng, hal, owner_world) == DPA_NO_RAIL) {
-		dpa_op_abort(eng, op, OFFLOAD_ERR_LINK_DOWN, owner_world);
+		dpa_op_abort(eng, hal, op, OFFLOAD_ERR_LINK_DOWN, owner_world);
 		return 0;
 	}
 	if (b->next >= b->nchunks)
@@ -289,6 +289,7 @@ int dpa_mcast_receive(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 			continue;
 		if (b->got >= b->nchunks && it0->inflight == 0 && b->round_start == b->next) {
 			off_store_release(&b->flags, b->flags | DPA_BLOCK_COMPLETE);
+			dpa_hal_notify(hal);  /* all-gather: the owner's item acknowledges it */
 			work++;
 			continue;
 		}

@@ -29,7 +29,7 @@ static int post_sequenced(struct dpa_engine *eng, struct dpa_op *op, struct dpa_
 	__builtin_memcpy(m.body, body, len);
 	rc = dpa_ctrl_post(eng, hal, &m);
 	if (rc == OFFLOAD_ERR_LINK_DOWN)
-		dpa_op_abort(eng, op, OFFLOAD_ERR_LINK_DOWN, peer->world_rank);
+		dpa_op_abort(eng, hal, op, OFFLOAD_ERR_LINK_DOWN, peer->world_rank);
 	else if (rc && rc != DPA_HAL_EAGAIN)
 		dpa_op_fail(op, OFFLOAD_ERR_INTERNAL, peer->world_rank);
 	return rc == DPA_HAL_EAGAIN ? rc : 0;
@@ -82,19 +82,20 @@ int dpa_item_begin(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct
 	return 1;
 }
 
-/* The receiver's ready fits what we send: the same mode (plain, slot, placed), and the
+/* The receiver's ready fits what we send: the same mode (counted, fixed, slot, placed), the
  * exact size, a slot large enough, or a table holding every row index of ours. */
 static int ready_fits(const struct offload_ready *r, const struct dpa_send *send)
 {
+	uint32_t mode = send->placed ? OFFLOAD_READY_PLACED : send->slot ? OFFLOAD_READY_SLOT :
+			send->fixed ? OFFLOAD_READY_FIXED : 0;
 	uint64_t table_rows, nrows;
 
+	if ((r->flags & (OFFLOAD_READY_PLACED | OFFLOAD_READY_SLOT | OFFLOAD_READY_FIXED)) != mode)
+		return 0;
 	if (!send->placed)
-		return !(r->flags & OFFLOAD_READY_PLACED) &&
-		       !(r->flags & OFFLOAD_READY_SLOT) == !send->slot &&
-		       (send->slot ? r->len >= send->len : r->len == send->len);
+		return send->slot ? r->len >= send->len : r->len == send->len;
 	/* A placing sender that refused its own plan has no row size to judge by. */
-	if (!(r->flags & OFFLOAD_READY_PLACED) || (r->flags & OFFLOAD_READY_SLOT) ||
-	    !send->row_bytes)
+	if (!send->row_bytes)
 		return 0;
 	table_rows = r->len / send->row_bytes;
 	nrows = send->len / send->row_bytes;
@@ -196,7 +197,7 @@ static int put_chunks(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 		it->flags &= ~DPA_ITEM_RESEND;
 	}
 	if (it->posted < send->len && dpa_rail_select(eng, hal, peer) == DPA_NO_RAIL) {
-		dpa_op_abort(eng, op, OFFLOAD_ERR_LINK_DOWN, peer);
+		dpa_op_abort(eng, hal, op, OFFLOAD_ERR_LINK_DOWN, peer);
 		return 0;
 	}
 	while (it->posted < send->len && posted < (int)eng->params.chunks_per_pass) {

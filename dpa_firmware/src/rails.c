@@ -146,7 +146,7 @@ int dpa_ctrl_resend(struct dpa_engine *eng, struct dpa_hal *hal)
 			work++;
 			continue;
 		}
-		dpa_op_abort_wr(eng, m->wr_id, OFFLOAD_ERR_LINK_DOWN, m->peer);
+		dpa_op_abort_wr(eng, hal, m->wr_id, OFFLOAD_ERR_LINK_DOWN, m->peer);
 		__atomic_store_n(&m->pending, 0, __ATOMIC_RELEASE);
 	}
 	return work;
