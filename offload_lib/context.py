@@ -147,6 +147,22 @@ def _alltoallv_op(team: Team, s: Buffer, d: Buffer, send_bytes: np.ndarray,
     return op, args
 
 
+def _row_op(team: Team, s: Buffer, d: Buffer, per_rank: np.ndarray, row_bytes: int, flag: int,
+            rows: np.ndarray | None = None, place: np.ndarray | None = None
+            ) -> tuple[Any, np.ndarray, Result]:
+    """A rows or placed all-to-all-v command, its args, and its result: the rows received
+    from each rank (int64)."""
+    op, args = _alltoallv_op(team, s, d, per_rank * row_bytes, rows, place)
+    args[_ROW_BYTES] = row_bytes
+    op.flags |= flag
+    n = team.size
+
+    def received(_: Any) -> np.ndarray:
+        return (args[MAX_RANKS:MAX_RANKS + n] // row_bytes).astype(np.int64)
+
+    return op, args, received
+
+
 def _row_index(obj: Any, name: str, size: int, bound: int | None, what: str) -> np.ndarray:
     """A 1-D integer row list of ``size`` entries, each in [0, bound) (or [0, 2**32))."""
     index = np.asarray(obj)
@@ -315,14 +331,7 @@ class Team:
         index = _row_index(rows, "rows", sum(per_rank.tolist()), table_rows,
                            f"src's {table_rows} rows")
         row_bytes = row_elems * s.itemsize
-        op, args = _alltoallv_op(self, s, d, per_rank * row_bytes, index)
-        args[_ROW_BYTES] = row_bytes
-        op.flags |= F_ROWS
-
-        def received(_: Any) -> np.ndarray:
-            got = args[MAX_RANKS:MAX_RANKS + n]
-            return (got // row_bytes if row_bytes else got).astype(np.int64)
-
+        op, args, received = _row_op(self, s, d, per_rank, row_bytes, F_ROWS, rows=index)
         return ctx._submit(op, "alltoallv_rows", (s, d),
                            lambda g: _staging.alltoallv_rows(g, self, s, (table_rows, row_elems),
                                                              index, per_rank, d),
@@ -362,14 +371,7 @@ class Team:
                                   f"{int(src.shape[0])}")
         index = _row_index(place, "place", nrows, None, "dst rows (0 <= place < 2**32)")
         row_bytes = int(src.shape[1]) * s.itemsize
-        op, args = _alltoallv_op(self, s, d, per_rank * row_bytes, place=index)
-        args[_ROW_BYTES] = row_bytes
-        op.flags |= F_PLACE
-
-        def received(_: Any) -> np.ndarray:
-            got = args[MAX_RANKS:MAX_RANKS + n]
-            return (got // row_bytes if row_bytes else got).astype(np.int64)
-
+        op, args, received = _row_op(self, s, d, per_rank, row_bytes, F_PLACE, place=index)
         return ctx._submit(op, "alltoallv_place", (s, d),
                            lambda g: _staging.alltoallv_place(g, self, s, tuple(src.shape),
                                                               per_rank, d, tuple(dst.shape),
