@@ -427,6 +427,16 @@ static int emu_peer_ctrl(struct host_device *hd, uint32_t rank, struct offload_p
 	return 0;
 }
 
+/* The NIC reads them per chunk (emu_mcast.c); a change applies from the next one. */
+static int emu_set_mcast_faults(struct host_device *hd, uint32_t loss_ppm, uint32_t reorder_ppm)
+{
+	struct emu_device *dev = to_emu(hd);
+
+	off_write_once(&dev->attr.mcast_loss_ppm, loss_ppm);
+	off_write_once(&dev->attr.mcast_reorder_ppm, reorder_ppm);
+	return 0;
+}
+
 static int emu_poll_worthwhile(struct host_device *hd)
 {
 	return !job_bulk(to_emu(hd));
@@ -456,6 +466,7 @@ const struct host_device_ops emu_device_ops = {
 	.open = emu_open,
 	.peer_ctrl = emu_peer_ctrl,
 	.poll_worthwhile = emu_poll_worthwhile,
+	.set_mcast_faults = emu_set_mcast_faults,
 	.start = emu_start,
 	.wait_completion = emu_wait_completion,
 };

@@ -434,7 +434,7 @@ static uint64_t queued(const struct emu_device *dev, const struct emu_mcast_rx *
 		if (done_test(dev, rx, i) || off_load_acquire(&s->gen) != i + 1)
 			continue;
 		if (off_read_once(&s->sender) != dev->attr.rank &&
-		    !inject(dev, group, i, EMU_SALT_LOSS, dev->attr.mcast_loss_ppm))
+		    !inject(dev, group, i, EMU_SALT_LOSS, off_read_once(&dev->attr.mcast_loss_ppm)))
 			q++;
 	}
 	return q;
@@ -455,13 +455,14 @@ static int consume(struct emu_device *dev, uint32_t group, struct emu_mcast_rx *
 {
 	if (off_read_once(&slot_of(dev, group, i)->sender) == dev->attr.rank)
 		return 0;
-	if (inject(dev, group, i, EMU_SALT_LOSS, dev->attr.mcast_loss_ppm))
+	if (inject(dev, group, i, EMU_SALT_LOSS, off_read_once(&dev->attr.mcast_loss_ppm)))
 		return 0;
 	if (*excess) {
 		--*excess;
 		return 0;
 	}
-	if (!rx->hold && inject(dev, group, i, EMU_SALT_REORDER, dev->attr.mcast_reorder_ppm)) {
+	if (!rx->hold &&
+	    inject(dev, group, i, EMU_SALT_REORDER, off_read_once(&dev->attr.mcast_reorder_ppm))) {
 		rx->hold = i + 1;  /* its slot stays ours: the cursor stops before it */
 		return 0;
 	}

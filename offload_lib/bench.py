@@ -469,7 +469,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--config", metavar="FILE", help="YAML config file for the ranks")
     p.add_argument("--loss", type=_loss, default=0.0, metavar="P",
                    help="broadcast/allgather: fraction of multicast chunks each receiver "
-                        "loses (fault injection, seeded; e.g. 0.05)")
+                        "loses (fault injection, seeded; e.g. 0.05); each iteration also runs "
+                        "loss-free in the same processes, and the table adds that time and "
+                        "the throughput ratio")
     p.add_argument("--timeout", type=_positive_seconds, default=600.0, metavar="S",
                    help="stop the ranks after S seconds (default 600)")
     moe = p.add_argument_group("moe", "options of the moe benchmark (it takes no --sizes)")
@@ -514,6 +516,31 @@ def _timed(run: Callable[[], None], barrier: Callable[[], None], warmup: int,
     return wall, cpu
 
 
+def _timed_with_loss(run: Callable[[], None], barrier: Callable[[], None],
+                     set_loss: Callable[[float], None], loss: float, warmup: int,
+                     iters: int) -> tuple[list[float], list[float], list[float]]:
+    """Like _timed, with each iteration timed twice, loss-free then with ``loss``, in the
+    same processes (this VM's run-to-run noise is larger than the effect): the lossy wall
+    and CPU seconds, and the loss-free wall seconds."""
+    wall, cpu, clean = [], [], []
+    for it in range(warmup + iters):
+        for p in (0.0, loss):
+            set_loss(p)
+            barrier()  # every NIC has the new rate before any chunk of this op moves
+            c0, t0 = time.thread_time(), time.perf_counter()
+            run()
+            t1, c1 = time.perf_counter(), time.thread_time()
+            if it < warmup:
+                continue
+            if p:
+                wall.append(t1 - t0)
+                cpu.append(c1 - c0)
+            else:
+                clean.append(t1 - t0)
+    set_loss(loss)
+    return wall, cpu, clean
+
+
 def _worker_meta(ctx: Any, comm: Any) -> dict[str, Any]:
     meta: dict[str, Any] = {
         "backend": ctx.backend,
@@ -548,10 +575,17 @@ def _measure_sizes(coll: Collective, ctx: Any, team: Any, comm: Any,
             # Offload then MPI for each size, so both see the same machine state.
             case.verify("offload")
             injected = _injected(ctx)
-            entry["offload_s"], entry["offload_cpu_s"] = _timed(
-                case.offload, barrier, args.warmup, args.iters)
+            if args.loss:
+                entry["offload_s"], entry["offload_cpu_s"], entry["clean_s"] = \
+                    _timed_with_loss(case.offload, barrier, ctx.set_mcast_faults, args.loss,
+                                     args.warmup, args.iters)
+                runs = 2 * (args.warmup + args.iters)
+            else:
+                entry["offload_s"], entry["offload_cpu_s"] = _timed(
+                    case.offload, barrier, args.warmup, args.iters)
+                runs = args.warmup + args.iters
             # bytes this rank put into the fabric per op (multicast: once per chunk)
-            entry["injected"] = (_injected(ctx) - injected) / (args.warmup + args.iters)
+            entry["injected"] = (_injected(ctx) - injected) / runs
             case.check("offload")
             if comm is not None:
                 case.verify("mpi")
@@ -662,6 +696,10 @@ _MCAST_COLUMNS = (
     ("inj_max", "injected", "(B/rank)", 12, "{:.0f}"),
     ("inj_ring", "ring", "(B/rank)", 12, "{:.0f}"),
 )
+_LOSS_COLUMNS = (
+    ("clean_us", "no_loss_us", "(us)", 12, "{:.1f}"),
+    ("loss_ratio", "loss/none", "(tput)", 11, "{:.2f}"),
+)
 _MPI_COLUMNS = (
     ("mpi_time_us", "mpi_time_us", "(us)", 13, "{:.1f}"),
     ("mpi_busbw", "mpi_busbw", "(GB/s)", 11, "{:.2f}"),
@@ -707,7 +745,9 @@ def format_table(meta: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
     """nccl-tests style: ``#`` header lines, then one line per size."""
     compare = bool(rows) and "mpi_time_us" in rows[0]
     mcast = bool(rows) and "inj_max" in rows[0]
-    cols = _COLUMNS + (_MCAST_COLUMNS if mcast else ()) + (_MPI_COLUMNS if compare else ())
+    lossy = bool(rows) and "clean_us" in rows[0]
+    cols = _COLUMNS + (_MCAST_COLUMNS if mcast else ()) + (_LOSS_COLUMNS if lossy else ()) + \
+        (_MPI_COLUMNS if compare else ())
     lines = [
         *header_lines(meta),
         f"# buffers: {meta.get('buffers', '?')}  dtype: {meta.get('dtype', '?')}  "
@@ -723,8 +763,10 @@ def format_table(meta: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
         lines.append("# injected: bytes the busiest rank put into the fabric per op (multicast "
                      "sends each chunk once; refetched chunks are RDMA reads, not counted); ring: "
                      "what a ring algorithm injects per rank (all-gather (n-1)/n*size; broadcast: "
-                     "the pipeline's size); " + (f"loss {meta['loss']:g}"
-                                                 if meta.get("loss") else "no loss injected"))
+                     "the pipeline's size); " + (
+                         f"loss {meta['loss']:g}, each iteration also timed loss-free in the same "
+                         "processes (no_loss_us; loss/none = loss-free time / lossy time)"
+                         if meta.get("loss") else "no loss injected"))
     if meta.get("collective") == "alltoallv":
         lines.append("# alltoallv: size = bytes per peer on average; rank r sends "
                      "size*(0.5+((r+j)%n+0.5)/n) to rank j (rounded to elements); algbw uses "
@@ -759,6 +801,10 @@ def aggregate(coll: Collective, nranks: int, per_rank: Sequence[dict[str, Any]])
             mcpu = float(np.median(entry["mpi_cpu_s"]))
         row = make_row(entry["size"], entry["count"], nranks, factor, t, cpu, mt, mcpu,
                        nbytes=entry.get("bytes"))
+        if "clean_s" in entry:
+            clean = summarize([r["results"][i]["clean_s"] for r in per_rank])
+            row["clean_us"] = clean * 1e6
+            row["loss_ratio"] = clean / t if t > 0 else float("nan")  # throughput ratio
         if coll.name in ("broadcast", "allgather"):
             inj = [r["results"][i].get("injected", 0.0) for r in per_rank]
             row["inj_max"] = max(inj)
@@ -801,6 +847,8 @@ def _worker_argv(args: argparse.Namespace, result_dir: str) -> list[str]:
         argv.append("--persistent")
     if args.compare:
         argv += ["--compare", args.compare]
+    if args.loss:
+        argv += ["--loss", repr(args.loss)]
     if args.config:
         argv += ["--config", os.path.abspath(args.config)]
     if COLLECTIVES[args.collective].suite is not None:

@@ -17,7 +17,7 @@ from offload_lib._buffers import Buffer, as_buffer
 from offload_lib._native import ffi, lib
 from offload_lib.bootstrap import World, allgather
 from offload_lib.config import MAX_RAILS, Config, parse_rail_faults
-from offload_lib.errors import ConfigError, InvalidArgument, OffloadError, check_rc
+from offload_lib.errors import ConfigError, InvalidArgument, OffloadError, Unsupported, check_rc
 from offload_lib.request import PersistentRequest, Request, Result
 
 # enum offload_opcode (offload_abi.h)
@@ -649,6 +649,25 @@ class Context:
         for tag in list(self._orphans):
             if lib.host_test(self._ptr, tag, comp) != 0:
                 self._orphans.pop(tag, None)  # the stager's poster reaps too
+
+    # -- fault injection --------------------------------------------------------------------
+    def set_mcast_faults(self, loss: float = 0.0, reorder: float = 0.0) -> None:
+        """Emulator: from now on this rank's NIC loses (and delivers out of order) this
+        fraction of the multicast chunks it receives, like the ``mcast_loss`` and
+        ``mcast_reorder`` config keys, which set them at start. Call it on every rank at the
+        same point (after a barrier) for a run to reproduce. Hardware raises Unsupported."""
+        self._check_open()
+        ppm = []
+        for name, value in (("loss", loss), ("reorder", reorder)):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or \
+                    not 0.0 <= float(value) <= 1.0:
+                raise InvalidArgument(f"{name} must be a fraction from 0 to 1, got {value!r}")
+            ppm.append(int(round(float(value) * 1e6)))
+        rc = lib.host_set_mcast_faults(self._handle(), ppm[0], ppm[1])
+        if rc == -errno.EOPNOTSUPP:
+            raise Unsupported(f"set_mcast_faults: the {self.backend} backend injects no faults "
+                              "(a real fabric loses what it loses)")
+        check_rc(rc, "set_mcast_faults")
 
     # -- introspection ----------------------------------------------------------------------
     def failed_ranks(self) -> list[int]:

@@ -107,9 +107,12 @@ def test_multicast_benchmarks_show_injected_bytes(name, capsys):
     out = capsys.readouterr().out
     rows = data_rows(out)
     assert [r[0] for r in rows] == ["65536", "1048576"]
-    assert "injected" in out and "loss 0.05" in out
+    assert "injected" in out and "loss 0.05" in out and "loss/none" in out
     for r in rows:
         size, injected, ring = int(r[0]), float(r[6]), float(r[7])
+        # each iteration also timed loss-free: its time and the throughput ratio
+        no_loss, ratio = float(r[8]), float(r[9])
+        assert no_loss > 0 and abs(ratio - no_loss / float(r[2])) < 0.01 * ratio + 0.01, r
         # all-gather: each rank injects its own block once, S/n, against (n-1)/n*S for a ring
         want = size // 4 if name == "allgather" else size
         assert injected == want, (name, r)

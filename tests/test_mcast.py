@@ -167,6 +167,40 @@ def test_no_wakeup_is_lost_between_dpa_threads(n, threads):
                    "OFFLOAD_MCAST_SEED": "5"})
 
 
+RUNTIME_FAULTS = r'''
+ctx = ol.init()
+w = ctx.world
+mtu = ctx.config.mtu
+for bad in (-0.1, 1.5, "x", True):
+    try:
+        ctx.set_mcast_faults(bad)
+        raise AssertionError(f"accepted loss {bad!r}")
+    except ol.InvalidArgument:
+        pass
+refetched = []
+for loss in (0.0, 1.0, 0.0, 0.5):
+    ctx.set_mcast_faults(loss if rank == 1 else 0.0)  # only rank 1's NIC drops
+    w.barrier().wait(timeout=30)
+    before = ctx.stats()["refetch_chunks"]
+    want = ((np.arange(8 * mtu) + int(loss * 10)) % 251).astype(np.uint8)
+    buf = want.copy() if rank == 0 else np.zeros(8 * mtu, np.uint8)
+    w.broadcast(buf, root=0).wait(timeout=30)
+    check_equal(buf, want, f"loss {loss}")
+    refetched.append(ctx.stats()["refetch_chunks"] - before)
+if rank == 1:
+    # every chunk refetched at loss 1, none at 0, some at 0.5 (seeded)
+    assert refetched[0] == 0 and refetched[1] == 8 and refetched[2] == 0, refetched
+    assert 0 < refetched[3] < 8, refetched
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(60)
+def test_faults_change_at_run_time():
+    """ctx.set_mcast_faults changes what this rank's NIC loses from the next op on."""
+    run_ranks(2, RUNTIME_FAULTS, timeout=45, env={"OFFLOAD_MCAST_SEED": "7"})
+
+
 INJECTED = r'''
 ctx = ol.init()
 w = ctx.world

@@ -70,6 +70,9 @@ struct host_device_ops {
 	int (*poll_worthwhile)(struct host_device *dev);
 	int (*start)(struct host_device *dev, const struct dpa_engine_params *params,
 		     const struct host_fw_windows *win);
+	/* Change the injected multicast faults (per million) of this rank's NIC at run time.
+	 * NULL: the device injects no faults (hardware). */
+	int (*set_mcast_faults)(struct host_device *dev, uint32_t loss_ppm, uint32_t reorder_ppm);
 	/* Sleep until *word != seen, a wake, or the timeout (ns); spurious returns are fine. */
 	int (*wait_completion)(struct host_device *dev, uint32_t *word, uint32_t seen,
 			       int64_t timeout_ns);

@@ -116,6 +116,11 @@ int host_alloc_shared(struct host_ctx *ctx, uint64_t len, void **addr, uint32_t 
  * that uses the allocation has not completed. */
 int host_free_shared(struct host_ctx *ctx, void *addr, uint64_t len);
 
+/* Fault injection at run time (emulator): the multicast chunks this rank's NIC loses and
+ * reorders, per million, from the next chunk on. -EOPNOTSUPP on hardware, -EINVAL out of
+ * range. */
+int host_set_mcast_faults(struct host_ctx *ctx, uint32_t loss_ppm, uint32_t reorder_ppm);
+
 /* Copies per-thread firmware counters (16 uint64 per thread); returns the thread count. */
 int host_stats(struct host_ctx *ctx, uint64_t *out, uint32_t max_threads);
 /* cffi:end */

@@ -424,6 +424,15 @@ uint64_t host_failed_ranks(struct host_ctx *ctx)
 	return __atomic_load_n(&ctx->ring->failed_ranks, __ATOMIC_ACQUIRE);
 }
 
+int host_set_mcast_faults(struct host_ctx *ctx, uint32_t loss_ppm, uint32_t reorder_ppm)
+{
+	if (!ctx->ops->set_mcast_faults)
+		return -EOPNOTSUPP;
+	if (loss_ppm > 1000000u || reorder_ppm > 1000000u)
+		return -EINVAL;
+	return ctx->ops->set_mcast_faults(ctx->dev, loss_ppm, reorder_ppm);
+}
+
 int host_team_create(struct host_ctx *ctx, uint32_t team_id, uint32_t nmembers,
 		     const uint32_t *world_ranks, int64_t timeout_ns)
 {

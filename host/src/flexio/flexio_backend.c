@@ -1265,6 +1265,7 @@ static const struct host_device_ops flexio_device_ops = {
 	.open = fx_open,
 	.peer_ctrl = fx_peer_ctrl,
 	.poll_worthwhile = fx_poll_worthwhile,
+	.set_mcast_faults = NULL,  /* a real fabric loses what it loses */
 	.start = fx_start,
 	.wait_completion = fx_wait_completion,
 };
