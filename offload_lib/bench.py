@@ -577,8 +577,9 @@ def _measure_sizes(coll: Collective, ctx: Any, team: Any, comm: Any,
             injected = _injected(ctx)
             if args.loss:
                 entry["offload_s"], entry["offload_cpu_s"], entry["clean_s"] = \
-                    _timed_with_loss(case.offload, barrier, ctx.set_mcast_faults, args.loss,
-                                     args.warmup, args.iters)
+                    _timed_with_loss(case.offload, barrier,
+                                     lambda p: ctx.set_mcast_faults(p, ctx.config.mcast_reorder),
+                                     args.loss, args.warmup, args.iters)
                 runs = 2 * (args.warmup + args.iters)
             else:
                 entry["offload_s"], entry["offload_cpu_s"] = _timed(
