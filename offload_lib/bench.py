@@ -578,7 +578,7 @@ def _measure_sizes(coll: Collective, ctx: Any, team: Any, comm: Any,
             if args.loss:
                 entry["offload_s"], entry["offload_cpu_s"], entry["clean_s"] = \
                     _timed_with_loss(case.offload, barrier,
-                                     lambda p: ctx.set_mcast_faults(p, ctx.config.mcast_reorder),
+                                     lambda p: ctx.set_mcast_faults(loss=p),
                                      args.loss, args.warmup, args.iters)
                 runs = 2 * (args.warmup + args.iters)
             else:

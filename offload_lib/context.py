@@ -444,6 +444,8 @@ class Context:
         self._persistents: weakref.WeakSet[PersistentRequest] = weakref.WeakSet()
         self._next_team = 1
         self._stager: _staging.Stager | None = None  # made when a GPU buffer first shows up
+        # multicast faults this rank's NIC injects now (set_mcast_faults changes them)
+        self._mcast_faults = (config.mcast_loss, config.mcast_reorder)
         self._ptr: Any = None
         params = ffi.new("struct host_ctx_params *")
         job_c = ffi.new("char[]", world.job.encode())
@@ -651,23 +653,30 @@ class Context:
                 self._orphans.pop(tag, None)  # the stager's poster reaps too
 
     # -- fault injection --------------------------------------------------------------------
-    def set_mcast_faults(self, loss: float = 0.0, reorder: float = 0.0) -> None:
+    def set_mcast_faults(self, loss: float | None = None, reorder: float | None = None
+                         ) -> tuple[float, float]:
         """Emulator: from now on this rank's NIC loses (and delivers out of order) this
         fraction of the multicast chunks it receives, like the ``mcast_loss`` and
-        ``mcast_reorder`` config keys, which set them at start. Call it on every rank at the
-        same point (after a barrier) for a run to reproduce. Hardware raises Unsupported."""
+        ``mcast_reorder`` config keys, which set them at start; None keeps a value as it
+        is. Returns the previous (loss, reorder). Call it on every rank at the same point
+        (after a barrier) for a run to reproduce. Hardware raises Unsupported."""
         self._check_open()
-        ppm = []
-        for name, value in (("loss", loss), ("reorder", reorder)):
+        new = list(self._mcast_faults)
+        for i, (name, value) in enumerate((("loss", loss), ("reorder", reorder))):
+            if value is None:
+                continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or \
                     not 0.0 <= float(value) <= 1.0:
                 raise InvalidArgument(f"{name} must be a fraction from 0 to 1, got {value!r}")
-            ppm.append(int(round(float(value) * 1e6)))
-        rc = lib.host_set_mcast_faults(self._handle(), ppm[0], ppm[1])
+            new[i] = float(value)
+        rc = lib.host_set_mcast_faults(self._handle(), int(round(new[0] * 1e6)),
+                                       int(round(new[1] * 1e6)))
         if rc == -errno.EOPNOTSUPP:
             raise Unsupported(f"set_mcast_faults: the {self.backend} backend injects no faults "
                               "(a real fabric loses what it loses)")
         check_rc(rc, "set_mcast_faults")
+        old, self._mcast_faults = self._mcast_faults, (new[0], new[1])
+        return old
 
     # -- introspection ----------------------------------------------------------------------
     def failed_ranks(self) -> list[int]:

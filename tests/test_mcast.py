@@ -23,11 +23,20 @@ def pattern(seed, n):
     return ((np.arange(n, dtype=np.int64) * 131 + seed * 7919) % 251).astype(np.uint8)
 
 
+def buffer(values):
+    """A copy of values: numpy memory, or with MC_BUFFERS=shared ctx.empty() memory."""
+    if os.environ.get("MC_BUFFERS") != "shared" or not values.size:
+        return values.copy()
+    out = ctx.empty(values.size, np.uint8)
+    out[:] = values
+    return out
+
+
 # broadcast: every size, from two different roots
 for i, size in enumerate(sizes):
     for root in sorted({0, size % w.size, w.size - 1}):
         want = pattern(100 * i + root, size)
-        buf = want.copy() if rank == root else np.full(size, 0xEE, np.uint8)
+        buf = buffer(want if rank == root else np.full(size, 0xEE, np.uint8))
         w.broadcast(buf, root=root).wait(timeout=60)
         check_equal(buf, want, f"broadcast of {size} B from {root}")
 
@@ -35,8 +44,8 @@ for i, size in enumerate(sizes):
 for i, per in enumerate(sizes):
     if per * w.size > 48 * 2**20:
         per //= w.size
-    src = pattern(1000 + 10 * i + rank, per)
-    dst = np.full(per * w.size, 0xEE, np.uint8)
+    src = buffer(pattern(1000 + 10 * i + rank, per))
+    dst = buffer(np.full(per * w.size, 0xEE, np.uint8))
     w.allgather(src, dst).wait(timeout=60)
     check_equal(dst, np.concatenate([pattern(1000 + 10 * i + p, per) for p in range(w.size)]),
                 f"all-gather of {per} B per rank")
@@ -47,10 +56,10 @@ reqs = []
 for k in range(6):
     root = k % w.size
     want = pattern(5000 + k, 3 * mtu + 17)
-    buf = want.copy() if rank == root else np.full(want.size, 0xEE, np.uint8)
+    buf = buffer(want if rank == root else np.full(want.size, 0xEE, np.uint8))
     reqs.append((w.broadcast(buf, root=root), buf, want, k))
-    src = pattern(6000 + 10 * k + rank, 2 * mtu + 5)
-    dst = np.full(src.size * w.size, 0xEE, np.uint8)
+    src = buffer(pattern(6000 + 10 * k + rank, 2 * mtu + 5))
+    dst = buffer(np.full(src.size * w.size, 0xEE, np.uint8))
     want_ag = np.concatenate([pattern(6000 + 10 * k + p, src.size) for p in range(w.size)])
     reqs.append((w.allgather(src, dst), dst, want_ag, k))
 for req, got, want, k in reqs:
@@ -88,6 +97,17 @@ def test_exact_with_seeded_loss(loss):
     out = run_ranks(4, BODY, timeout=150, env={"OFFLOAD_MCAST_LOSS": loss,
                                                "OFFLOAD_MCAST_SEED": "7"})
     assert sum(s[3] for s in _stats(out)) > 0, "loss was injected but nothing was refetched"
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("n, loss", [(3, "0"), (4, "0.1")])
+def test_exact_from_shared_buffers(n, loss):
+    """ctx.empty() sources and destinations, with and without loss."""
+    out = run_ranks(n, BODY, timeout=150, env={"MC_BUFFERS": "shared", "MC_BIG": str(2**20 + 3),
+                                               "OFFLOAD_MCAST_LOSS": loss,
+                                               "OFFLOAD_MCAST_REORDER": "0.1",
+                                               "OFFLOAD_MCAST_SEED": "11"})
+    assert (sum(s[3] for s in _stats(out)) > 0) == (loss != "0")
 
 
 @pytest.mark.timeout(180)
@@ -177,9 +197,13 @@ for bad in (-0.1, 1.5, "x", True):
         raise AssertionError(f"accepted loss {bad!r}")
     except ol.InvalidArgument:
         pass
+# None keeps a value; the previous ones come back
+assert ctx.set_mcast_faults(reorder=0.25) == (0.0, 0.0)
+assert ctx.set_mcast_faults(loss=0.5) == (0.0, 0.25)
+assert ctx.set_mcast_faults(reorder=0.0) == (0.5, 0.25)
 refetched = []
 for loss in (0.0, 1.0, 0.0, 0.5):
-    ctx.set_mcast_faults(loss if rank == 1 else 0.0)  # only rank 1's NIC drops
+    ctx.set_mcast_faults(loss=loss if rank == 1 else 0.0)  # only rank 1's NIC drops
     w.barrier().wait(timeout=30)
     before = ctx.stats()["refetch_chunks"]
     want = ((np.arange(8 * mtu) + int(loss * 10)) % 251).astype(np.uint8)
