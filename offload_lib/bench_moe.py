@@ -10,7 +10,7 @@ The "experts" are the identity scaled by the token's weights, computed once outs
 routing arithmetic as offload_lib.moe: dispatch = the gather of the rows into a send buffer,
 then ``comm.Alltoall`` of the row counts, ``comm.Alltoallv`` of the rows and of the routing
 metadata; combine = ``comm.Alltoallv`` of the rows back, packed by source rank, then
-``moe.sum_rows`` (gather each token's rows, add them). The offload side has the DPA do both
+``sum_rows`` (gather each token's rows, add them). The offload side has the DPA do both
 scatters and gathers: dispatch gathers the rows from x by index, combine lands each row in
 its token's slot, so its host work is ``moe.sum_slots`` (contiguous adds). Sums are float32
 for float16/float32 payloads, in rank order, rounded once, on both sides.
@@ -29,7 +29,7 @@ from typing import Any
 import numpy as np
 
 from offload_lib.bench import GB, WrongResult, header_lines, render_rows, summarize
-from offload_lib.moe import sum_rows
+from offload_lib.moe import _PAYLOADS, _bf16_bits_to_f32
 
 __all__ = ["aggregate", "check_args", "format_table", "routing", "token_rows", "work"]
 
@@ -203,6 +203,49 @@ class _MpiMoe:
                                                                                 copy=False)
 
 
+def sum_rows(back: np.ndarray, tokens: np.ndarray, num_tokens: int, payload: str,
+             scratch: np.ndarray) -> np.ndarray:
+    """out[t] = the sum of the rows ``back[i]`` with ``tokens[i] == t``, in row order, widened
+    to the payload's accumulation type; ``back`` holds one zero row after those ``tokens``
+    names, and ``scratch`` (reused between calls) at least num_tokens rows like back's.
+    (The usual host side of an MPI combine, where the rows come back packed by source
+    rank; offload_lib.moe's combine lands them in slots and uses moe.sum_slots.)
+
+    By contribution rather than by source rank: the c-th contributions of all tokens are
+    gathered at once (a zero row where a token has fewer), so each step is one gather and
+    one contiguous add, where adding into out[tokens of a rank] takes a gather, an add and
+    a scatter. Gathers go into memory that is already mapped: a fresh array of this size
+    costs the kernel a page fault and a page of zeros per 4 KiB."""
+    p = _PAYLOADS[payload]
+    hidden = back.shape[1]
+    zero_row = back.shape[0] - 1
+    order = np.argsort(tokens, kind="stable")  # by token, each token's rows in row order
+    per_token = np.bincount(tokens, minlength=num_tokens)
+    depth = int(per_token.max()) if per_token.size else 0
+    if depth == 0:
+        return np.zeros((num_tokens, hidden), p.acc)
+    sorted_tokens = tokens[order]
+    first = np.cumsum(per_token) - per_token
+    nth = np.arange(order.size) - first[sorted_tokens]
+    pos = np.full((depth, num_tokens), zero_row, np.intp)
+    pos[nth, sorted_tokens] = order
+    rows = back.view(np.uint16) if payload == "bfloat16" else back.view(payload)
+    tmp = scratch.reshape(-1)[:num_tokens * hidden].view(rows.dtype).reshape(num_tokens, hidden)
+    out = np.empty((num_tokens, hidden), p.acc)
+    for c in range(depth):
+        same = c == 0 and rows.dtype == p.acc  # the first gather can land in out itself
+        # mode="clip": with "raise", numpy gathers into a temporary first (indices are valid)
+        got = np.take(rows, pos[c], axis=0, out=out if same else tmp, mode="clip")
+        if same:
+            continue
+        vals = _bf16_bits_to_f32(got) if payload == "bfloat16" else got
+        if c == 0:
+            out[...] = vals
+        else:
+            out += vals
+    return out
+
+
 # ---------------------------------------------------------------------------------------------
 # one rank
 
@@ -355,7 +398,7 @@ def format_table(meta: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
     if compare:
         lines.append(f"# mpi: {meta.get('mpi', '?')} (mpi4py {meta.get('mpi4py', '?')}), same "
                      "processes: dispatch = gather + Alltoall(counts) + Alltoallv(rows) + "
-                     "Alltoallv(metadata), combine = Alltoallv(rows) + moe.sum_rows (gather, "
+                     "Alltoallv(metadata), combine = Alltoallv(rows) + sum_rows (gather, "
                      "add); ours: the DPA gathers (dispatch) and places (combine) the rows, the "
                      "host adds (moe.sum_slots)")
     lines += [

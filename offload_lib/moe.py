@@ -23,9 +23,8 @@ then rounds once to the payload type (round to nearest even for bfloat16).
 """
 from __future__ import annotations
 
-from typing import Any, NamedTuple
-
 import sys
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -236,15 +235,14 @@ def get_layout(topk_idx: Any, num_experts: int, num_ranks: int) -> tuple[Any, An
 class Handle:
     """What ``combine`` needs to send rows back and add them up; returned by ``dispatch``."""
 
-    __slots__ = ("dispatcher", "num_tokens", "recv_rows", "send_rows", "send_tokens",
-                 "recv_place", "contributions")
+    __slots__ = ("dispatcher", "num_tokens", "recv_rows", "send_rows", "recv_place",
+                 "contributions")
 
-    def __init__(self, dispatcher: Dispatcher, num_tokens: int, send_tokens: np.ndarray,
-                 send_rows: np.ndarray, recv_rows: np.ndarray, recv_place: np.ndarray,
+    def __init__(self, dispatcher: Dispatcher, num_tokens: int, send_rows: np.ndarray,
+                 recv_rows: np.ndarray, recv_place: np.ndarray,
                  contributions: np.ndarray) -> None:
         self.dispatcher = dispatcher
         self.num_tokens = num_tokens
-        self.send_tokens = send_tokens  # source token of each sent row, grouped by destination
         self.send_rows = send_rows  # rows sent to each rank
         self.recv_rows = recv_rows  # rows received from each rank
         # combine: where each received row goes back to (its source's slot c, token t:
@@ -459,8 +457,8 @@ class Dispatcher:
         got = meta_recv[:nrecv * width].reshape(nrecv, width)
         recv_idx = got[:, :k].copy()
         recv_w = None if w is None else got[:, k:2 * k].view(np.float64).astype(w_dtype)
-        handle = Handle(self, tokens, tok.astype(np.int64), send_rows, recv_rows,
-                        got[:, -1].copy(), in_rank.sum(axis=1))
+        handle = Handle(self, tokens, send_rows, recv_rows, got[:, -1].copy(),
+                        in_rank.sum(axis=1))
         if gpu:
             out_w = None
             if recv_w is not None:
@@ -563,48 +561,6 @@ def sum_slots(table: np.ndarray, contributions: np.ndarray, stride: int,
         else:
             picked = np.flatnonzero(contributions > c)
             out[picked] += slot(c)[picked]
-    return out
-
-
-def sum_rows(back: np.ndarray, tokens: np.ndarray, num_tokens: int, payload: str,
-             scratch: np.ndarray) -> np.ndarray:
-    """out[t] = the sum of the rows ``back[i]`` with ``tokens[i] == t``, in row order, widened
-    to the payload's accumulation type; ``back`` holds one zero row after those ``tokens``
-    names, and ``scratch`` (reused between calls) at least num_tokens rows like back's.
-    (combine's host work, shared with the MPI comparison in bench_moe.)
-
-    By contribution rather than by source rank: the c-th contributions of all tokens are
-    gathered at once (a zero row where a token has fewer), so each step is one gather and
-    one contiguous add, where adding into out[tokens of a rank] takes a gather, an add and
-    a scatter. Gathers go into memory that is already mapped: a fresh array of this size
-    costs the kernel a page fault and a page of zeros per 4 KiB."""
-    p = _PAYLOADS[payload]
-    hidden = back.shape[1]
-    zero_row = back.shape[0] - 1
-    order = np.argsort(tokens, kind="stable")  # by token, each token's rows in row order
-    per_token = np.bincount(tokens, minlength=num_tokens)
-    depth = int(per_token.max()) if per_token.size else 0
-    if depth == 0:
-        return np.zeros((num_tokens, hidden), p.acc)
-    sorted_tokens = tokens[order]
-    first = np.cumsum(per_token) - per_token
-    nth = np.arange(order.size) - first[sorted_tokens]
-    pos = np.full((depth, num_tokens), zero_row, np.intp)
-    pos[nth, sorted_tokens] = order
-    rows = back.view(np.uint16) if payload == "bfloat16" else back.view(payload)
-    tmp = scratch.reshape(-1)[:num_tokens * hidden].view(rows.dtype).reshape(num_tokens, hidden)
-    out = np.empty((num_tokens, hidden), p.acc)
-    for c in range(depth):
-        same = c == 0 and rows.dtype == p.acc  # the first gather can land in out itself
-        # mode="clip": with "raise", numpy gathers into a temporary first (indices are valid)
-        got = np.take(rows, pos[c], axis=0, out=out if same else tmp, mode="clip")
-        if same:
-            continue
-        vals = _bf16_bits_to_f32(got) if payload == "bfloat16" else got
-        if c == 0:
-            out[...] = vals
-        else:
-            out += vals
     return out
 
 
