@@ -127,7 +127,9 @@ struct emu_mcast_slot {
 	uint32_t sender;
 	uint32_t imm;
 	uint32_t len;
-	uint32_t resv[11];
+	uint32_t src_key;     /* nonzero: the payload is read from the sender's (mappable) source */
+	uint64_t src_addr;    /* with src_key: the chunk in the sender's address space */
+	uint32_t resv[8];
 };
 
 _Static_assert(sizeof(struct emu_mcast_member) == 64, "a cursor per cache line");

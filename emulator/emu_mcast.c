@@ -5,6 +5,14 @@
  * group's size; each member's emulated NIC (dpa_hal_mcast_poll) walks the ring from its
  * cursor, and places a chunk with one copy at its offset in a posted region, or drops it.
  *
+ * A chunk whose source peers can map (ctx.empty() memory, the job segment) goes into the
+ * slot by reference: each member's NIC copies it straight from the sender's buffer, so a
+ * byte costs n-1 copies for n-1 receivers, as replication in a switch costs the hosts
+ * nothing. Private memory is copied into the ring once. The sender's send completion then
+ * comes before the members read, which the HAL allows (dpa_hal.h): the firmware keeps a
+ * multicast source unchanged until every receiver acknowledged it, or withdrew it when its
+ * op aborted; a receiver checks for that after its last read and fails (mcast.c).
+ *
  * Ring protocol (indices are free-running 64-bit counters, masked on access):
  *  - a sender claims index i by CAS on head, only when every counted member's cursor is
  *    past i - slots (receive credits; otherwise DPA_HAL_EAGAIN and nothing is claimed) and
@@ -241,6 +249,16 @@ static int32_t pick_rail(const struct emu_device *dev, uint32_t *rail)
 	return OFFLOAD_ERR_LINK_DOWN;
 }
 
+/* Whether peers can map our registration `key` (and so read a chunk from it in place). */
+static int mappable(const struct emu_device *dev, uint32_t key)
+{
+	const struct emu_mr *mr = &dev->mrs[(uint64_t)dev->attr.rank * EMU_MAX_MRS +
+					    (key & (EMU_MAX_MRS - 1))];
+	uint32_t kind = off_read_once(&mr->kind);
+
+	return off_load_acquire(&mr->key) == key && (kind == EMU_MR_SHARED || kind == EMU_MR_JOB);
+}
+
 int dpa_hal_mcast_send(struct dpa_hal *hal, uint32_t group, uint64_t laddr, uint32_t lkey,
 		       uint32_t len, uint32_t imm, uint64_t wr_id)
 {
@@ -276,7 +294,9 @@ int dpa_hal_mcast_send(struct dpa_hal *hal, uint32_t group, uint64_t laddr, uint
 	off_write_once(&s->sender, me);
 	off_write_once(&s->imm, imm);
 	off_write_once(&s->len, len);
-	if (len)
+	off_write_once(&s->src_key, len && mappable(dev, lkey) ? lkey : 0u);
+	off_write_once(&s->src_addr, laddr);
+	if (len && !s->src_key)
 		memmove(payload_of(dev, group, index), (const void *)(uintptr_t)laddr, len);
 	off_store_release(&s->gen, index + 1);
 	/* Loopback is off: our NIC never receives our chunks. If it had consumed everything
@@ -364,6 +384,29 @@ static uint8_t *place(struct emu_device *dev, const struct emu_mcast_rx *rx, uin
 	return NULL;
 }
 
+/* Slot i's payload into dst, from the ring or the sender's buffer; 0 if that buffer is
+ * gone (its registration revoked: the chunk is dropped, and read again if still wanted). */
+static int copy_in(struct emu_device *dev, uint32_t group, uint64_t i, uint8_t *dst,
+		   uint32_t len)
+{
+	const struct emu_mcast_slot *s = slot_of(dev, group, i);
+	uint32_t key = off_read_once(&s->src_key);
+	struct emu_map *held;
+	uint8_t *src;
+	int32_t pid;
+
+	if (!key) {
+		memmove(dst, payload_of(dev, group, i), len);
+		return 1;
+	}
+	if (emu_mr_resolve(dev, off_read_once(&s->sender), key, off_read_once(&s->src_addr), len,
+			   OFFLOAD_ACCESS_REMOTE_READ, &src, &pid, &held) != OFFLOAD_OK || !src)
+		return 0;
+	memmove(dst, src, len);
+	emu_map_release(held);
+	return 1;
+}
+
 /* Place slot i's chunk and fill *cqe; 0 if it was dropped (counted). */
 static int deliver(struct emu_device *dev, uint32_t group, const struct emu_mcast_rx *rx,
 		   uint64_t i, struct dpa_hal_mcast_cqe *cqe)
@@ -383,8 +426,8 @@ static int deliver(struct emu_device *dev, uint32_t group, const struct emu_mcas
 	/* Cached copies, in and out of the ring (memmove: a forged region may overlap it):
 	 * MTU-sized chunks from a ring that stays in cache ran slower with streaming stores,
 	 * whose fence each chunk pays (bench broadcast/allgather, 1M and 16M). */
-	if (len)
-		memmove(dst, payload_of(dev, group, i), len);
+	if (len && !copy_in(dev, group, i, dst, len))
+		return 0;
 	/* Seqlock reader: a slot rewritten while we copied was not ours to deliver. Only a
 	 * reader the credits did not count can be overtaken; its copy is refetched anyway. */
 	__atomic_thread_fence(__ATOMIC_ACQUIRE);

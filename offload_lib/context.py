@@ -398,8 +398,12 @@ class Team:
         # elsewhere: host_post registers it both ways for this op.
         op.src_addr, op.src_len = b.addr, b.nbytes
         op.dst_addr, op.dst_len = b.addr, b.nbytes
+        # The firmware counts a broadcast as count x team size (every member's copy); the
+        # wait polls only below the same bound, as polling through a bulk op takes the CPU
+        # its receivers copy with.
         return self._ctx._submit(op, "broadcast", (b, b),
-                                 lambda g: _staging.broadcast(g, self, b, root), nbytes=b.nbytes)
+                                 lambda g: _staging.broadcast(g, self, b, root),
+                                 nbytes=b.nbytes * self.size)
 
     def allgather(self, src: Any, dst: Any) -> Request:
         """Post an all-gather: block i of ``dst`` (``src.size`` elements) comes from rank i.

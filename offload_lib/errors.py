@@ -107,8 +107,8 @@ def completion_error(what: str, status: int, detail: int, result0: int, result1:
             " team fails every later op", rank=detail)
     if status == ERR_PEER_OP:
         return OffloadError(
-            f"{what}: rank {detail} failed its part of the op (its own error says why, e.g. a"
-            " destination too small); nothing was sent there"
+            f"{what}: rank {detail} failed its part of the op (its own error says why: a"
+            " destination too small, a cancel, its op_timeout); what it sent is not valid"
         )
     return OffloadError(f"{what}: internal error (status {status}, detail {detail})")
 

@@ -294,3 +294,65 @@ ctx.close()
 @pytest.mark.timeout(60)
 def test_bad_input_and_size_mismatch():
     run_ranks(3, BAD_INPUT, timeout=45)
+
+
+WITHDRAWN = r'''
+import signal
+ctx = ol.init()
+w = ctx.world
+op = os.environ["MC_OP"]
+n = 64 * ctx.config.mtu  # fits the ring: the root injects all of it while rank 1 is stopped
+posted = os.path.join(os.path.dirname(os.path.abspath(__file__)), "posted")
+pids = np.zeros(size, np.int64)
+w.allgather(np.array([os.getpid()], np.int64), pids).wait(timeout=30)
+sent_a = np.full(n, 0xA1, np.uint8)
+src = ctx.empty(n, np.uint8)  # peers can map it: the emulator's chunks go by reference
+src[:] = sent_a if rank == 0 else 0xEE
+dst = ctx.empty(n * size, np.uint8)
+dst[:] = 0xEE
+
+
+def post():
+    return w.broadcast(src, root=0) if op == "broadcast" else w.allgather(src, dst)
+
+
+if rank == 1:
+    req = post()
+    time.sleep(0.3)  # our ready goes out; rank 0 stops us before it sends anything
+    open(posted, "w").close()
+    try:
+        req.wait(timeout=30)
+    except ol.OffloadError as e:
+        assert "rank 0 failed its part" in str(e), e
+        print("WITHDRAWN SEEN")
+    else:  # only the bytes rank 0 sent before it cancelled may land here
+        got = src if op == "broadcast" else dst[:n]
+        check_equal(got, sent_a, "data of a cancelled root")
+        raise AssertionError("completed although the root withdrew its source")
+else:
+    while not os.path.exists(posted):
+        time.sleep(0.01)
+    os.kill(int(pids[1]), signal.SIGSTOP)
+    while open(f"/proc/{int(pids[1])}/stat").read().split(") ")[1][0] != "T":
+        time.sleep(0.001)
+    before = ctx.stats()["mcast_chunks_sent"]
+    req = post()
+    deadline = time.monotonic() + 20
+    while ctx.stats()["mcast_chunks_sent"] - before < n // ctx.config.mtu:
+        assert time.monotonic() < deadline, "the root did not inject"
+        time.sleep(0.01)
+    assert req.cancel()
+    src[:] = 0xB2  # ours again: rank 1 must not take this for the broadcast
+    os.kill(int(pids[1]), signal.SIGCONT)
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("op", ["broadcast", "allgather"])
+def test_a_cancelled_owner_withdraws_its_source(op):
+    """The root cancels after injecting, while its receiver is stopped, and rewrites its
+    buffer: the receiver, resumed, fails instead of completing with the new bytes (it reads
+    chunks from the root's buffer, as refetch and the emulator's by-reference chunks do)."""
+    out = run_ranks(2, WITHDRAWN, timeout=60, env={"MC_OP": op})
+    assert "WITHDRAWN SEEN" in out[1]

@@ -87,7 +87,10 @@ void dpa_hal_set_rail(struct dpa_hal *hal, uint32_t peer, uint32_t rail);
  * at most dpa_hal_mtu() bytes once, whatever the group's size, with a 32-bit immediate
  * {op_seq:8, chunk_id:24}; it completes in dpa_hal_poll_cq() when the chunk left, not when
  * anyone got it. DPA_HAL_EAGAIN: the send queue is full (the group's receive credits are
- * used up), try again later. The sender does not receive its own chunks.
+ * used up), try again later. The sender does not receive its own chunks. A binding may
+ * still read the source after the send completed (the emulator hands members a reference
+ * to it): the firmware keeps a multicast source unchanged until every member acknowledged
+ * it, or withdrew it (OFFLOAD_READY_WITHDRAWN) and receivers check for that after reading.
  *
  * Receiving: the firmware posts the regions where one op's chunks land, placed by chunk id
  * (as a write with immediate is placed): a chunk whose immediate carries seq8 and an id in

@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define OFFLOAD_ABI_VERSION 7u
+#define OFFLOAD_ABI_VERSION 8u
 
 #define OFFLOAD_MAX_RANKS   64u   /* ranks in one job (team members index peer tables) */
 #define OFFLOAD_MAX_TEAMS   16u   /* teams alive at once, world included */
@@ -145,6 +145,10 @@ struct offload_ready {
  * count before they have our ready: a counting rank that sees one refuses, not waits. */
 #define OFFLOAD_READY_SLOT    (1u << 2)  /* all-to-all-v slot mode: a slot to fill up to len */
 #define OFFLOAD_READY_FIXED   (1u << 3)  /* all-to-all: the block, exactly len */
+/* A multicast owner whose op aborted takes its source back: what was read from it after
+ * this flag landed may already be the host's next data. addr then carries the owner's
+ * failure, (detail << 32) | (uint32_t)status. */
+#define OFFLOAD_READY_WITHDRAWN (1u << 4)
 
 /* What a sender will send (all-to-all-v), published into the receiver's control region
  * before the receiver lays out its destination. seq is written last. */

@@ -171,9 +171,17 @@ static int ag_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, st
 	return i == 0 ? ag_self(eng, op, hal) : ag_peer(eng, op, i, hal);
 }
 
+static int ag_abort(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal)
+{
+	const struct dpa_team *team = &eng->teams[op->team_id];
+
+	return i ? dpa_mcast_withdraw(eng, op, i, hal, (team->my_rank + i) % team->size) : 0;
+}
+
 const struct dpa_algo dpa_algo_allgather_mcast = {
 	.name = "allgather_mcast",
 	.start = ag_start,
 	.progress = ag_progress,
+	.abort = ag_abort,
 	.multicast = 1,
 };

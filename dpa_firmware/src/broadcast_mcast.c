@@ -157,9 +157,19 @@ static int bcast_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 	return 1;
 }
 
+static int bcast_abort(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal)
+{
+	const struct dpa_team *team = &eng->teams[op->team_id];
+
+	if (i == 0 || op->cmd.root != team->my_rank)
+		return 0;
+	return dpa_mcast_withdraw(eng, op, i, hal, (team->my_rank + i) % team->size);
+}
+
 const struct dpa_algo dpa_algo_broadcast_mcast = {
 	.name = "broadcast_mcast",
 	.start = bcast_start,
 	.progress = bcast_progress,
+	.abort = bcast_abort,
 	.multicast = 1,
 };

@@ -225,9 +225,11 @@ static int try_complete_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa
 	 * needed from the dead rank before it died, and succeeds. */
 	if (fail && dead)
 		fail = ((uint64_t)lowest_rank(dead) << 32) | (uint32_t)OFFLOAD_ERR_PEER;
-	/* Every control word of the op acknowledged first (an aborted op does not wait:
-	 * its peers are gone or failing). */
-	if (!__atomic_load_n(&op->aborted, __ATOMIC_SEQ_CST) && dpa_ctrl_pending(eng, op))
+	/* Every control word of the op acknowledged first. An aborted op does not wait (its
+	 * peers are gone or failing) unless its algorithm had something to tell them: a
+	 * withdrawn multicast source must have landed before the host rewrites it. */
+	if ((!__atomic_load_n(&op->aborted, __ATOMIC_SEQ_CST) || op->algo->abort) &&
+	    dpa_ctrl_pending(eng, op))
 		return 0;
 	struct offload_cqe cqe = {
 		.tag = op->cmd.tag,
@@ -580,6 +582,12 @@ static int progress_ops(struct dpa_engine *eng, struct dpa_hal *hal)
 				if (it->flags & DPA_ITEM_FINISHED)
 					continue;
 				if (__atomic_load_n(&op->aborted, __ATOMIC_SEQ_CST)) {
+					if (op->algo->abort && !(it->flags & DPA_ITEM_ABORTED)) {
+						if (op->algo->abort(eng, op, i, hal) == DPA_HAL_EAGAIN)
+							continue;
+						it->flags |= DPA_ITEM_ABORTED;
+						work++;
+					}
 					/* Wait for nothing but our own writes still in flight. */
 					if (it->inflight == 0) {
 						it->flags |= DPA_ITEM_FINISHED;

@@ -40,6 +40,7 @@ struct dpa_item {
 #define DPA_ITEM_COUNT_OUT (1u << 8)  /* all-to-all-v: our byte count is posted to the destination */
 #define DPA_ITEM_COUNT_IN  (1u << 9)  /* slots: the source's announced count was read */
 #define DPA_ITEM_RESEND    (1u << 10) /* a rail dropped a write: rewind to `acked` and resend */
+#define DPA_ITEM_ABORTED   (1u << 11) /* the algorithm's abort step for this item is done */
 
 struct dpa_team {
 	uint32_t active;
@@ -67,6 +68,9 @@ struct dpa_algo {
 	int (*start)(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal);
 	/* Advance item i; returns >0 if it did work. Must not block. */
 	int (*progress)(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal);
+	/* Item i of an aborted op, before it finishes: what its peer must still hear (a
+	 * multicast owner withdraws its source). DPA_HAL_EAGAIN: call again. May be NULL. */
+	int (*abort)(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal);
 	/* Item 0 reads from every owner (multicast refetch): a data completion does not name
 	 * its peer, so a failed rail is given up for the whole team. */
 	uint32_t multicast;
@@ -274,6 +278,9 @@ int dpa_mcast_peer_word(struct dpa_engine *eng, struct dpa_op *op, struct dpa_ha
 int dpa_mcast_owner_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 			 struct dpa_hal *hal, uint32_t p);
 int dpa_mcast_take_ack(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
+		       struct dpa_hal *hal, uint32_t p);
+/* An aborted owner's item for peer p: withdraw our source unless p acknowledged it. */
+int dpa_mcast_withdraw(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 		       struct dpa_hal *hal, uint32_t p);
 
 /* p2p.c: the exchange step shared by all-to-all and all-to-all-v. */

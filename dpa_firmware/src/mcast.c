@@ -77,7 +77,7 @@ int dpa_mcast_post(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *ha
 	for (uint32_t r = 0; r < team->size; r++) {
 		const struct dpa_mcast_block *b = &st->blocks[r];
 
-		if (r == team->my_rank || !b->nchunks)
+		if (r == team->my_rank || !b->nchunks || (b->flags & DPA_BLOCK_COMPLETE))
 			continue;
 		regions[n++] = (struct dpa_hal_mcast_region){ .addr = b->dst, .len = b->len,
 			.key = op->cmd.dst_key, .first_chunk = b->first_chunk };
@@ -182,14 +182,30 @@ static int poll_arrivals(struct dpa_op *op, struct dpa_hal *hal, struct dpa_mcas
 }
 
 
+/* The owner's op aborted and took its source back (OFFLOAD_READY_WITHDRAWN): what we read
+ * from it since may be the owner's next data. Ours aborts too: the owner acknowledges
+ * nothing any more, and the team's sequence is broken on its side. */
+static void withdrawn(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		      uint32_t owner, uint32_t owner_world)
+{
+	const struct offload_ready *r = &dpa_my_ctrl(hal, op->team_id)->ready[op->slot][owner];
+
+	if (off_load_acquire(&r->seq) != op->seq ||
+	    !(off_read_once(&r->flags) & OFFLOAD_READY_WITHDRAWN) ||
+	    __atomic_load_n(&op->aborted, __ATOMIC_SEQ_CST))
+		return;
+	dpa_op_abort(eng, hal, op, OFFLOAD_ERR_PEER_OP, owner_world);
+}
+
 /* The owner's words in our control region: its source (ready) and its "sent all" (count). */
-static void learn_owner(struct dpa_op *op, struct dpa_hal *hal, struct dpa_mcast_block *b,
-			uint32_t owner, uint32_t owner_world)
+static void learn_owner(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+			struct dpa_mcast_block *b, uint32_t owner, uint32_t owner_world)
 {
 	struct offload_ctrl_team *ctrl = dpa_my_ctrl(hal, op->team_id);
 	const struct offload_ready *r = &ctrl->ready[op->slot][owner];
 	const struct offload_count *c = &ctrl->counts[op->slot][owner];
 
+	withdrawn(eng, op, hal, owner, owner_world);  /* fail now, not at op_timeout */
 	if (!(b->flags & DPA_BLOCK_HAVE_SRC) && off_load_acquire(&r->seq) == op->seq) {
 		if ((r->flags & OFFLOAD_READY_REFUSED) || r->len != b->len)
 			dpa_op_fail(op, r->flags & OFFLOAD_READY_REFUSED ? OFFLOAD_ERR_PEER_OP :
@@ -278,7 +294,7 @@ int dpa_mcast_receive(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 	 * poll after seeing that word finds every chunk that was not lost. */
 	for (uint32_t r = 0; r < team->size; r++)
 		if (r != team->my_rank && !(st->blocks[r].flags & DPA_BLOCK_COMPLETE))
-			learn_owner(op, hal, &st->blocks[r], r, team->peers[r].world_rank);
+			learn_owner(eng, op, hal, &st->blocks[r], r, team->peers[r].world_rank);
 	work = poll_arrivals(op, hal, st, team);
 	for (uint32_t r = 0; r < team->size; r++) {
 		struct dpa_mcast_block *b = &st->blocks[r];
@@ -288,7 +304,14 @@ int dpa_mcast_receive(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 		if (r == team->my_rank || (b->flags & DPA_BLOCK_COMPLETE))
 			continue;
 		if (b->got >= b->nchunks && it0->inflight == 0 && b->round_start == b->next) {
+			/* Every read from the owner's memory (refetch; the emulator's chunks by
+			 * reference) is done: had the owner withdrawn its source before any of
+			 * them, its flag is visible now. Then the block leaves the posted
+			 * regions: nothing may land in it once we acknowledge it. */
+			__atomic_thread_fence(__ATOMIC_ACQUIRE);
+			withdrawn(eng, op, hal, r, world);
 			off_store_release(&b->flags, b->flags | DPA_BLOCK_COMPLETE);
+			dpa_mcast_post(eng, op, hal, st);
 			dpa_hal_notify(hal);  /* all-gather: the owner's item acknowledges it */
 			work++;
 			continue;
@@ -384,6 +407,17 @@ int dpa_mcast_owner_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 		work++;
 	}
 	return work;
+}
+
+int dpa_mcast_withdraw(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
+		       struct dpa_hal *hal, uint32_t p)
+{
+	/* p acknowledged our block, or never will read it: it is done with our source. */
+	if ((op->items[i].flags & DPA_ITEM_RECVD) ||
+	    (off_read_once(&eng->failed_ranks) & (1ull << eng->teams[op->team_id].peers[p].world_rank)))
+		return 0;
+	return dpa_publish_region(eng, op, hal, p, op->cmd.src_addr, op->cmd.count, op->cmd.src_key,
+				  OFFLOAD_READY_WITHDRAWN);
 }
 
 /* p's acknowledgement of our block (or p is gone): item i finishes. */
