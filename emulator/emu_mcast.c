@@ -11,7 +11,9 @@
  * nothing. Private memory is copied into the ring once. The sender's send completion then
  * comes before the members read, which the HAL allows (dpa_hal.h): the firmware keeps a
  * multicast source unchanged until every receiver acknowledged it, or withdrew it when its
- * op aborted; a receiver checks for that after its last read and fails (mcast.c).
+ * op aborted; a receiver checks for that after its last read and fails (mcast.c). A
+ * by-reference chunk whose sender is gone (dead, or the buffer deregistered) is dropped
+ * as a lost one would be; the receiver's refetch then fails naming the sender.
  *
  * Ring protocol (indices are free-running 64-bit counters, masked on access):
  *  - a sender claims index i by CAS on head, only when every counted member's cursor is
@@ -254,9 +256,12 @@ static int mappable(const struct emu_device *dev, uint32_t key)
 {
 	const struct emu_mr *mr = &dev->mrs[(uint64_t)dev->attr.rank * EMU_MAX_MRS +
 					    (key & (EMU_MAX_MRS - 1))];
-	uint32_t kind = off_read_once(&mr->kind);
+	uint32_t kind;
 
-	return off_load_acquire(&mr->key) == key && (kind == EMU_MR_SHARED || kind == EMU_MR_JOB);
+	if (off_load_acquire(&mr->key) != key)  /* the owner writes key last */
+		return 0;
+	kind = off_read_once(&mr->kind);
+	return kind == EMU_MR_SHARED || kind == EMU_MR_JOB;
 }
 
 int dpa_hal_mcast_send(struct dpa_hal *hal, uint32_t group, uint64_t laddr, uint32_t lkey,

@@ -318,7 +318,7 @@ def post():
 
 if rank == 1:
     req = post()
-    time.sleep(0.3)  # our ready goes out; rank 0 stops us before it sends anything
+    time.sleep(1.0)  # our ready goes out; rank 0 stops us before it sends anything
     open(posted, "w").close()
     try:
         req.wait(timeout=30)

@@ -146,8 +146,7 @@ struct offload_ready {
 #define OFFLOAD_READY_SLOT    (1u << 2)  /* all-to-all-v slot mode: a slot to fill up to len */
 #define OFFLOAD_READY_FIXED   (1u << 3)  /* all-to-all: the block, exactly len */
 /* A multicast owner whose op aborted takes its source back: what was read from it after
- * this flag landed may already be the host's next data. addr then carries the owner's
- * failure, (detail << 32) | (uint32_t)status. */
+ * this flag landed may already be the host's next data. */
 #define OFFLOAD_READY_WITHDRAWN (1u << 4)
 
 /* What a sender will send (all-to-all-v), published into the receiver's control region

@@ -86,7 +86,7 @@ static int ag_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *ha
 		return 0;  /* the team's previous multicast op is still receiving */
 	if (!(off_read_once(&op->mc_flags) & DPA_MC_POSTED)) {
 		setup(eng, op, hal, st);
-		dpa_mcast_post(eng, op, hal, st);
+		dpa_mcast_post(eng, op, hal, st, UINT32_MAX);
 		dpa_mc_raise(op, hal, DPA_MC_POSTED);
 		work++;
 	}

@@ -84,7 +84,7 @@ static int receiver_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_h
 			.nchunks = dpa_mcast_chunks(hal, op->cmd.count) };
 		for (uint32_t w = 0; w < (b->nchunks + 63) / 64; w++)
 			st->bits[w] = 0;
-		dpa_mcast_post(eng, op, hal, st);
+		dpa_mcast_post(eng, op, hal, st, UINT32_MAX);
 		dpa_mc_raise(op, hal, DPA_MC_POSTED);
 	}
 	work = dpa_mcast_receive(eng, op, hal, st);

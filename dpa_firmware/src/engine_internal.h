@@ -260,12 +260,15 @@ int dpa_ctrl_post(struct dpa_engine *eng, struct dpa_hal *hal, const struct dpa_
 int dpa_ctrl_completed(struct dpa_engine *eng, struct dpa_hal *hal, const struct dpa_hal_cqe *c);
 int dpa_ctrl_resend(struct dpa_engine *eng, struct dpa_hal *hal);
 int dpa_ctrl_pending(struct dpa_engine *eng, const struct dpa_op *op);
+/* Is the control word with this wr_id still owed by any thread? */
+int dpa_ctrl_word_pending(struct dpa_engine *eng, uint64_t wr_id);
 
 /* mcast.c: what broadcast and all-gather share (see there). */
 struct dpa_mcast_state *dpa_mcast_claim(struct dpa_engine *eng, struct dpa_op *op);
 void dpa_mcast_release(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal);
+/* Post the regions of every block not complete (nor `complete`, one completing now). */
 int dpa_mcast_post(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
-		   struct dpa_mcast_state *st);
+		   struct dpa_mcast_state *st, uint32_t complete);
 int dpa_mcast_inject(struct dpa_op *op, struct dpa_hal *hal, uint32_t first_chunk,
 		     uint64_t src, uint64_t len, int *done);
 /* Poll arrivals, learn owners' readies and "sent all", fetch what was lost; returns work
@@ -290,6 +293,10 @@ int dpa_publish_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
  * (src_key, remote read) so that receivers can read what they lost. */
 int dpa_publish_region(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 		       uint32_t peer, uint64_t addr, uint64_t len, uint32_t key, uint32_t flags);
+/* The same descriptor with OFFLOAD_READY_WITHDRAWN, as its own control word (its own
+ * wr_id kind: the log tells its completions from the ready's). */
+int dpa_withdraw_region(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+			uint32_t peer, uint64_t addr, uint64_t len, uint32_t key);
 /* Publishes this rank's ready for one source (fixed-layout exchanges). */
 typedef int (*dpa_publish_fn)(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 			      uint32_t src);
@@ -342,6 +349,7 @@ static inline uint64_t dpa_wr_id(const struct dpa_op *op, uint32_t item, uint32_
 #define DPA_WR_READY  2u   /* control words: wr_id's item is the team peer */
 #define DPA_WR_COUNT  3u
 #define DPA_WR_SIGNAL 4u
+#define DPA_WR_WITHDRAW 5u /* a multicast owner's ready again, OFFLOAD_READY_WITHDRAWN */
 
 /* Offsets of one rank's control words inside struct offload_ctrl. */
 static inline uint64_t dpa_ctrl_team_off(uint32_t team)

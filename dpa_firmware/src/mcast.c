@@ -67,7 +67,7 @@ void dpa_mcast_release(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal
 }
 
 int dpa_mcast_post(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
-		   struct dpa_mcast_state *st)
+		   struct dpa_mcast_state *st, uint32_t complete)
 {
 	struct dpa_hal_mcast_region regions[DPA_HAL_MCAST_MAX_REGIONS];
 	const struct dpa_team *team = &eng->teams[op->team_id];
@@ -77,7 +77,8 @@ int dpa_mcast_post(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *ha
 	for (uint32_t r = 0; r < team->size; r++) {
 		const struct dpa_mcast_block *b = &st->blocks[r];
 
-		if (r == team->my_rank || !b->nchunks || (b->flags & DPA_BLOCK_COMPLETE))
+		if (r == team->my_rank || r == complete || !b->nchunks ||
+		    (b->flags & DPA_BLOCK_COMPLETE))
 			continue;
 		regions[n++] = (struct dpa_hal_mcast_region){ .addr = b->dst, .len = b->len,
 			.key = op->cmd.dst_key, .first_chunk = b->first_chunk };
@@ -310,8 +311,11 @@ int dpa_mcast_receive(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 			 * regions: nothing may land in it once we acknowledge it. */
 			__atomic_thread_fence(__ATOMIC_ACQUIRE);
 			withdrawn(eng, op, hal, r, world);
+			if (__atomic_load_n(&op->aborted, __ATOMIC_SEQ_CST))
+				return work + 1;
+			if (b->nchunks)
+				dpa_mcast_post(eng, op, hal, st, r);
 			off_store_release(&b->flags, b->flags | DPA_BLOCK_COMPLETE);
-			dpa_mcast_post(eng, op, hal, st);
 			dpa_hal_notify(hal);  /* all-gather: the owner's item acknowledges it */
 			work++;
 			continue;
@@ -412,12 +416,14 @@ int dpa_mcast_owner_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 int dpa_mcast_withdraw(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 		       struct dpa_hal *hal, uint32_t p)
 {
-	/* p acknowledged our block, or never will read it: it is done with our source. */
-	if ((op->items[i].flags & DPA_ITEM_RECVD) ||
-	    (off_read_once(&eng->failed_ranks) & (1ull << eng->teams[op->team_id].peers[p].world_rank)))
-		return 0;
-	return dpa_publish_region(eng, op, hal, p, op->cmd.src_addr, op->cmd.count, op->cmd.src_key,
-				  OFFLOAD_READY_WITHDRAWN);
+	(void)i;  /* unfinished items only: p has not acknowledged our block */
+	if (off_read_once(&eng->failed_ranks) & (1ull << eng->teams[op->team_id].peers[p].world_rank))
+		return 0;  /* p is gone: it reads nothing any more */
+	/* Our ready to p lands first: a resend of it after the withdrawal would undo it. */
+	if (dpa_ctrl_word_pending(eng, dpa_wr_id(op, p, DPA_WR_READY)))
+		return DPA_HAL_EAGAIN;
+	return dpa_withdraw_region(eng, op, hal, p, op->cmd.src_addr, op->cmd.count,
+				   op->cmd.src_key);
 }
 
 /* p's acknowledgement of our block (or p is gone): item i finishes. */
@@ -425,10 +431,14 @@ int dpa_mcast_take_ack(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 		       struct dpa_hal *hal, uint32_t p)
 {
 	struct dpa_item *it = &op->items[i];
+	uint32_t world = eng->teams[op->team_id].peers[p].world_rank;
 
-	if (!dpa_check_done(eng, op, hal, it, p) &&
-	    !dpa_peer_gone(eng, op, eng->teams[op->team_id].peers[p].world_rank))
+	if (!dpa_check_done(eng, op, hal, it, p) && !dpa_peer_gone(eng, op, world)) {
+		/* An all-gather peer that aborted acknowledges nothing: abort now, not at
+		 * op_timeout (a broadcast receiver never withdraws anything). */
+		withdrawn(eng, op, hal, p, world);
 		return 0;
+	}
 	it->flags |= DPA_ITEM_RECVD | DPA_ITEM_FINISHED;
 	return 1;
 }

@@ -54,6 +54,19 @@ int dpa_publish_region(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal
 			      offsetof(struct offload_ready, seq), DPA_WR_READY);
 }
 
+int dpa_withdraw_region(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+			uint32_t peer, uint64_t addr, uint64_t len, uint32_t key)
+{
+	uint32_t me = eng->teams[op->team_id].my_rank;
+	struct offload_ready ready = {
+		.addr = addr, .len = len, .key = key, .flags = OFFLOAD_READY_WITHDRAWN,
+	};
+
+	return post_sequenced(eng, op, hal, peer, dpa_ctrl_ready_off(op->team_id, op->slot, me),
+			      &ready, offsetof(struct offload_ready, seq),
+			      offsetof(struct offload_ready, seq), DPA_WR_WITHDRAW);
+}
+
 int dpa_publish_count(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 		      uint32_t dst, uint64_t bytes)
 {

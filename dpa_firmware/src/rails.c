@@ -104,7 +104,8 @@ int dpa_ctrl_completed(struct dpa_engine *eng, struct dpa_hal *hal, const struct
 		struct dpa_ctrl_msg *m = &log[i];
 		uint8_t left;
 
-		if (!m->pending || m->wr_id != c->wr_id)
+		/* An entry waiting to be resent expects no completion. */
+		if (!m->pending || m->pending == DPA_CTRL_RESEND || m->wr_id != c->wr_id)
 			continue;
 		if (c->status == OFFLOAD_ERR_LINK_DOWN) {
 			dpa_rail_failed(eng, hal, m->peer, c->rail);
@@ -150,6 +151,19 @@ int dpa_ctrl_resend(struct dpa_engine *eng, struct dpa_hal *hal)
 		__atomic_store_n(&m->pending, 0, __ATOMIC_RELEASE);
 	}
 	return work;
+}
+
+int dpa_ctrl_word_pending(struct dpa_engine *eng, uint64_t wr_id)
+{
+	for (uint32_t t = 0; t < eng->params.num_threads; t++)
+		for (uint32_t i = 0; i < DPA_CTRL_LOG; i++) {
+			const struct dpa_ctrl_msg *m = &eng->ctrl_log[t][i];
+
+			if (__atomic_load_n(&m->pending, __ATOMIC_ACQUIRE) &&
+			    __atomic_load_n(&m->wr_id, __ATOMIC_RELAXED) == wr_id)
+				return 1;
+		}
+	return 0;
 }
 
 /* Does any thread still owe a control word of this op (not yet acknowledged by the NIC, or
