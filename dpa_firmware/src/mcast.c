@@ -213,11 +213,12 @@ static void learn_owner(struct dpa_engine *eng, struct dpa_op *op, struct dpa_ha
 				    OFFLOAD_ERR_INVALID, owner_world);
 		b->src_addr = r->addr;
 		b->src_key = r->key;
-		b->flags |= DPA_BLOCK_HAVE_SRC;
+		/* Atomic: an all-gather peer item on another thread reads the flags. */
+		off_store_release(&b->flags, b->flags | DPA_BLOCK_HAVE_SRC);
 	}
 	if (!(b->flags & DPA_BLOCK_SENT_ALL) && off_load_acquire(&c->seq) == op->seq) {
 		b->sent_all_ns = dpa_hal_time_ns(hal);
-		b->flags |= DPA_BLOCK_SENT_ALL;
+		off_store_release(&b->flags, b->flags | DPA_BLOCK_SENT_ALL);
 	}
 }
 

@@ -5,7 +5,8 @@
  * 0 to 1 MiB per peer, private and job-shared buffers, several in flight at once, a team
  * in reverse rank order), all-to-all-v (counts with zeros, expected counts, fixed slots),
  * barriers (no rank leaves before all arrived), a forged all-to-all whose src and dst
- * overlap, and two host threads posting on two teams at once, checking every element
+ * overlap, two host threads posting on two teams at once, and multicast broadcast and
+ * all-gather (private and shared buffers, 2% of chunks lost), checking every element
  * received and the guard past every destination. Built with sanitizers by
  * tests/test_sanitizers.py; runs alone too:
  *
@@ -436,6 +437,88 @@ static void test_threads(struct rank *r, const uint32_t *world)
 		pthread_join(t[i], NULL);
 }
 
+/* ---- multicast ---- */
+
+/* Post op on the world team and wait; 0 once it completed OK. */
+static int run_op(struct rank *r, struct host_op *op, const char *what)
+{
+	struct host_completion c;
+	uint32_t tag;
+
+	op->team = OFFLOAD_WORLD_TEAM;
+	if (post(r, op, &tag, what))
+		return -1;
+	return wait_ok(r, tag, &c, what);
+}
+
+static void check_block(struct rank *r, const uint32_t *got, uint32_t owner, uint32_t cnt,
+			uint32_t iter, const char *what)
+{
+	for (uint32_t i = 0; i < cnt; i++) {
+		if (got[i] != val(owner, 0, i, iter)) {
+			fail(r, "%s: block of rank %u, element %u: got %#x, want %#x", what, owner,
+			     i, got[i], val(owner, 0, i, iter));
+			return;
+		}
+	}
+}
+
+/* Broadcast and all-gather, chunks of one MTU (1024 elements) and around it, private and
+ * job-shared buffers (the emulator's multicast ring holds the latter by reference), with
+ * 2% of the chunks lost so that receivers also read from the owners' buffers. */
+static void test_multicast(struct rank *r)
+{
+	const uint32_t sizes[] = { 0, 1, 1023, 1025, r->big };
+	uint32_t iter = 500;
+
+	host_set_mcast_faults(r->ctx, 20000, 0);
+	for (uint32_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+		for (int shared = 0; shared < 2; shared++, iter += 2) {
+			uint32_t cnt = sizes[k], root = (k + (uint32_t)shared) % r->n;
+			uint64_t bytes = (uint64_t)cnt * 4;
+			struct buf b, s, d;
+			char what[96];
+
+			snprintf(what, sizeof(what), "broadcast of %u elements from %u (%s)", cnt, root,
+				 shared ? "shared" : "private");
+			if (buf_new(r, &b, cnt, shared))
+				return;
+			for (uint32_t i = 0; i < cnt; i++)
+				b.p[i] = r->me == root ? val(root, 0, i, iter) : 0;
+			if (!run_op(r, &(struct host_op){ .opcode = OFFLOAD_OP_BROADCAST, .root = root,
+					.src_addr = (uintptr_t)b.p, .src_len = bytes,
+					.dst_addr = (uintptr_t)b.p, .dst_len = bytes, .count = bytes },
+				    what)) {
+				check_block(r, b.p, root, cnt, iter, what);
+				check_guard(r, &b, cnt, what);
+			}
+			buf_free(r, &b);
+
+			snprintf(what, sizeof(what), "all-gather of %u elements per rank (%s)", cnt,
+				 shared ? "shared" : "private");
+			if (buf_new(r, &s, cnt, shared))
+				return;
+			if (buf_new(r, &d, (uint64_t)cnt * r->n, shared)) {
+				buf_free(r, &s);
+				return;
+			}
+			for (uint32_t i = 0; i < cnt; i++)
+				s.p[i] = val(r->me, 0, i, iter + 1);
+			if (!run_op(r, &(struct host_op){ .opcode = OFFLOAD_OP_ALLGATHER,
+					.src_addr = (uintptr_t)s.p, .src_len = bytes,
+					.dst_addr = (uintptr_t)d.p, .dst_len = bytes * r->n,
+					.count = bytes }, what)) {
+				for (uint32_t p = 0; p < r->n; p++)
+					check_block(r, d.p + (uint64_t)p * cnt, p, cnt, iter + 1, what);
+				check_guard(r, &d, (uint64_t)cnt * r->n, what);
+			}
+			buf_free(r, &s);
+			buf_free(r, &d);
+		}
+	}
+	host_set_mcast_faults(r->ctx, 0, 0);
+}
+
 /* ---- barrier ---- */
 
 /* Rounds first..first+BARRIER_ROUNDS-1: each rank counts itself in, then waits. */
@@ -529,6 +612,7 @@ static int rank_main(uint32_t me, uint32_t n, const char *job, uint32_t threads,
 		test_alltoallv(&r);
 		test_overlap(&r);
 		test_threads(&r, world);
+		test_multicast(&r);
 		test_barrier(&r, BARRIER_ROUNDS);
 	}
 	if (!rc && rail0_bytes != UINT64_MAX)
