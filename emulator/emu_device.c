@@ -210,6 +210,8 @@ static void emu_close(struct host_device *hd)
 	free(dev->threads);
 	free(dev->hals);
 	free(dev->fw_state);
+	for (uint32_t g = 0; g < OFFLOAD_MAX_TEAMS; g++)
+		free(dev->mc_rx[g].stage);
 	pthread_mutex_destroy(&dev->mr_lock);
 	pthread_mutex_destroy(&dev->map_lock);
 	free(dev);
@@ -220,7 +222,7 @@ static int mcast_attr_valid(const struct host_device_attr *attr)
 {
 	return attr->mtu >= 256 && attr->mtu <= 65536 && !(attr->mtu & (attr->mtu - 1)) &&
 	       attr->mcast_rq_depth >= 2 && attr->mcast_loss_ppm <= 1000000 &&
-	       attr->mcast_reorder_ppm <= 1000000;
+	       attr->mcast_reorder_ppm <= 1000000 && attr->mcast_staged <= 1;
 }
 
 static int emu_open(const struct host_device_attr *attr, struct host_device **out)

@@ -35,6 +35,7 @@
 #define EMU_MCAST_MAX_SLOTS  512u
 #define EMU_MCAST_EVENT_EVERY 16u   /* receive event moderation: chunks per wake-up */
 #define EMU_MCAST_WRITING    UINT64_MAX  /* slot generation while a sender fills it */
+#define EMU_MCAST_STAGE_MAX  512u   /* staged receive: slots per group, at most */
 
 enum emu_mr_kind {
 	EMU_MR_PRIVATE = 0,   /* ordinary process memory: process_vm_writev/readv */
@@ -153,6 +154,11 @@ struct emu_mcast_rx {
 	 * a sender stalled mid-copy must not hold back the chunks of the others. */
 	uint64_t done[EMU_MCAST_MAX_SLOTS / 64];
 	struct dpa_hal_mcast_region regions[DPA_HAL_MCAST_MAX_REGIONS];
+	/* Staged receive (attr.mcast_staged): the slots (MTU each, allocated on first post)
+	 * and which ones hold a chunk the firmware has not copied out or dropped yet. */
+	uint8_t *stage;
+	uint64_t stage_busy[EMU_MCAST_STAGE_MAX / 64];
+	uint32_t stage_next;  /* where the search for a free slot starts */
 };
 
 struct emu_device;

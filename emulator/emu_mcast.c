@@ -33,6 +33,11 @@
  * while a sender that receives nothing (a broadcast root, which may not poll) must not
  * block on its own cursor. A member only receives chunks claimed after it joined.
  *
+ * Staged receive (mcast_placement: staged), the UD fallback: a member's NIC does not place
+ * by chunk id; while the group is armed it copies each chunk whole into a free staging slot
+ * of its own (process memory) and hands the slot to the firmware, which copies it out
+ * (dpa_hal_mcast_slot_copy) or drops it. No free slot: the chunk is dropped.
+ *
  * Receive-side faults, as one member's NIC sees them, in this order: a ring lap missed
  * (overwritten), chunks lost by the fabric (loss_ppm, a hash of seed, rank, group and slot
  * index, so a run reproduces), the receive queue overrun (more than mcast_rq_depth
@@ -43,6 +48,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <sched.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "emu_internal.h"
@@ -82,6 +88,110 @@ void emu_mcast_forget(struct emu_device *dev)
 uint32_t dpa_hal_mtu(const struct dpa_hal *hal)
 {
 	return hal->dev->attr.mtu;
+}
+
+static uint32_t stage_slots(const struct emu_device *dev)
+{
+	uint32_t n = dev->attr.mcast_rq_depth;
+
+	return n < EMU_MCAST_STAGE_MAX ? n : EMU_MCAST_STAGE_MAX;
+}
+
+uint32_t dpa_hal_mcast_slots(const struct dpa_hal *hal)
+{
+	return hal->dev->attr.mcast_staged ? stage_slots(hal->dev) : 0;
+}
+
+static int stage_busy(const struct emu_mcast_rx *rx, uint32_t slot)
+{
+	return (rx->stage_busy[slot / 64] >> (slot % 64)) & 1;
+}
+
+static void stage_set(struct emu_mcast_rx *rx, uint32_t slot, int busy)
+{
+	uint64_t bit = 1ull << (slot % 64);
+
+	rx->stage_busy[slot / 64] = busy ? rx->stage_busy[slot / 64] | bit :
+					   rx->stage_busy[slot / 64] & ~bit;
+}
+
+/* A free staging slot, now busy; UINT32_MAX if every one holds a chunk. */
+static uint32_t stage_take(const struct emu_device *dev, struct emu_mcast_rx *rx)
+{
+	uint32_t n = stage_slots(dev);
+
+	for (uint32_t k = 0; k < n; k++) {
+		uint32_t slot = (rx->stage_next + k) % n;
+
+		if (!stage_busy(rx, slot)) {
+			stage_set(rx, slot, 1);
+			rx->stage_next = (slot + 1) % n;
+			return slot;
+		}
+	}
+	return UINT32_MAX;
+}
+
+static void lock_rx(struct emu_mcast_rx *rx)
+{
+	while (!off_trylock(&rx->lock))
+		sched_yield();  /* a poll of this group is placing chunks: brief */
+}
+
+/* The slot, if it is the firmware's to hand back; NULL otherwise (the lock is then free). */
+static struct emu_mcast_rx *slot_owner(struct dpa_hal *hal, uint32_t group, uint32_t slot)
+{
+	struct emu_device *dev = hal->dev;
+	struct emu_mcast_rx *rx;
+
+	if (group >= OFFLOAD_MAX_TEAMS || !dev->attr.mcast_staged || slot >= stage_slots(dev))
+		return NULL;
+	rx = &dev->mc_rx[group];
+	lock_rx(rx);
+	if (rx->stage && stage_busy(rx, slot))
+		return rx;
+	off_unlock(&rx->lock);
+	return NULL;
+}
+
+int dpa_hal_mcast_slot_copy(struct dpa_hal *hal, uint32_t group, uint32_t slot, uint64_t addr,
+			    uint32_t key, uint32_t len, uint64_t wr_id)
+{
+	struct emu_device *dev = hal->dev;
+	struct emu_mcast_rx *rx;
+	struct emu_map *held;
+	uint8_t *ptr = NULL;
+	int32_t pid, st = OFFLOAD_OK;
+
+	if (len > dev->attr.mtu)
+		return -EINVAL;
+	if (emu_cq_full(hal))
+		return DPA_HAL_EAGAIN;
+	rx = slot_owner(hal, group, slot);
+	if (!rx)
+		return -EINVAL;
+	/* Into our own registered memory, as the DPA's copy out of its slot would go. */
+	if (len)
+		st = emu_mr_resolve(dev, dev->attr.rank, key, addr, len, OFFLOAD_ACCESS_LOCAL_WRITE,
+				    &ptr, &pid, &held);
+	if (!st && len && !ptr)
+		st = OFFLOAD_ERR_REMOTE_ACCESS;
+	if (!st && len)
+		memmove(ptr, rx->stage + (uint64_t)slot * dev->attr.mtu, len);
+	stage_set(rx, slot, 0);
+	off_unlock(&rx->lock);
+	return emu_push_cqe(hal, wr_id, st, st ? 0 : len, 0);
+}
+
+int dpa_hal_mcast_slot_free(struct dpa_hal *hal, uint32_t group, uint32_t slot)
+{
+	struct emu_mcast_rx *rx = slot_owner(hal, group, slot);
+
+	if (!rx)
+		return -EINVAL;
+	stage_set(rx, slot, 0);
+	off_unlock(&rx->lock);
+	return 0;
 }
 
 /* splitmix64's finalizer: fault decisions must be reproducible, not random. */
@@ -345,8 +455,14 @@ int dpa_hal_mcast_post(struct dpa_hal *hal, uint32_t group, uint32_t seq8,
 				   regions[i].len, OFFLOAD_ACCESS_LOCAL_WRITE, &ptr, &pid, &held))
 			return -EINVAL;
 	rx = &dev->mc_rx[group];
-	while (!off_trylock(&rx->lock))
-		sched_yield();  /* a poll of this group is placing chunks: brief */
+	lock_rx(rx);
+	if (n && dev->attr.mcast_staged && !rx->stage) {
+		rx->stage = malloc((uint64_t)stage_slots(dev) * dev->attr.mtu);
+		if (!rx->stage) {
+			off_unlock(&rx->lock);
+			return -ENOMEM;
+		}
+	}
 	if (!rx->joined)
 		join(dev, group, rx);
 	if (n)
@@ -389,57 +505,139 @@ static uint8_t *place(struct emu_device *dev, const struct emu_mcast_rx *rx, uin
 	return NULL;
 }
 
-/* Slot i's payload into dst, from the ring or the sender's buffer; 0 if that buffer is
- * gone (its registration revoked: the chunk is dropped, and read again if still wanted). */
-static int copy_in(struct emu_device *dev, uint32_t group, uint64_t i, uint8_t *dst,
-		   uint32_t len)
+/*
+ * By-reference chunks that land back to back from back-to-back source bytes (an owner's
+ * train, as a poll usually finds it) are copied as one run: one resolve of the source and
+ * one copy instead of one per chunk, then each slot's seqlock is checked. Their
+ * completions are the last `count` entries of the poll's output until the run is flushed.
+ */
+#define EMU_MCAST_RUN_MAX 64u
+
+struct emu_mcast_run {
+	uint8_t *dst;
+	uint64_t src_addr;
+	uint64_t len;
+	uint32_t sender;
+	uint32_t key;
+	uint32_t count;
+	uint64_t index[EMU_MCAST_RUN_MAX];  /* the slots, in output order */
+};
+
+/* Copy the run and keep the completions of the slots not rewritten meanwhile; returns the
+ * output's new length (the run's entries are its tail). */
+static int flush_run(struct emu_device *dev, uint32_t group, struct emu_mcast_run *run,
+		     struct dpa_hal_mcast_cqe *out, int n)
 {
-	const struct emu_mcast_slot *s = slot_of(dev, group, i);
-	uint32_t key = off_read_once(&s->src_key);
+	int first = n - (int)run->count, kept = first;
 	struct emu_map *held;
 	uint8_t *src;
 	int32_t pid;
+	int ok;
 
-	if (!key) {
-		memmove(dst, payload_of(dev, group, i), len);
-		return 1;
+	if (!run->count)
+		return n;
+	/* A source deregistered (or its owner gone) drops the run: read again if wanted. */
+	ok = emu_mr_resolve(dev, run->sender, run->key, run->src_addr, run->len,
+			    OFFLOAD_ACCESS_REMOTE_READ, &src, &pid, &held) == OFFLOAD_OK && src;
+	if (ok) {
+		memmove(run->dst, src, run->len);
+		emu_map_release(held);
 	}
-	if (emu_mr_resolve(dev, off_read_once(&s->sender), key, off_read_once(&s->src_addr), len,
-			   OFFLOAD_ACCESS_REMOTE_READ, &src, &pid, &held) != OFFLOAD_OK || !src)
-		return 0;
-	memmove(dst, src, len);
-	emu_map_release(held);
-	return 1;
-}
-
-/* Place slot i's chunk and fill *cqe; 0 if it was dropped (counted). */
-static int deliver(struct emu_device *dev, uint32_t group, const struct emu_mcast_rx *rx,
-		   uint64_t i, struct dpa_hal_mcast_cqe *cqe)
-{
-	struct emu_mcast_slot *s = slot_of(dev, group, i);
-	uint64_t gen = off_load_acquire(&s->gen);  /* pairs with the sender's publish */
-	uint32_t imm, len;
-	uint8_t *dst;
-
-	if (gen != i + 1)
-		return 0;
-	imm = off_read_once(&s->imm);
-	len = off_read_once(&s->len);
-	dst = len <= dev->attr.mtu ? place(dev, rx, imm, len) : NULL;
-	if (!dst)
-		return 0;
-	/* Cached copies, in and out of the ring (memmove: a forged region may overlap it):
-	 * MTU-sized chunks from a ring that stays in cache ran slower with streaming stores,
-	 * whose fence each chunk pays (bench broadcast/allgather, 1M and 16M). */
-	if (len && !copy_in(dev, group, i, dst, len))
-		return 0;
 	/* Seqlock reader: a slot rewritten while we copied was not ours to deliver. Only a
 	 * reader the credits did not count can be overtaken; its copy is refetched anyway. */
 	__atomic_thread_fence(__ATOMIC_ACQUIRE);
+	for (uint32_t k = 0; k < run->count; k++)
+		if (ok && off_read_once(&slot_of(dev, group, run->index[k])->gen) == run->index[k] + 1)
+			out[kept++] = out[first + (int)k];
+	run->count = 0;
+	return kept;
+}
+
+/* Staged receive: ring slot i's chunk, whatever its immediate, whole into a free staging
+ * slot, which its completion names (out[*n] and ++*n); nothing if it was dropped. */
+static void deliver_staged(struct emu_device *dev, uint32_t group, struct emu_mcast_rx *rx,
+			   uint64_t i, uint64_t gen, struct dpa_hal_mcast_cqe *out, int *n)
+{
+	const struct emu_mcast_slot *s = slot_of(dev, group, i);
+	uint32_t imm = off_read_once(&s->imm), len = off_read_once(&s->len);
+	uint32_t key = off_read_once(&s->src_key), slot;
+	const uint8_t *src = payload_of(dev, group, i);
+	struct emu_map *held = NULL;
+	uint8_t *ptr;
+	int32_t pid;
+
+	if (!rx->nregions || len > dev->attr.mtu)
+		return;  /* not armed: no receive is posted */
+	if (len && key) {  /* by reference: from the sender's buffer */
+		if (emu_mr_resolve(dev, off_read_once(&s->sender), key, off_read_once(&s->src_addr),
+				   len, OFFLOAD_ACCESS_REMOTE_READ, &ptr, &pid, &held) != OFFLOAD_OK ||
+		    !ptr)
+			return;
+		src = ptr;
+	}
+	slot = stage_take(dev, rx);
+	if (slot != UINT32_MAX && len)
+		memmove(rx->stage + (uint64_t)slot * dev->attr.mtu, src, len);
+	emu_map_release(held);
+	if (slot == UINT32_MAX)
+		return;  /* every slot holds a chunk: the receive queue overran */
+	__atomic_thread_fence(__ATOMIC_ACQUIRE);  /* seqlock reader, as in flush_run() */
+	if (off_read_once(&s->gen) != gen) {
+		stage_set(rx, slot, 0);
+		return;
+	}
+	out[(*n)++] = (struct dpa_hal_mcast_cqe){ .imm = imm, .len = len, .slot = slot };
+}
+
+/* Place slot i's chunk: out[*n] and ++*n, or nothing if it was dropped. A by-reference
+ * chunk may join the pending run (its completion is then kept only if the run's copy
+ * holds); any other chunk is copied now, after the run. */
+static void deliver(struct emu_device *dev, uint32_t group, struct emu_mcast_rx *rx,
+		    uint64_t i, struct emu_mcast_run *run, struct dpa_hal_mcast_cqe *out, int *n)
+{
+	struct emu_mcast_slot *s = slot_of(dev, group, i);
+	uint64_t gen = off_load_acquire(&s->gen);  /* pairs with the sender's publish */
+	uint32_t imm, len, key, sender;
+	uint64_t src_addr;
+	uint8_t *dst;
+
+	if (gen != i + 1)
+		return;
+	if (dev->attr.mcast_staged) {
+		deliver_staged(dev, group, rx, i, gen, out, n);
+		return;
+	}
+	imm = off_read_once(&s->imm);
+	len = off_read_once(&s->len);
+	key = off_read_once(&s->src_key);
+	sender = off_read_once(&s->sender);
+	src_addr = off_read_once(&s->src_addr);
+	dst = len <= dev->attr.mtu ? place(dev, rx, imm, len) : NULL;
+	if (!dst)
+		return;
+	if (len && key) {
+		if (run->count && (run->count == EMU_MCAST_RUN_MAX || run->sender != sender ||
+				   run->key != key || run->dst + run->len != dst ||
+				   run->src_addr + run->len != src_addr))
+			*n = flush_run(dev, group, run, out, *n);
+		if (!run->count)
+			*run = (struct emu_mcast_run){ .dst = dst, .src_addr = src_addr,
+						       .sender = sender, .key = key };
+		run->index[run->count++] = i;
+		run->len += len;
+		out[(*n)++] = (struct dpa_hal_mcast_cqe){ .imm = imm, .len = len };
+		return;
+	}
+	*n = flush_run(dev, group, run, out, *n);
+	/* Cached copies, in and out of the ring (memmove: a forged region may overlap it):
+	 * MTU-sized chunks from a ring that stays in cache ran slower with streaming stores,
+	 * whose fence each chunk pays (bench broadcast/allgather, 1M and 16M). */
+	if (len)
+		memmove(dst, payload_of(dev, group, i), len);
+	__atomic_thread_fence(__ATOMIC_ACQUIRE);
 	if (off_read_once(&s->gen) != gen)
-		return 0;
-	*cqe = (struct dpa_hal_mcast_cqe){ .imm = imm, .len = len };
-	return 1;
+		return;
+	out[(*n)++] = (struct dpa_hal_mcast_cqe){ .imm = imm, .len = len };
 }
 
 static int done_test(const struct emu_device *dev, const struct emu_mcast_rx *rx, uint64_t i)
@@ -497,24 +695,25 @@ static int overtaken(const struct emu_device *dev, const struct emu_mcast_group 
 	return gen > i + 1;
 }
 
-/* What this NIC does with published slot i: 1 if it produced *cqe. */
-static int consume(struct emu_device *dev, uint32_t group, struct emu_mcast_rx *rx, uint64_t i,
-		   uint64_t *excess, struct dpa_hal_mcast_cqe *cqe)
+/* What this NIC does with published slot i: deliver() it, or drop or hold it. */
+static void consume(struct emu_device *dev, uint32_t group, struct emu_mcast_rx *rx, uint64_t i,
+		    uint64_t *excess, struct emu_mcast_run *run, struct dpa_hal_mcast_cqe *out,
+		    int *n)
 {
 	if (off_read_once(&slot_of(dev, group, i)->sender) == dev->attr.rank)
-		return 0;
+		return;
 	if (inject(dev, group, i, EMU_SALT_LOSS, off_read_once(&dev->attr.mcast_loss_ppm)))
-		return 0;
+		return;
 	if (*excess) {
 		--*excess;
-		return 0;
+		return;
 	}
 	if (!rx->hold &&
 	    inject(dev, group, i, EMU_SALT_REORDER, off_read_once(&dev->attr.mcast_reorder_ppm))) {
 		rx->hold = i + 1;  /* its slot stays ours: the cursor stops before it */
-		return 0;
+		return;
 	}
-	return deliver(dev, group, rx, i, cqe);
+	deliver(dev, group, rx, i, run, out, n);
 }
 
 static int poll_ring(struct emu_device *dev, uint32_t group, struct emu_mcast_rx *rx,
@@ -524,6 +723,7 @@ static int poll_ring(struct emu_device *dev, uint32_t group, struct emu_mcast_rx
 	struct emu_mcast_member *m = &g->members[dev->attr.rank];
 	uint64_t nslots = dev->mc_nslots, depth = dev->attr.mcast_rq_depth;
 	uint64_t held_before = rx->hold, cur = off_read_once(&m->cursor), head, excess = 0, cursor;
+	struct emu_mcast_run run = { .count = 0 };
 	int n = 0;
 
 	skip_to(dev, rx, cur);  /* our senders consumed our own chunks (nothing to count) */
@@ -544,19 +744,24 @@ static int poll_ring(struct emu_device *dev, uint32_t group, struct emu_mcast_rx
 		if (gen != i + 1) {
 			if (!overtaken(dev, g, i, gen))
 				continue;  /* its sender is still writing it: a later poll */
-		} else if (consume(dev, group, rx, i, &excess, &out[n]) && ++n < max && rx->hold &&
-			   rx->hold != i + 1) {
-			/* the held chunk comes right after the one that overtook it */
-			n += deliver(dev, group, rx, rx->hold - 1, &out[n]);
-			rx->hold = 0;
+		} else {
+			int before = n;
+
+			consume(dev, group, rx, i, &excess, &run, out, &n);
+			if (n > before && n < max && rx->hold && rx->hold != i + 1) {
+				/* the held chunk comes right after the one that overtook it */
+				deliver(dev, group, rx, rx->hold - 1, &run, out, &n);
+				rx->hold = 0;
+			}
 		}
 		done_set(dev, rx, i, 1);
 	}
 	/* Nothing overtook a chunk held since the last poll: it is late, not lost. */
 	if (rx->hold && rx->hold == held_before && n < max) {
-		n += deliver(dev, group, rx, rx->hold - 1, &out[n]);
+		deliver(dev, group, rx, rx->hold - 1, &run, out, &n);
 		rx->hold = 0;
 	}
+	n = flush_run(dev, group, &run, out, n);  /* before our cursor lets the slots go */
 	while (rx->next < head && done_test(dev, rx, rx->next))
 		done_set(dev, rx, rx->next++, 0);
 	cursor = rx->hold && rx->hold - 1 < rx->next ? rx->hold - 1 : rx->next;

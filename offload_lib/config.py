@@ -263,6 +263,12 @@ TUNABLES: tuple[Tunable, ...] = (
             "further behind drops chunks, which the firmware fetches again (senders wait "
             "for credits when a member is a whole ring, at most 1024 chunks, behind)",
             _int_range(2, 65536)),
+    Tunable("mcast_placement", str, "direct",
+            "multicast receive (emulator): 'direct' places each chunk at its offset, as a "
+            "write with immediate is placed; 'staged' receives it into one of "
+            "mcast_rq_depth staging slots (at most 512) and the firmware copies it out, as "
+            "on a UD queue pair",
+            _choice("direct", "staged")),
     Tunable("link_rate", float, 10.0,
             "link rate in GB/s: the multicast receive timeout is derived from size / rate",
             _seconds(0.0, inclusive=False)),
@@ -332,6 +338,7 @@ class Config:
     mtu: int = _default("mtu")
     mcast_roots: int = _default("mcast_roots")
     mcast_rq_depth: int = _default("mcast_rq_depth")
+    mcast_placement: str = _default("mcast_placement")
     link_rate: float = _default("link_rate")
     mcast_loss: float = _default("mcast_loss")
     mcast_reorder: float = _default("mcast_reorder")

@@ -480,6 +480,7 @@ class Context:
         params.mtu = config.mtu
         params.mcast_roots = config.mcast_roots
         params.mcast_rq_depth = config.mcast_rq_depth
+        params.mcast_staged = config.mcast_placement == "staged"
         params.link_mbps = max(1, int(config.link_rate * 1000))
         params.mcast_loss_ppm = int(round(config.mcast_loss * 1e6))
         params.mcast_reorder_ppm = int(round(config.mcast_reorder * 1e6))

@@ -14,6 +14,7 @@ if lose_rank is not None and int(lose_rank) == rank:   # this member loses every
     os.environ["OFFLOAD_MCAST_LOSS"] = "1"
 ctx = ol.init()
 w = ctx.world
+assert ctx.config.mcast_placement == os.environ.get("OFFLOAD_MCAST_PLACEMENT", "direct")
 mtu = ctx.config.mtu
 big = int(os.environ.get("MC_BIG", str(5 * 2**20 + 3)))
 sizes = [0, 1, mtu - 1, mtu, mtu + 1, big]
@@ -108,6 +109,20 @@ def test_exact_from_shared_buffers(n, loss):
                                                "OFFLOAD_MCAST_REORDER": "0.1",
                                                "OFFLOAD_MCAST_SEED": "11"})
     assert (sum(s[3] for s in _stats(out)) > 0) == (loss != "0")
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("n,env", [
+    (2, {}),
+    (3, {"OFFLOAD_MCAST_LOSS": "0.1", "OFFLOAD_MCAST_REORDER": "0.1"}),
+    (4, {"OFFLOAD_MCAST_RQ_DEPTH": "2", "MC_BUFFERS": "shared"}),
+], ids=["2", "3-loss-reorder", "4-two-slots-shared"])
+def test_exact_with_staged_receive(n, env):
+    """The UD fallback: every chunk of the group lands in a staging slot whatever its
+    immediate, and the firmware copies it to its place or gives the slot back (another
+    op's chunk, a duplicate); with two slots most chunks find none and are read again."""
+    run_ranks(n, BODY, timeout=150, env={"OFFLOAD_MCAST_PLACEMENT": "staged",
+                                         "MC_BIG": str(2**20 + 3), **env})
 
 
 @pytest.mark.timeout(180)

@@ -156,7 +156,8 @@ FAILOVER = ["-rails", "2", "-rail0_down_after", "1000000"]
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("n,extra", [(2, []), (4, FAILOVER)], ids=["2", "4-failover"])
+@pytest.mark.parametrize("n,extra", [(2, []), (4, FAILOVER), (3, ["-staged"])],
+                         ids=["2", "4-failover", "3-staged"])
 def test_multirank_asan_ubsan(multirank_asan: Path, n: int, extra: list[str]) -> None:
     """Every rank's all-to-all, all-to-all-v and barrier data is right, with no memory error,
     undefined behaviour or leak in firmware, emulator or host."""
@@ -167,12 +168,19 @@ def test_multirank_asan_ubsan(multirank_asan: Path, n: int, extra: list[str]) ->
     assert result.returncode == 0, _report(what, result)
 
 
+@pytest.fixture(scope="module")
+def multirank_tsan(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    tmp = tmp_path_factory.mktemp("multirank-tsan")
+    return _build(tmp, "multirank", [CDIR / "multirank.c", *FIRMWARE, *EMULATOR, *HOST], TSAN)
+
+
 @pytest.mark.timeout(150)
-def test_multirank_tsan(tmp_path: Path) -> None:
+@pytest.mark.parametrize("extra", [[], ["-staged"]], ids=["direct", "staged"])
+def test_multirank_tsan(multirank_tsan: Path, extra: list[str]) -> None:
     """No data race between the emulator's DPA threads, the host's threads (two post at
-    once) and the firmware."""
-    exe = _build(tmp_path, "multirank", [CDIR / "multirank.c", *FIRMWARE, *EMULATOR, *HOST], TSAN)
-    result = _run([str(exe), "-n", "2", *FAILOVER, "-timeout", "60"], timeout=90,
-                  env={"TSAN_OPTIONS": "halt_on_error=1:second_deadlock_stack=1"})
+    once) and the firmware, with multicast placed by id or staged."""
+    result = _run([str(multirank_tsan), "-n", "2", *FAILOVER, *extra, "-timeout", "60"],
+                  timeout=90, env={"TSAN_OPTIONS": "halt_on_error=1:second_deadlock_stack=1"})
     print(result.stdout)
-    assert result.returncode == 0, _report(f"multirank -n 2 {' '.join(FAILOVER)} (TSan)", result)
+    what = f"multirank -n 2 {' '.join(FAILOVER + extra)} (TSan)"
+    assert result.returncode == 0, _report(what, result)

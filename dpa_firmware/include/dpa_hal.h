@@ -115,7 +115,23 @@ struct dpa_hal_mcast_region {
 struct dpa_hal_mcast_cqe {
 	uint32_t imm;
 	uint32_t len;
+	uint32_t slot;          /* staged receive: the slot holding the chunk */
 };
+
+/*
+ * Staged receive, the UD fallback: a NIC that cannot place a chunk by its id (a UD QP fills
+ * its posted receive buffers in arrival order) has dpa_hal_mcast_slots() > 0 staging slots
+ * of one MTU per group, in memory of its own. Posting regions then only arms the group
+ * (n = 0 disarms); each chunk of the group lands whole in a free slot, whatever its
+ * immediate, and its completion names the slot. The slot is the firmware's until it
+ * either copies it out, dpa_hal_mcast_slot_copy() (len bytes to our registered memory,
+ * completing in dpa_hal_poll_cq() as a write does), or drops it, dpa_hal_mcast_slot_free().
+ * A chunk that finds no free slot is dropped. 0: chunks are placed by id (above).
+ */
+uint32_t dpa_hal_mcast_slots(const struct dpa_hal *hal);
+int dpa_hal_mcast_slot_copy(struct dpa_hal *hal, uint32_t group, uint32_t slot, uint64_t addr,
+			    uint32_t key, uint32_t len, uint64_t wr_id);
+int dpa_hal_mcast_slot_free(struct dpa_hal *hal, uint32_t group, uint32_t slot);
 
 uint32_t dpa_hal_mtu(const struct dpa_hal *hal);
 int dpa_hal_mcast_send(struct dpa_hal *hal, uint32_t group, uint64_t laddr, uint32_t lkey,

@@ -138,25 +138,50 @@ static struct dpa_mcast_block *block_of(struct dpa_mcast_state *st, const struct
 	return NULL;
 }
 
-static void place_all(struct dpa_op *op, struct dpa_mcast_state *st, const struct dpa_team *team,
-		      const struct dpa_hal_mcast_cqe *cqes, int n, struct offload_thread_stats *stats)
+/* Staged receive: copy chunk id out of its slot to its place in b; 0 if it went. The
+ * length is checked here: a slot holds whatever datagram arrived. */
+static int copy_out(struct dpa_op *op, struct dpa_hal *hal, const struct dpa_mcast_block *b,
+		    uint32_t id, const struct dpa_hal_mcast_cqe *c)
 {
+	uint64_t mtu = dpa_hal_mtu(hal), off = (uint64_t)(id - b->first_chunk) * mtu;
+	uint64_t piece = b->len - off < mtu ? b->len - off : mtu;
+
+	if (c->len != piece || dpa_hal_mcast_slot_copy(hal, op->team_id, c->slot, b->dst + off,
+						       op->cmd.dst_key, c->len,
+						       dpa_wr_id(op, 0, DPA_WR_DATA)))
+		return -1;  /* the slot is still the NIC's to take back; the chunk is read again */
+	op->items[0].inflight++;
+	return 0;
+}
+
+/* Count the chunks that arrived: placed by id, they are in their block already; staged,
+ * each is copied out of its slot, or its slot given back (another op's chunk, a duplicate,
+ * a length that does not fit). */
+static void place_all(struct dpa_op *op, struct dpa_hal *hal, struct dpa_mcast_state *st,
+		      const struct dpa_team *team, const struct dpa_hal_mcast_cqe *cqes, int n,
+		      uint32_t staged)
+{
+	struct offload_thread_stats *stats = dpa_stats(hal);
+
 	for (int i = 0; i < n; i++) {
 		uint32_t id = cqes[i].imm & 0xffffffu;
-		struct dpa_mcast_block *b;
-		uint64_t bit;
+		struct dpa_mcast_block *b = NULL;
+		uint64_t bit = 1ull << (id % 64);
 
-		/* The NIC placed it only for our seq and a posted region; re-check anyway. */
-		if (cqes[i].imm >> 24 != (op->seq & 0xffu) || id >= DPA_MCAST_MAX_CHUNKS)
-			continue;
-		b = block_of(st, team, id);
+		/* A NIC that places by id does so only for our seq and a posted region;
+		 * re-check anyway. */
+		if (cqes[i].imm >> 24 == (op->seq & 0xffu) && id < DPA_MCAST_MAX_CHUNKS)
+			b = block_of(st, team, id);
+		if (b && (st->bits[id / 64] & bit)) {
+			stats->mcast_dups++;
+			b = NULL;
+		}
+		if (staged && b && copy_out(op, hal, b, id, &cqes[i]))
+			b = NULL;
+		if (staged && !b)
+			dpa_hal_mcast_slot_free(hal, op->team_id, cqes[i].slot);
 		if (!b)
 			continue;
-		bit = 1ull << (id % 64);
-		if (st->bits[id / 64] & bit) {
-			stats->mcast_dups++;
-			continue;
-		}
 		st->bits[id / 64] |= bit;
 		b->got++;
 		stats->mcast_chunks_recv++;
@@ -167,14 +192,14 @@ static int poll_arrivals(struct dpa_op *op, struct dpa_hal *hal, struct dpa_mcas
 			 const struct dpa_team *team)
 {
 	struct dpa_hal_mcast_cqe cqes[64];
-	struct offload_thread_stats *stats = dpa_stats(hal);
+	uint32_t staged = dpa_hal_mcast_slots(hal) > 0;
 	int n = 0, got;
 
 	/* Drain up to a budget per pass: chunks are small and come in long trains. */
 	for (int round = 0; round < DPA_MCAST_POLL_ROUNDS; round++) {
 		got = dpa_hal_mcast_poll(hal, op->team_id, cqes, 64);
 		n += got;
-		place_all(op, st, team, cqes, got, stats);
+		place_all(op, hal, st, team, cqes, got, staged);
 		if (got < 64)
 			break;
 	}

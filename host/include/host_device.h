@@ -29,6 +29,7 @@ struct host_device_attr {
 	 * loss and reordering per chunk in parts per million, reproducible from the seed. */
 	uint32_t mtu;
 	uint32_t mcast_rq_depth;
+	uint32_t mcast_staged;    /* receive into staging slots (UD), not placed by chunk id */
 	uint32_t mcast_loss_ppm;
 	uint32_t mcast_reorder_ppm;
 	uint64_t mcast_seed;

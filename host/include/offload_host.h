@@ -34,6 +34,7 @@ struct host_ctx_params {
 	uint32_t rails;             /* ports per rank (1..8) */
 	uint32_t mtu;               /* multicast chunk bytes */
 	uint32_t mcast_rq_depth;    /* multicast receive queue, chunks */
+	uint32_t mcast_staged;      /* emulator: receive multicast into staging slots, as on UD */
 	uint32_t mcast_loss_ppm;    /* fault injection: chunks lost, per million */
 	uint32_t mcast_reorder_ppm; /* fault injection: chunks reordered, per million */
 	uint64_t mcast_seed;

@@ -133,7 +133,7 @@ int host_ctx_open(const struct host_ctx_params *p, struct host_ctx **out)
 		.spin_us = p->spin_us, .yield_us = p->yield_us,
 		.bootstrap_timeout_ns = p->bootstrap_timeout_ns, .rails = p->rails,
 		.allgather = p->allgather, .allgather_arg = p->allgather_arg,
-		.mtu = p->mtu, .mcast_rq_depth = p->mcast_rq_depth,
+		.mtu = p->mtu, .mcast_rq_depth = p->mcast_rq_depth, .mcast_staged = p->mcast_staged,
 		.mcast_loss_ppm = p->mcast_loss_ppm, .mcast_reorder_ppm = p->mcast_reorder_ppm,
 		.mcast_seed = p->mcast_seed,
 	};

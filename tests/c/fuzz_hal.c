@@ -471,6 +471,28 @@ int dpa_hal_mcast_poll(struct dpa_hal *hal, uint32_t group, struct dpa_hal_mcast
 	return 0;
 }
 
+/* Chunks are placed by id here (no staging slots): the firmware never hands one back. */
+uint32_t dpa_hal_mcast_slots(const struct dpa_hal *hal)
+{
+	(void)hal;
+	return 0;
+}
+
+int dpa_hal_mcast_slot_copy(struct dpa_hal *hal, uint32_t group, uint32_t slot, uint64_t addr,
+			    uint32_t key, uint32_t len, uint64_t wr_id)
+{
+	(void)hal, (void)addr, (void)key, (void)len, (void)wr_id;
+	fz_fail("dpa_hal_mcast_slot_copy(group %u, slot %u) without slots", group, slot);
+	return -22;
+}
+
+int dpa_hal_mcast_slot_free(struct dpa_hal *hal, uint32_t group, uint32_t slot)
+{
+	(void)hal;
+	fz_fail("dpa_hal_mcast_slot_free(group %u, slot %u) without slots", group, slot);
+	return -22;
+}
+
 void dpa_hal_set_rail(struct dpa_hal *hal, uint32_t peer, uint32_t rail)
 {
 	if (peer >= hal->w->size || peer >= FZ_MAX_WORLD || rail >= hal->w->num_rails)

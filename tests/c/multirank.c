@@ -14,8 +14,10 @@
  *      tests/c/multirank.c $(ls dpa_firmware/src/[a-z]*.c emulator/[a-z]*.c host/src/[a-z]*.c) \
  *      -lpthread -o multirank
  *   ./multirank -n 4 [-threads 2] [-rails 1] [-rail0_down_after BYTES] [-timeout 60] [-big 262144]
+ *               [-staged]
  * (-rail0_down_after: each rank's port 0 fails once it sent that much; with -rails 2 or more
- * the traffic must fail over and every byte still arrive.)
+ * the traffic must fail over and every byte still arrive. -staged: multicast chunks land in
+ * staging slots that the firmware copies out, the UD fallback.)
  *
  * Exit status: 0 every rank passed; 1 a rank failed, crashed or the job timed out (the
  * parent then kills the survivors); 2 bad usage. A failing rank says what and where.
@@ -46,6 +48,7 @@
 /* Memory shared by the parent and every rank (set up before fork). */
 struct shared {
 	uint32_t arrived[2 * BARRIER_ROUNDS];
+	uint32_t mcast_staged;  /* -staged: multicast received into staging slots (UD) */
 };
 
 struct rank {
@@ -581,6 +584,7 @@ static int rank_main(uint32_t me, uint32_t n, const char *job, uint32_t threads,
 	int rc;
 
 	p.rails = rails;
+	p.mcast_staged = sh->mcast_staged;
 	for (uint32_t i = 0; i < sizeof(p.rail_down_after) / sizeof(p.rail_down_after[0]); i++)
 		p.rail_down_after[i] = UINT64_MAX;   /* no fault injection */
 	p.rail_down_after[0] = rail0_bytes;
@@ -655,6 +659,7 @@ int main(int argc, char **argv)
 {
 	uint32_t n = 2, threads = 2, rails = 1, big = 256 * 1024;
 	uint64_t rail0_bytes = UINT64_MAX;
+	uint32_t staged = 0;
 	double timeout = 60, deadline, failed_at = 0;
 	pid_t pids[MAX_N];
 	int done[MAX_N] = { 0 }, left, bad = 0;
@@ -674,9 +679,11 @@ int main(int argc, char **argv)
 			timeout = atof(argv[++i]);
 		else if (!strcmp(argv[i], "-big") && i + 1 < argc)
 			big = (uint32_t)atoi(argv[++i]);
+		else if (!strcmp(argv[i], "-staged"))
+			staged = 1;
 		else {
 			fprintf(stderr, "usage: %s [-n N] [-threads T] [-rails R] [-rail0_down_after BYTES] "
-				"[-timeout S] [-big ELEMS]\n", argv[0]);
+				"[-timeout S] [-big ELEMS] [-staged]\n", argv[0]);
 			return 2;
 		}
 	}
@@ -693,6 +700,7 @@ int main(int argc, char **argv)
 		return 1;
 	}
 	memset(sh, 0, sizeof(*sh));
+	sh->mcast_staged = staged;
 	printf("multirank: job %s, %u ranks, %u DPA threads and %u rails each, largest all-to-all "
 	       "%u elements per peer%s\n", job, n, threads, rails, big,
 	       rail0_bytes != UINT64_MAX ? ", rail 0 fails" : "");

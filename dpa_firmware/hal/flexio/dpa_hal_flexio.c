@@ -278,6 +278,26 @@ int dpa_hal_mcast_poll(struct dpa_hal *hal, uint32_t group, struct dpa_hal_mcast
 	return 0;
 }
 
+/* The UD binding will receive into staging slots in DPA memory (see above). */
+uint32_t dpa_hal_mcast_slots(const struct dpa_hal *hal)
+{
+	(void)hal;
+	return 0;
+}
+
+int dpa_hal_mcast_slot_copy(struct dpa_hal *hal, uint32_t group, uint32_t slot, uint64_t addr,
+			    uint32_t key, uint32_t len, uint64_t wr_id)
+{
+	(void)hal, (void)group, (void)slot, (void)addr, (void)key, (void)len, (void)wr_id;
+	return -95;  /* EOPNOTSUPP */
+}
+
+int dpa_hal_mcast_slot_free(struct dpa_hal *hal, uint32_t group, uint32_t slot)
+{
+	(void)hal, (void)group, (void)slot;
+	return -95;  /* EOPNOTSUPP */
+}
+
 void dpa_hal_set_rail(struct dpa_hal *hal, uint32_t peer, uint32_t rail)
 {
 	if (peer < hal->world_size && rail < hal->num_rails)
