@@ -157,6 +157,7 @@ struct emu_mcast_rx {
 	/* Staged receive (attr.mcast_staged): the slots (MTU each, allocated on first post)
 	 * and which ones hold a chunk the firmware has not copied out or dropped yet. */
 	uint8_t *stage;
+	uint32_t stage_len[EMU_MCAST_STAGE_MAX];  /* bytes of the chunk each busy slot holds */
 	uint64_t stage_busy[EMU_MCAST_STAGE_MAX / 64];
 	uint32_t stage_next;  /* where the search for a free slot starts */
 };

@@ -163,13 +163,15 @@ int dpa_hal_mcast_slot_copy(struct dpa_hal *hal, uint32_t group, uint32_t slot, 
 	uint8_t *ptr = NULL;
 	int32_t pid, st = OFFLOAD_OK;
 
-	if (len > dev->attr.mtu)
-		return -EINVAL;
 	if (emu_cq_full(hal))
 		return DPA_HAL_EAGAIN;
 	rx = slot_owner(hal, group, slot);
 	if (!rx)
 		return -EINVAL;
+	if (len > rx->stage_len[slot]) {  /* only what arrived: never the slot's stale bytes */
+		off_unlock(&rx->lock);
+		return -EINVAL;
+	}
 	/* Into our own registered memory, as the DPA's copy out of its slot would go. */
 	if (len)
 		st = emu_mr_resolve(dev, dev->attr.rank, key, addr, len, OFFLOAD_ACCESS_LOCAL_WRITE,
@@ -554,9 +556,9 @@ static int flush_run(struct emu_device *dev, uint32_t group, struct emu_mcast_ru
 }
 
 /* Staged receive: ring slot i's chunk, whatever its immediate, whole into a free staging
- * slot, which its completion names (out[*n] and ++*n); nothing if it was dropped. */
-static void deliver_staged(struct emu_device *dev, uint32_t group, struct emu_mcast_rx *rx,
-			   uint64_t i, uint64_t gen, struct dpa_hal_mcast_cqe *out, int *n)
+ * slot, which its completion names (out[*n] and ++*n); 0 if it was dropped. */
+static int deliver_staged(struct emu_device *dev, uint32_t group, struct emu_mcast_rx *rx,
+			  uint64_t i, uint64_t gen, struct dpa_hal_mcast_cqe *out, int *n)
 {
 	const struct emu_mcast_slot *s = slot_of(dev, group, i);
 	uint32_t imm = off_read_once(&s->imm), len = off_read_once(&s->len);
@@ -567,12 +569,12 @@ static void deliver_staged(struct emu_device *dev, uint32_t group, struct emu_mc
 	int32_t pid;
 
 	if (!rx->nregions || len > dev->attr.mtu)
-		return;  /* not armed: no receive is posted */
+		return 0;  /* not armed: no receive is posted */
 	if (len && key) {  /* by reference: from the sender's buffer */
 		if (emu_mr_resolve(dev, off_read_once(&s->sender), key, off_read_once(&s->src_addr),
 				   len, OFFLOAD_ACCESS_REMOTE_READ, &ptr, &pid, &held) != OFFLOAD_OK ||
 		    !ptr)
-			return;
+			return 0;
 		src = ptr;
 	}
 	slot = stage_take(dev, rx);
@@ -580,20 +582,22 @@ static void deliver_staged(struct emu_device *dev, uint32_t group, struct emu_mc
 		memmove(rx->stage + (uint64_t)slot * dev->attr.mtu, src, len);
 	emu_map_release(held);
 	if (slot == UINT32_MAX)
-		return;  /* every slot holds a chunk: the receive queue overran */
+		return 0;  /* every slot holds a chunk: the receive queue overran */
 	__atomic_thread_fence(__ATOMIC_ACQUIRE);  /* seqlock reader, as in flush_run() */
 	if (off_read_once(&s->gen) != gen) {
 		stage_set(rx, slot, 0);
-		return;
+		return 0;
 	}
+	rx->stage_len[slot] = len;
 	out[(*n)++] = (struct dpa_hal_mcast_cqe){ .imm = imm, .len = len, .slot = slot };
+	return 1;
 }
 
-/* Place slot i's chunk: out[*n] and ++*n, or nothing if it was dropped. A by-reference
- * chunk may join the pending run (its completion is then kept only if the run's copy
- * holds); any other chunk is copied now, after the run. */
-static void deliver(struct emu_device *dev, uint32_t group, struct emu_mcast_rx *rx,
-		    uint64_t i, struct emu_mcast_run *run, struct dpa_hal_mcast_cqe *out, int *n)
+/* Place slot i's chunk: out[*n] and ++*n, 1; or 0 if it was dropped. A by-reference chunk
+ * may join the pending run (its completion is then kept only if the run's copy holds); any
+ * other chunk is copied now, after the run. */
+static int deliver(struct emu_device *dev, uint32_t group, struct emu_mcast_rx *rx,
+		   uint64_t i, struct emu_mcast_run *run, struct dpa_hal_mcast_cqe *out, int *n)
 {
 	struct emu_mcast_slot *s = slot_of(dev, group, i);
 	uint64_t gen = off_load_acquire(&s->gen);  /* pairs with the sender's publish */
@@ -602,11 +606,9 @@ static void deliver(struct emu_device *dev, uint32_t group, struct emu_mcast_rx 
 	uint8_t *dst;
 
 	if (gen != i + 1)
-		return;
-	if (dev->attr.mcast_staged) {
-		deliver_staged(dev, group, rx, i, gen, out, n);
-		return;
-	}
+		return 0;
+	if (dev->attr.mcast_staged)
+		return deliver_staged(dev, group, rx, i, gen, out, n);
 	imm = off_read_once(&s->imm);
 	len = off_read_once(&s->len);
 	key = off_read_once(&s->src_key);
@@ -614,19 +616,23 @@ static void deliver(struct emu_device *dev, uint32_t group, struct emu_mcast_rx 
 	src_addr = off_read_once(&s->src_addr);
 	dst = len <= dev->attr.mtu ? place(dev, rx, imm, len) : NULL;
 	if (!dst)
-		return;
+		return 0;
 	if (len && key) {
 		if (run->count && (run->count == EMU_MCAST_RUN_MAX || run->sender != sender ||
 				   run->key != key || run->dst + run->len != dst ||
 				   run->src_addr + run->len != src_addr))
 			*n = flush_run(dev, group, run, out, *n);
-		if (!run->count)
-			*run = (struct emu_mcast_run){ .dst = dst, .src_addr = src_addr,
-						       .sender = sender, .key = key };
+		if (!run->count) {  /* field by field: index[] is filled as the run grows */
+			run->dst = dst;
+			run->src_addr = src_addr;
+			run->len = 0;
+			run->sender = sender;
+			run->key = key;
+		}
 		run->index[run->count++] = i;
 		run->len += len;
 		out[(*n)++] = (struct dpa_hal_mcast_cqe){ .imm = imm, .len = len };
-		return;
+		return 1;
 	}
 	*n = flush_run(dev, group, run, out, *n);
 	/* Cached copies, in and out of the ring (memmove: a forged region may overlap it):
@@ -636,8 +642,9 @@ static void deliver(struct emu_device *dev, uint32_t group, struct emu_mcast_rx 
 		memmove(dst, payload_of(dev, group, i), len);
 	__atomic_thread_fence(__ATOMIC_ACQUIRE);
 	if (off_read_once(&s->gen) != gen)
-		return;
+		return 0;
 	out[(*n)++] = (struct dpa_hal_mcast_cqe){ .imm = imm, .len = len };
+	return 1;
 }
 
 static int done_test(const struct emu_device *dev, const struct emu_mcast_rx *rx, uint64_t i)
@@ -695,25 +702,26 @@ static int overtaken(const struct emu_device *dev, const struct emu_mcast_group 
 	return gen > i + 1;
 }
 
-/* What this NIC does with published slot i: deliver() it, or drop or hold it. */
-static void consume(struct emu_device *dev, uint32_t group, struct emu_mcast_rx *rx, uint64_t i,
-		    uint64_t *excess, struct emu_mcast_run *run, struct dpa_hal_mcast_cqe *out,
-		    int *n)
+/* What this NIC does with published slot i: deliver() it (1 if it was), or drop or hold
+ * it (0). */
+static int consume(struct emu_device *dev, uint32_t group, struct emu_mcast_rx *rx, uint64_t i,
+		   uint64_t *excess, struct emu_mcast_run *run, struct dpa_hal_mcast_cqe *out,
+		   int *n)
 {
 	if (off_read_once(&slot_of(dev, group, i)->sender) == dev->attr.rank)
-		return;
+		return 0;
 	if (inject(dev, group, i, EMU_SALT_LOSS, off_read_once(&dev->attr.mcast_loss_ppm)))
-		return;
+		return 0;
 	if (*excess) {
 		--*excess;
-		return;
+		return 0;
 	}
 	if (!rx->hold &&
 	    inject(dev, group, i, EMU_SALT_REORDER, off_read_once(&dev->attr.mcast_reorder_ppm))) {
 		rx->hold = i + 1;  /* its slot stays ours: the cursor stops before it */
-		return;
+		return 0;
 	}
-	deliver(dev, group, rx, i, run, out, n);
+	return deliver(dev, group, rx, i, run, out, n);
 }
 
 static int poll_ring(struct emu_device *dev, uint32_t group, struct emu_mcast_rx *rx,
@@ -744,15 +752,11 @@ static int poll_ring(struct emu_device *dev, uint32_t group, struct emu_mcast_rx
 		if (gen != i + 1) {
 			if (!overtaken(dev, g, i, gen))
 				continue;  /* its sender is still writing it: a later poll */
-		} else {
-			int before = n;
-
-			consume(dev, group, rx, i, &excess, &run, out, &n);
-			if (n > before && n < max && rx->hold && rx->hold != i + 1) {
-				/* the held chunk comes right after the one that overtook it */
-				deliver(dev, group, rx, rx->hold - 1, &run, out, &n);
-				rx->hold = 0;
-			}
+		} else if (consume(dev, group, rx, i, &excess, &run, out, &n) && n < max &&
+			   rx->hold && rx->hold != i + 1) {
+			/* the held chunk comes right after the one that overtook it */
+			deliver(dev, group, rx, rx->hold - 1, &run, out, &n);
+			rx->hold = 0;
 		}
 		done_set(dev, rx, i, 1);
 	}

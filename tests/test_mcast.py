@@ -120,7 +120,7 @@ def test_exact_from_shared_buffers(n, loss):
 def test_exact_with_staged_receive(n, env):
     """The UD fallback: every chunk of the group lands in a staging slot whatever its
     immediate, and the firmware copies it to its place or gives the slot back (another
-    op's chunk, a duplicate); with two slots most chunks find none and are read again."""
+    op's chunk, a duplicate); a two-chunk receive queue drops most of them, read again."""
     run_ranks(n, BODY, timeout=150, env={"OFFLOAD_MCAST_PLACEMENT": "staged",
                                          "MC_BIG": str(2**20 + 3), **env})
 

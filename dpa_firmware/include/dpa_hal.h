@@ -97,8 +97,9 @@ void dpa_hal_set_rail(struct dpa_hal *hal, uint32_t peer, uint32_t rail);
  * [first_chunk, first_chunk + ceil(len / mtu)) lands at addr + (id - first_chunk) * mtu.
  * Posting replaces the group's previous regions (one op at a time per group). A chunk that
  * matches no posted region (another op's, or nothing posted), that arrives while this
- * member's receive queue is overrun, or that the fabric loses, is dropped: the firmware only
- * ever sees chunks that arrived and were placed, possibly twice or out of order.
+ * member's receive queue is overrun, or that the fabric loses, is dropped: placed by id,
+ * the firmware only ever sees chunks that arrived and were placed, possibly twice or out
+ * of order (staged, below: every chunk of the group that found a slot).
  * dpa_hal_mcast_poll() returns them; only one thread polls a group at a time.
  */
 #define DPA_HAL_MCAST_IMM(seq8, chunk) ((((uint32_t)(seq8) & 0xffu) << 24) | \
@@ -115,7 +116,7 @@ struct dpa_hal_mcast_region {
 struct dpa_hal_mcast_cqe {
 	uint32_t imm;
 	uint32_t len;
-	uint32_t slot;          /* staged receive: the slot holding the chunk */
+	uint32_t slot;          /* staged receive only: the slot holding the chunk */
 };
 
 /*
@@ -124,9 +125,13 @@ struct dpa_hal_mcast_cqe {
  * of one MTU per group, in memory of its own. Posting regions then only arms the group
  * (n = 0 disarms); each chunk of the group lands whole in a free slot, whatever its
  * immediate, and its completion names the slot. The slot is the firmware's until it
- * either copies it out, dpa_hal_mcast_slot_copy() (len bytes to our registered memory,
- * completing in dpa_hal_poll_cq() as a write does), or drops it, dpa_hal_mcast_slot_free().
- * A chunk that finds no free slot is dropped. 0: chunks are placed by id (above).
+ * either copies it out, dpa_hal_mcast_slot_copy() (at most the chunk's len bytes, to our
+ * registered memory, completing in dpa_hal_poll_cq() as a write does, a bad destination
+ * as an error completion), or drops it, dpa_hal_mcast_slot_free(). A copy returns 0 once
+ * posted (the slot goes back to the NIC when the copy completed: at once in the
+ * emulator), DPA_HAL_EAGAIN when the completion queue is full and -EINVAL for a slot that
+ * is not the firmware's or a len past the chunk; the slot stays the firmware's on both.
+ * A chunk that finds no free slot is dropped. 0 slots: chunks are placed by id (above).
  */
 uint32_t dpa_hal_mcast_slots(const struct dpa_hal *hal);
 int dpa_hal_mcast_slot_copy(struct dpa_hal *hal, uint32_t group, uint32_t slot, uint64_t addr,

@@ -164,11 +164,14 @@ struct dpa_mcast_block {
 	uint32_t resv;
 };
 
+#define DPA_MCAST_POLL_BATCH 64
+
 struct dpa_mcast_state {
 	uint32_t owner;        /* op index + 1 of the op using it; 0: free */
 	uint32_t drained;      /* the last poll found nothing */
 	uint32_t posted;       /* receive regions are posted */
-	uint32_t resv;
+	uint32_t npending;     /* staged receive: chunks whose copy out found the queue full */
+	struct dpa_hal_mcast_cqe pending[DPA_MCAST_POLL_BATCH];
 	uint64_t bits[DPA_MCAST_MAX_CHUNKS / 64];
 	struct dpa_mcast_block blocks[OFFLOAD_MAX_RANKS];  /* by owner's team rank */
 };

@@ -59,6 +59,9 @@ void dpa_mcast_release(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal
 
 	if (off_load_acquire(&st->owner) != op->index + 1)
 		return;
+	for (uint32_t i = 0; i < st->npending; i++)  /* staged chunks never copied out */
+		dpa_hal_mcast_slot_free(hal, op->team_id, st->pending[i].slot);
+	st->npending = 0;
 	/* No chunk may land in memory the host is about to get back. */
 	if (st->posted)
 		dpa_hal_mcast_post(hal, op->team_id, 0, NULL, 0);
@@ -138,18 +141,23 @@ static struct dpa_mcast_block *block_of(struct dpa_mcast_state *st, const struct
 	return NULL;
 }
 
-/* Staged receive: copy chunk id out of its slot to its place in b; 0 if it went. The
- * length is checked here: a slot holds whatever datagram arrived. */
+/* Staged receive: copy chunk id out of its slot to its place in b. 0: it went;
+ * DPA_HAL_EAGAIN: our completion queue is full, try again; -1: the slot is ours to give
+ * back, and the chunk is read again. The length is checked here: a slot holds whatever
+ * datagram arrived. */
 static int copy_out(struct dpa_op *op, struct dpa_hal *hal, const struct dpa_mcast_block *b,
 		    uint32_t id, const struct dpa_hal_mcast_cqe *c)
 {
 	uint64_t mtu = dpa_hal_mtu(hal), off = (uint64_t)(id - b->first_chunk) * mtu;
 	uint64_t piece = b->len - off < mtu ? b->len - off : mtu;
+	int rc;
 
-	if (c->len != piece || dpa_hal_mcast_slot_copy(hal, op->team_id, c->slot, b->dst + off,
-						       op->cmd.dst_key, c->len,
-						       dpa_wr_id(op, 0, DPA_WR_DATA)))
-		return -1;  /* the slot is still the NIC's to take back; the chunk is read again */
+	if (c->len != piece)
+		return -1;
+	rc = dpa_hal_mcast_slot_copy(hal, op->team_id, c->slot, b->dst + off, op->cmd.dst_key,
+				     c->len, dpa_wr_id(op, 0, DPA_WR_DATA));
+	if (rc)
+		return rc == DPA_HAL_EAGAIN ? rc : -1;
 	op->items[0].inflight++;
 	return 0;
 }
@@ -176,8 +184,16 @@ static void place_all(struct dpa_op *op, struct dpa_hal *hal, struct dpa_mcast_s
 			stats->mcast_dups++;
 			b = NULL;
 		}
-		if (staged && b && copy_out(op, hal, b, id, &cqes[i]))
-			b = NULL;
+		if (staged && b) {
+			int rc = copy_out(op, hal, b, id, &cqes[i]);
+
+			if (rc == DPA_HAL_EAGAIN && st->npending < DPA_MCAST_POLL_BATCH) {
+				st->pending[st->npending++] = cqes[i];  /* the slot stays ours */
+				continue;
+			}
+			if (rc)
+				b = NULL;
+		}
 		if (staged && !b)
 			dpa_hal_mcast_slot_free(hal, op->team_id, cqes[i].slot);
 		if (!b)
@@ -191,16 +207,23 @@ static void place_all(struct dpa_op *op, struct dpa_hal *hal, struct dpa_mcast_s
 static int poll_arrivals(struct dpa_op *op, struct dpa_hal *hal, struct dpa_mcast_state *st,
 			 const struct dpa_team *team)
 {
-	struct dpa_hal_mcast_cqe cqes[64];
+	struct dpa_hal_mcast_cqe cqes[DPA_MCAST_POLL_BATCH];
 	uint32_t staged = dpa_hal_mcast_slots(hal) > 0;
-	int n = 0, got;
+	int n = (int)st->npending, got;
 
+	/* Staged chunks whose copy found our completion queue full go first; while some still
+	 * wait, nothing new is taken (the NIC's slots hold it, or it drops: an overrun). */
+	if (st->npending) {
+		__builtin_memcpy(cqes, st->pending, st->npending * sizeof(cqes[0]));
+		st->npending = 0;
+		place_all(op, hal, st, team, cqes, n, staged);
+	}
 	/* Drain up to a budget per pass: chunks are small and come in long trains. */
-	for (int round = 0; round < DPA_MCAST_POLL_ROUNDS; round++) {
-		got = dpa_hal_mcast_poll(hal, op->team_id, cqes, 64);
+	for (int round = 0; round < DPA_MCAST_POLL_ROUNDS && !st->npending; round++) {
+		got = dpa_hal_mcast_poll(hal, op->team_id, cqes, DPA_MCAST_POLL_BATCH);
 		n += got;
 		place_all(op, hal, st, team, cqes, got, staged);
-		if (got < 64)
+		if (got < DPA_MCAST_POLL_BATCH)
 			break;
 	}
 	st->drained = n == 0;

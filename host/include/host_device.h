@@ -29,7 +29,6 @@ struct host_device_attr {
 	 * loss and reordering per chunk in parts per million, reproducible from the seed. */
 	uint32_t mtu;
 	uint32_t mcast_rq_depth;
-	uint32_t mcast_staged;    /* receive into staging slots (UD), not placed by chunk id */
 	uint32_t mcast_loss_ppm;
 	uint32_t mcast_reorder_ppm;
 	uint64_t mcast_seed;
@@ -40,6 +39,9 @@ struct host_device_attr {
 	 * -errno. Hardware backends connect RC QPs with it; the emulator ignores it. */
 	int (*allgather)(void *arg, const void *mine, uint32_t len, void *all);
 	void *allgather_arg;
+	/* Appended (a backend built against the older layout still reads the fields above):
+	 * multicast received into staging slots, as on UD, instead of placed by chunk id. */
+	uint32_t mcast_staged;
 };
 
 /* Host memory the firmware reaches through windows. */

@@ -34,7 +34,6 @@ struct host_ctx_params {
 	uint32_t rails;             /* ports per rank (1..8) */
 	uint32_t mtu;               /* multicast chunk bytes */
 	uint32_t mcast_rq_depth;    /* multicast receive queue, chunks */
-	uint32_t mcast_staged;      /* emulator: receive multicast into staging slots, as on UD */
 	uint32_t mcast_loss_ppm;    /* fault injection: chunks lost, per million */
 	uint32_t mcast_reorder_ppm; /* fault injection: chunks reordered, per million */
 	uint64_t mcast_seed;
@@ -42,6 +41,7 @@ struct host_ctx_params {
 	uint32_t link_mbps;         /* link rate for the multicast loss timeout, MB/s */
 	uint64_t rail_down_after[8];/* fault injection: rail r fails after this many bytes
 				     * sent on it (UINT64_MAX: never) */
+	uint32_t mcast_staged;      /* emulator: receive multicast into staging slots, as on UD */
 };
 
 /* One command as the host builds it; translated into the 64-byte ABI slot at post. */
