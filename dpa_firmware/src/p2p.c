@@ -41,30 +41,33 @@ int dpa_publish_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 	return dpa_publish_region(eng, op, hal, src, addr, len, op->cmd.dst_key, flags);
 }
 
+/* Our ready descriptor in peer's control region, posted as a control word of `kind`. */
+static int post_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		      uint32_t peer, const struct offload_ready *ready, uint32_t kind)
+{
+	uint32_t me = eng->teams[op->team_id].my_rank;
+
+	return post_sequenced(eng, op, hal, peer, dpa_ctrl_ready_off(op->team_id, op->slot, me),
+			      ready, offsetof(struct offload_ready, seq),
+			      offsetof(struct offload_ready, seq), kind);
+}
+
 int dpa_publish_region(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 		       uint32_t peer, uint64_t addr, uint64_t len, uint32_t key, uint32_t flags)
 {
-	uint32_t me = eng->teams[op->team_id].my_rank;
-	struct offload_ready ready = {
-		.addr = addr, .len = len, .key = key, .flags = flags,
-	};
+	struct offload_ready ready = { .addr = addr, .len = len, .key = key, .flags = flags };
 
-	return post_sequenced(eng, op, hal, peer, dpa_ctrl_ready_off(op->team_id, op->slot, me),
-			      &ready, offsetof(struct offload_ready, seq),
-			      offsetof(struct offload_ready, seq), DPA_WR_READY);
+	return post_ready(eng, op, hal, peer, &ready, DPA_WR_READY);
 }
 
 int dpa_withdraw_region(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 			uint32_t peer, uint64_t addr, uint64_t len, uint32_t key)
 {
-	uint32_t me = eng->teams[op->team_id].my_rank;
 	struct offload_ready ready = {
 		.addr = addr, .len = len, .key = key, .flags = OFFLOAD_READY_WITHDRAWN,
 	};
 
-	return post_sequenced(eng, op, hal, peer, dpa_ctrl_ready_off(op->team_id, op->slot, me),
-			      &ready, offsetof(struct offload_ready, seq),
-			      offsetof(struct offload_ready, seq), DPA_WR_WITHDRAW);
+	return post_ready(eng, op, hal, peer, &ready, DPA_WR_WITHDRAW);
 }
 
 int dpa_publish_count(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
