@@ -407,9 +407,17 @@ class Team:
 
     def allgather(self, src: Any, dst: Any) -> Request:
         """Post an all-gather: block i of ``dst`` (``src.size`` elements) comes from rank i.
-        Each rank multicasts its block once."""
+        Each rank multicasts its block once. In place (as NCCL's): ``src`` may be this
+        rank's own block of ``dst``, which is then not copied."""
         self._ctx._check_open()
-        s, d = _src_dst(src, dst)
+        s = as_buffer(src, writable=False, name="src")
+        d = as_buffer(dst, writable=True, name="dst")
+        if not (s.nbytes and s.addr == d.addr + self.rank * s.nbytes and
+                d.nbytes == s.nbytes * self.size):
+            s, d = _src_dst(src, dst)  # the usual checks, overlap refused
+        elif s.dtype != d.dtype or s.itemsize != d.itemsize:
+            raise InvalidArgument(f"src is {s.dtype_name} but dst is {d.dtype_name}: use the "
+                                  "same dtype")
         if d.nbytes != s.nbytes * self.size:
             raise InvalidArgument(
                 f"dst has {d.count} elements but all-gather needs src's {s.count} x "

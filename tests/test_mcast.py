@@ -371,3 +371,35 @@ def test_a_cancelled_owner_withdraws_its_source(op):
     chunks from the root's buffer, as refetch and the emulator's by-reference chunks do)."""
     out = run_ranks(2, WITHDRAWN, timeout=60, env={"MC_OP": op})
     assert "WITHDRAWN SEEN" in out[1]
+
+
+IN_PLACE = r'''
+ctx = ol.init()
+w = ctx.world
+for per in (1, 4097, 3 * 2**20 + 5):
+    for shared in (False, True):
+        dst = ctx.empty(per * size, np.float32) if shared else np.empty(per * size, np.float32)
+        dst[:] = -1
+        mine = dst[rank * per:(rank + 1) * per]
+        mine[:] = np.arange(per, dtype=np.float32) + 1000 * rank
+        w.allgather(mine, dst).wait(timeout=60)
+        want = np.concatenate([np.arange(per, dtype=np.float32) + 1000 * p for p in range(size)])
+        check_equal(dst, want, f"in-place all-gather of {per} elements (shared={shared})")
+# any other overlap is refused before anything is posted
+dst = np.zeros(8 * size, np.float32)
+for bad in (dst[:8] if rank else dst[8:16], dst[rank * 8 + 1:rank * 8 + 9]):
+    try:
+        w.allgather(bad, dst)
+    except ol.InvalidArgument as e:
+        assert "overlap" in str(e), e
+    else:
+        raise AssertionError("an overlapping all-gather was posted")
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [2, 3])
+def test_in_place_allgather(n):
+    """src is this rank's own block of dst, as NCCL allows: not copied, still exact."""
+    run_ranks(n, IN_PLACE, timeout=90)

@@ -90,6 +90,12 @@ static int ag_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *ha
 		dpa_mc_raise(op, hal, DPA_MC_POSTED);
 		work++;
 	}
+	if (!(off_read_once(&op->mc_flags) & DPA_MC_COPYING) &&
+	    op->cmd.src_addr == op->cmd.dst_addr + (uint64_t)me * len) {
+		/* In place: our block is in dst already. */
+		dpa_mc_raise(op, hal, DPA_MC_COPYING | DPA_MC_COPIED);
+		work++;
+	}
 	if (!(off_read_once(&op->mc_flags) & DPA_MC_COPYING)) {
 		/* Our own block, by the same engine that copies everything else. */
 		if (dpa_rail_select(eng, hal, world) == DPA_NO_RAIL) {
