@@ -403,3 +403,24 @@ ctx.close()
 def test_in_place_allgather(n):
     """src is this rank's own block of dst, as NCCL allows: not copied, still exact."""
     run_ranks(n, IN_PLACE, timeout=90)
+
+
+STAGED_BACKLOG = r'''
+ctx = ol.init()
+w = ctx.world
+n = 48 << 20  # 12288 chunks: more completions than the DPA thread drains per pass
+want = ((np.arange(n, dtype=np.int64) * 7 + 3) % 251).astype(np.uint8)
+buf = ctx.empty(n, np.uint8)
+buf[:] = want if rank == 0 else 0
+w.broadcast(buf, root=0).wait(timeout=60)
+check_equal(buf, want, "staged 48 MiB broadcast")
+assert ctx.stats()["refetch_chunks"] == 0, "chunks that arrived were dropped and read again"
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(120)
+def test_staged_chunks_wait_for_a_full_completion_queue():
+    """Each staged chunk's copy out is a completion; when they back up, the chunks that
+    arrived wait in their slots instead of being dropped (and read again)."""
+    run_ranks(2, STAGED_BACKLOG, timeout=90, env={"OFFLOAD_MCAST_PLACEMENT": "staged"})
