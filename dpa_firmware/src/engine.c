@@ -444,11 +444,17 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
 		uint32_t seq16 = (uint32_t)(cqes[i].wr_id >> 16) & 0xffffu;
 		uint32_t item = (uint32_t)(cqes[i].wr_id >> 8) & 0xffu;
 		uint32_t kind = (uint32_t)cqes[i].wr_id & 0xffu;
+		uint32_t named = UINT32_MAX;  /* the one team peer a data completion concerns */
 		struct dpa_op *op;
 		struct dpa_team *team;
 
 		if (opi >= OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW || item >= OFFLOAD_MAX_RANKS)
 			continue;
+		if (kind == DPA_WR_REFETCH) {  /* item 0's data, read from team peer `item` */
+			named = item;
+			item = 0;
+			kind = DPA_WR_DATA;
+		}
 		/* Control words are resent from the log even after their op finished. */
 		if (kind != DPA_WR_DATA && dpa_ctrl_completed(eng, hal, &cqes[i]) &&
 		    cqes[i].status == OFFLOAD_ERR_LINK_DOWN)
@@ -469,9 +475,10 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
 				dpa_stats(hal)->bytes_written += cqes[i].bytes;
 			} else if (cqes[i].status == OFFLOAD_ERR_LINK_DOWN &&
 				   !(it->flags & DPA_ITEM_FAILED)) {
+				if (named == UINT32_MAX && !op->algo->multicast)
+					named = (team->my_rank + item) % team->size;
 				for (uint32_t p = 0; p < team->size; p++)
-					if (op->algo->multicast ||
-					    p == (team->my_rank + item) % team->size)
+					if (named == UINT32_MAX || p == named)
 						dpa_rail_failed(eng, hal, team->peers[p].world_rank,
 								cqes[i].rail);
 				it->flags |= DPA_ITEM_RESEND;
@@ -479,8 +486,8 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
 			}
 		}
 		if (cqes[i].status != OFFLOAD_OK) {
-			/* DATA wr_ids carry the item, CTRL ones the team peer. */
-			uint32_t peer = kind == DPA_WR_DATA ?
+			/* DATA wr_ids carry the item, CTRL and REFETCH ones the team peer. */
+			uint32_t peer = named != UINT32_MAX ? named : kind == DPA_WR_DATA ?
 				(team->my_rank + item) % team->size : item;
 
 			dpa_op_fail(op, cqes[i].status, team->peers[peer % team->size].world_rank);

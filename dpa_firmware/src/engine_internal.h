@@ -71,8 +71,9 @@ struct dpa_algo {
 	/* Item i of an aborted op, before it finishes: what its peer must still hear (a
 	 * multicast owner withdraws its source). DPA_HAL_EAGAIN: call again. May be NULL. */
 	int (*abort)(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal);
-	/* Item 0 reads from every owner (multicast refetch): a data completion does not name
-	 * its peer, so a failed rail is given up for the whole team. */
+	/* Item 0 talks to the whole group (multicast sends, its own copy): a failed rail in
+	 * one of its data completions is given up for every peer, except a refetch read's
+	 * (DPA_WR_REFETCH names its owner). */
 	uint32_t multicast;
 };
 
@@ -353,6 +354,9 @@ static inline uint64_t dpa_wr_id(const struct dpa_op *op, uint32_t item, uint32_
 #define DPA_WR_COUNT  3u
 #define DPA_WR_SIGNAL 4u
 #define DPA_WR_WITHDRAW 5u /* a multicast owner's ready again, OFFLOAD_READY_WITHDRAWN */
+/* Item 0's data read from one owner (multicast refetch): wr_id's item is that team peer,
+ * so a failed rail is given up for that peer only. */
+#define DPA_WR_REFETCH 6u
 
 /* Offsets of one rank's control words inside struct offload_ctrl. */
 static inline uint64_t dpa_ctrl_team_off(uint32_t team)

@@ -314,7 +314,8 @@ static int refetch_round(struct dpa_engine *eng, struct dpa_op *op, struct dpa_h
 		off = (uint64_t)c * mtu;
 		len = (uint64_t)end * mtu < b->len ? (uint64_t)(end - c) * mtu : b->len - off;
 		rc = dpa_hal_rdma_read(hal, owner_world, b->dst + off, op->cmd.dst_key,
-				       b->src_addr + off, b->src_key, len, dpa_wr_id(op, 0, DPA_WR_DATA));
+				       b->src_addr + off, b->src_key, len,
+				       dpa_wr_id(op, (uint32_t)(b - st->blocks), DPA_WR_REFETCH));
 		if (rc == DPA_HAL_EAGAIN)
 			break;
 		if (rc) {
