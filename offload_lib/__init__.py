@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from offload_lib.context import Context
 
 __all__ = [
-    "init", "Context", "Team", "Request", "PersistentRequest", "moe",
+    "init", "Context", "Team", "Request", "PersistentRequest", "McastStats", "moe",
     "OffloadError", "InvalidArgument", "PeerFailure", "Timeout", "RemoteAccessError", "ConfigError",
     "Canceled", "Unsupported",
 ]
@@ -53,7 +53,7 @@ def __getattr__(name: str) -> Any:
         from offload_lib import context
 
         return getattr(context, name)
-    if name in ("Request", "PersistentRequest"):
+    if name in ("Request", "PersistentRequest", "McastStats"):
         from offload_lib import request
 
         return getattr(request, name)

@@ -18,7 +18,7 @@ from offload_lib._native import ffi, lib
 from offload_lib.bootstrap import World, allgather
 from offload_lib.config import MAX_RAILS, Config, parse_rail_faults
 from offload_lib.errors import ConfigError, InvalidArgument, OffloadError, Unsupported, check_rc
-from offload_lib.request import PersistentRequest, Request, Result
+from offload_lib.request import McastStats, PersistentRequest, Request, Result
 
 # enum offload_opcode (offload_abi.h)
 OP_BARRIER = 2
@@ -115,6 +115,14 @@ def _src_dst(src: Any, dst: Any) -> tuple[Buffer, Buffer]:
     if s.overlaps(d):
         raise InvalidArgument("src and dst overlap: in-place exchanges are not supported")
     return s, d
+
+
+def _mcast_stats(op: Any) -> tuple[np.ndarray, Result]:
+    """Where a multicast op's firmware leaves its counters (the command's aux buffer, which
+    host_post registers), and the result that reads them at completion."""
+    words = np.zeros(McastStats.WORDS, np.uint64)
+    op.aux_addr, op.aux_len = words.ctypes.data, words.nbytes
+    return words, lambda _: McastStats.from_words(words)
 
 
 _ARGS_WORDS = 3 * MAX_RANKS + 4
@@ -398,12 +406,13 @@ class Team:
         # elsewhere: host_post registers it both ways for this op.
         op.src_addr, op.src_len = b.addr, b.nbytes
         op.dst_addr, op.dst_len = b.addr, b.nbytes
+        words, result = _mcast_stats(op)
         # The firmware counts a broadcast as count x team size (every member's copy); the
         # wait polls only below the same bound, as polling through a bulk op takes the CPU
         # its receivers copy with.
         return self._ctx._submit(op, "broadcast", (b, b),
                                  lambda g: _staging.broadcast(g, self, b, root),
-                                 nbytes=b.nbytes * self.size)
+                                 keep=(words,), result=result, nbytes=b.nbytes * self.size)
 
     def allgather(self, src: Any, dst: Any) -> Request:
         """Post an all-gather: block i of ``dst`` (``src.size`` elements) comes from rank i.
@@ -429,8 +438,10 @@ class Team:
         op.count = s.nbytes
         op.src_addr, op.src_len = s.addr, s.nbytes
         op.dst_addr, op.dst_len = d.addr, d.nbytes
+        words, result = _mcast_stats(op)
         return self._ctx._submit(op, "allgather", (s, d),
-                                 lambda g: _staging.allgather(g, self, s, d), nbytes=d.nbytes)
+                                 lambda g: _staging.allgather(g, self, s, d),
+                                 keep=(words,), result=result, nbytes=d.nbytes)
 
     # -- barrier ----------------------------------------------------------------------------
     def barrier(self) -> Request:

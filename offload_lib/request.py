@@ -2,7 +2,8 @@
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any, Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 from offload_lib._native import ffi, lib
 from offload_lib.errors import (
@@ -21,6 +22,25 @@ if TYPE_CHECKING:
 _WAIT_SLICE_S = 0.25
 
 Result = Callable[[Any], Any]
+
+
+@dataclass(frozen=True)
+class McastStats:
+    """What one broadcast or all-gather did on this rank (``wait()`` returns it), as the
+    firmware counted it (struct offload_mcast_op_stats)."""
+
+    chunks_sent: int        # chunks this rank injected, once whatever the team's size
+    bytes_injected: int     # bytes this rank put into the fabric
+    chunks_received: int    # chunks that arrived by multicast
+    chunks_dropped: int     # chunks that never arrived (lost, overrun) and were read again
+    chunks_duplicated: int  # chunks that arrived once more after the first
+    refetched_bytes: int    # bytes of those reads (RDMA READ from the owner)
+
+    WORDS: ClassVar[int] = 6
+
+    @classmethod
+    def from_words(cls, words: Any) -> McastStats:
+        return cls(*(int(w) for w in words[:cls.WORDS]))
 
 
 class Request:

@@ -223,9 +223,11 @@ for loss in (0.0, 1.0, 0.0, 0.5):
     before = ctx.stats()["refetch_chunks"]
     want = ((np.arange(8 * mtu) + int(loss * 10)) % 251).astype(np.uint8)
     buf = want.copy() if rank == 0 else np.zeros(8 * mtu, np.uint8)
-    w.broadcast(buf, root=0).wait(timeout=30)
+    op = w.broadcast(buf, root=0).wait(timeout=30)
     check_equal(buf, want, f"loss {loss}")
     refetched.append(ctx.stats()["refetch_chunks"] - before)
+    assert op.chunks_dropped == refetched[-1], (op, refetched)  # per op as in total
+    assert op.chunks_sent == (8 if rank == 0 else 0), op
 if rank == 1:
     # every chunk refetched at loss 1, none at 0, some at 0.5 (seeded)
     assert refetched[0] == 0 and refetched[1] == 8 and refetched[2] == 0, refetched
@@ -246,9 +248,15 @@ w = ctx.world
 per = 256 * 1024
 before = ctx.stats()["mcast_bytes_sent"]
 dst = np.empty(per * size, np.uint8)
-w.allgather(np.full(per, rank, np.uint8), dst).wait(timeout=30)
+op = w.allgather(np.full(per, rank, np.uint8), dst).wait(timeout=30)
 sent = ctx.stats()["mcast_bytes_sent"] - before
 assert sent == per, f"rank {rank} injected {sent} B for its {per} B block"
+# the op's own counters say the same, and every peer's chunk came once, one way or the other
+chunks = per // ctx.config.mtu
+assert isinstance(op, ol.McastStats), op
+assert (op.bytes_injected, op.chunks_sent) == (per, chunks), op
+assert op.chunks_received + op.chunks_dropped == (size - 1) * chunks, op
+assert op.refetched_bytes == op.chunks_dropped * ctx.config.mtu, op
 check_equal(dst, np.repeat(np.arange(size, dtype=np.uint8), per), "all-gather")
 buf = np.full(per, 9 if rank == 1 else 0, np.uint8)
 before = ctx.stats()["mcast_bytes_sent"]

@@ -198,6 +198,17 @@ struct offload_ctrl {
 #define OFFLOAD_SIGNAL_OK    1ull
 #define OFFLOAD_SIGNAL_ERROR ((1ull << 32) | 1ull)
 
+/* One broadcast's or all-gather's counters on this rank, written into the command's aux
+ * buffer (when it names one, 8-aligned) before the op's completion. */
+struct offload_mcast_op_stats {
+	uint64_t chunks_sent;       /* injected by this rank (once, whatever the group) */
+	uint64_t bytes_injected;    /* bytes this rank put into the fabric */
+	uint64_t chunks_received;   /* arrived by multicast and taken */
+	uint64_t chunks_dropped;    /* never arrived (lost, overrun): read with RDMA READ */
+	uint64_t chunks_duplicated; /* arrived again after the first copy */
+	uint64_t refetched_bytes;   /* bytes of those reads */
+};
+
 /* Counters the firmware keeps per progress thread, in a host-readable window. */
 struct offload_thread_stats {
 	uint64_t ops_completed;
@@ -236,6 +247,7 @@ _Static_assert(sizeof(struct offload_count) == 16, "count descriptor");
 _Static_assert(sizeof(struct offload_alltoallv_args) == 24 * OFFLOAD_MAX_RANKS + 32,
 	       "alltoallv args");
 _Static_assert(sizeof(struct offload_thread_stats) == 128, "stats are two cache lines");
+_Static_assert(sizeof(struct offload_mcast_op_stats) == 48, "per-op multicast counters");
 
 /*
  * ---- FlexIO hardware binding (dpa_firmware/hal/flexio/, host/src/flexio/) ----

@@ -22,7 +22,8 @@ static int ag_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *h
 
 	if (!dpa_hal_mtu(hal))
 		dpa_op_refuse(eng, op, OFFLOAD_ERR_UNSUPPORTED);
-	else if (cmd->flags || __builtin_mul_overflow(cmd->count, team->size, &total) ||
+	else if (cmd->flags || !dpa_mcast_stats_ok(hal, op) ||
+	    __builtin_mul_overflow(cmd->count, team->size, &total) ||
 	    per_block * team->size > DPA_MCAST_MAX_CHUNKS ||
 	    (total && (!cmd->src_addr || !cmd->dst_addr || cmd->dst_len < total)))
 		dpa_op_refuse(eng, op, OFFLOAD_ERR_INVALID);

@@ -25,7 +25,7 @@ static int bcast_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal
 
 	if (!dpa_hal_mtu(hal))
 		dpa_op_refuse(eng, op, OFFLOAD_ERR_UNSUPPORTED);
-	else if (cmd->flags || cmd->root >= team->size ||
+	else if (cmd->flags || cmd->root >= team->size || !dpa_mcast_stats_ok(hal, op) ||
 	    dpa_mcast_chunks(hal, len) > DPA_MCAST_MAX_CHUNKS ||
 	    (len && (!cmd->dst_addr || cmd->dst_len < len || (root && !cmd->src_addr))))
 		dpa_op_refuse(eng, op, OFFLOAD_ERR_INVALID);

@@ -239,8 +239,10 @@ static int try_complete_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa
 
 	cqe.result0 = op->result0;
 	cqe.result1 = op->result1;
-	if (op->algo->multicast)
+	if (op->algo->multicast) {
 		dpa_mcast_release(eng, op, hal);
+		dpa_mcast_report(hal, op);  /* before the completion that says it is there */
+	}
 	if (!write_cqe(eng, hal, &cqe))
 		return 0;
 	/* A rank lost (dead, or every rail to it down) leaves the team's sequence broken,
@@ -382,6 +384,7 @@ static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct 
 	op->aborted = 0;
 	op->dead_since = 0;
 	op->mc_flags = op->mc_readies = op->mc_next = 0;
+	op->mc_stats = (struct offload_mcast_op_stats){ 0 };
 	op->deadline_ns = eng->params.op_timeout_ms ?
 		dpa_hal_time_ns(hal) + (uint64_t)eng->params.op_timeout_ms * 1000000u : UINT64_MAX;
 	op->algo = cmd->opcode == OFFLOAD_OP_ALLTOALLV && (cmd->flags & OFFLOAD_CMD_F_SLOTS) ?

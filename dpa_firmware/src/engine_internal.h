@@ -127,6 +127,7 @@ struct dpa_op {
 	uint32_t mc_readies;   /* multicast: peers whose ready arrived */
 	uint32_t mc_next;      /* multicast: next chunk to inject */
 	uint32_t mc_resv;
+	struct offload_mcast_op_stats mc_stats;  /* multicast: item 0 counts, completion reports */
 	uint64_t result0;      /* completion's result0/result1 */
 	uint64_t result1;
 	struct dpa_vlayout *v;
@@ -270,6 +271,9 @@ int dpa_ctrl_word_pending(struct dpa_engine *eng, uint64_t wr_id);
 /* mcast.c: what broadcast and all-gather share (see there). */
 struct dpa_mcast_state *dpa_mcast_claim(struct dpa_engine *eng, struct dpa_op *op);
 void dpa_mcast_release(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal);
+/* The op's counters for the host (aux buffer), if it asked: start() checks the buffer. */
+int dpa_mcast_stats_ok(struct dpa_hal *hal, const struct dpa_op *op);
+void dpa_mcast_report(struct dpa_hal *hal, const struct dpa_op *op);
 /* Post the regions of every block not complete (nor `complete`, one completing now). */
 int dpa_mcast_post(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 		   struct dpa_mcast_state *st, uint32_t complete);

@@ -69,6 +69,27 @@ void dpa_mcast_release(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal
 	off_store_release(&st->owner, 0);
 }
 
+static struct offload_mcast_op_stats *stats_out(struct dpa_hal *hal, const struct dpa_op *op)
+{
+	if (op->cmd.aux_addr & 7)  /* misaligned: the DPA's stores would fault */
+		return NULL;
+	return dpa_hal_aux_ptr(hal, op->cmd.aux_key, op->cmd.aux_addr,
+			       sizeof(struct offload_mcast_op_stats));
+}
+
+int dpa_mcast_stats_ok(struct dpa_hal *hal, const struct dpa_op *op)
+{
+	return !op->cmd.aux_addr || stats_out(hal, op);
+}
+
+void dpa_mcast_report(struct dpa_hal *hal, const struct dpa_op *op)
+{
+	struct offload_mcast_op_stats *out = op->cmd.aux_addr ? stats_out(hal, op) : NULL;
+
+	if (out)
+		*out = op->mc_stats;
+}
+
 int dpa_mcast_post(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 		   struct dpa_mcast_state *st, uint32_t complete)
 {
@@ -124,6 +145,8 @@ int dpa_mcast_inject(struct dpa_op *op, struct dpa_hal *hal, uint32_t first_chun
 		sent++;
 		stats->mcast_chunks_sent++;
 		stats->mcast_bytes_sent += piece;
+		op->mc_stats.chunks_sent++;
+		op->mc_stats.bytes_injected += piece;
 	}
 	*done = op->mc_next >= nchunks;
 	return sent;
@@ -182,6 +205,7 @@ static void place_all(struct dpa_op *op, struct dpa_hal *hal, struct dpa_mcast_s
 			b = block_of(st, team, id);
 		if (b && (st->bits[id / 64] & bit)) {
 			stats->mcast_dups++;
+			op->mc_stats.chunks_duplicated++;
 			b = NULL;
 		}
 		if (staged && b) {
@@ -201,6 +225,7 @@ static void place_all(struct dpa_op *op, struct dpa_hal *hal, struct dpa_mcast_s
 		st->bits[id / 64] |= bit;
 		b->got++;
 		stats->mcast_chunks_recv++;
+		op->mc_stats.chunks_received++;
 	}
 }
 
@@ -270,8 +295,8 @@ static void learn_owner(struct dpa_engine *eng, struct dpa_op *op, struct dpa_ha
 	}
 }
 
-static void mark_range(struct dpa_mcast_state *st, struct dpa_mcast_block *b, uint32_t from,
-		       uint32_t to, struct offload_thread_stats *stats)
+static void mark_range(struct dpa_op *op, struct dpa_mcast_state *st, struct dpa_mcast_block *b,
+		       uint32_t from, uint32_t to, struct offload_thread_stats *stats)
 {
 	for (uint32_t c = from; c < to; c++) {
 		uint32_t id = b->first_chunk + c;
@@ -282,6 +307,7 @@ static void mark_range(struct dpa_mcast_state *st, struct dpa_mcast_block *b, ui
 		st->bits[id / 64] |= bit;
 		b->got++;
 		stats->refetch_chunks++;
+		op->mc_stats.chunks_dropped++;
 	}
 }
 
@@ -325,6 +351,7 @@ static int refetch_round(struct dpa_engine *eng, struct dpa_op *op, struct dpa_h
 		op->items[0].inflight++;
 		stats->reads++;
 		stats->refetch_bytes += len;
+		op->mc_stats.refetched_bytes += len;
 		reads++;
 		c = end;
 	}
@@ -379,7 +406,7 @@ int dpa_mcast_receive(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 			it0->flags &= ~DPA_ITEM_RESEND;
 			b->next = b->round_start;
 		} else if (b->round_start != b->next) {  /* the last round's reads all landed */
-			mark_range(st, b, b->round_start, b->next, stats);
+			mark_range(op, st, b, b->round_start, b->next, stats);
 			b->round_start = b->next;
 			work++;
 			continue;
