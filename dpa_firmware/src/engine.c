@@ -478,15 +478,22 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
 				dpa_stats(hal)->bytes_written += cqes[i].bytes;
 			} else if (cqes[i].status == OFFLOAD_ERR_LINK_DOWN &&
 				   !(it->flags & DPA_ITEM_FAILED)) {
-				if (named == UINT32_MAX && !op->algo->multicast)
+				uint32_t refetch = named != UINT32_MAX;
+
+				if (!refetch && !op->algo->multicast)
 					named = (team->my_rank + item) % team->size;
 				for (uint32_t p = 0; p < team->size; p++)
 					if (named == UINT32_MAX || p == named)
 						dpa_rail_failed(eng, hal, team->peers[p].world_rank,
 								cqes[i].rail);
-				it->flags |= DPA_ITEM_RESEND;
+				if (refetch)  /* the block whose round it was reads it again */
+					dpa_mcast_read_completed(eng, op, hal, named, &cqes[i]);
+				else
+					it->flags |= DPA_ITEM_RESEND;
 				continue;
 			}
+			if (named != UINT32_MAX && cqes[i].status == OFFLOAD_OK)
+				dpa_mcast_read_completed(eng, op, hal, named, &cqes[i]);
 		}
 		if (cqes[i].status != OFFLOAD_OK) {
 			/* DATA wr_ids carry the item, CTRL and REFETCH ones the team peer. */

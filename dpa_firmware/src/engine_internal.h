@@ -149,6 +149,7 @@ struct dpa_op {
 #define DPA_BLOCK_HAVE_SRC 1u  /* the owner's source address and key arrived */
 #define DPA_BLOCK_SENT_ALL 2u  /* the owner injected every chunk */
 #define DPA_BLOCK_COMPLETE 4u  /* every chunk is here (released after the data) */
+#define DPA_BLOCK_RESEND   8u  /* a read of its refetch round lost its rail: read it again */
 
 /* One owner's block of a multicast op, as this rank receives it. */
 struct dpa_mcast_block {
@@ -273,6 +274,9 @@ struct dpa_mcast_state *dpa_mcast_claim(struct dpa_engine *eng, struct dpa_op *o
 void dpa_mcast_release(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal);
 /* The op's counters for the host (aux buffer), if it asked: start() checks the buffer. */
 int dpa_mcast_stats_ok(struct dpa_hal *hal, const struct dpa_op *op);
+/* A refetch read from the owner of block `owner` completed (poll_completions). */
+void dpa_mcast_read_completed(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+			      uint32_t owner, const struct dpa_hal_cqe *c);
 void dpa_mcast_report(struct dpa_hal *hal, const struct dpa_op *op);
 /* Post the regions of every block not complete (nor `complete`, one completing now). */
 int dpa_mcast_post(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,

@@ -77,6 +77,22 @@ static struct offload_mcast_op_stats *stats_out(struct dpa_hal *hal, const struc
 			       sizeof(struct offload_mcast_op_stats));
 }
 
+/* Item 0's thread, which posted the read, takes its completion: no other writer of the
+ * block's flags then (peer items only read them). Bytes count once they landed, so a
+ * round read again is not counted twice. */
+void dpa_mcast_read_completed(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+			      uint32_t owner, const struct dpa_hal_cqe *c)
+{
+	struct dpa_mcast_block *b = &eng->mcast[op->team_id].blocks[owner % OFFLOAD_MAX_RANKS];
+
+	if (c->status == OFFLOAD_ERR_LINK_DOWN) {
+		off_store_release(&b->flags, b->flags | DPA_BLOCK_RESEND);
+		return;
+	}
+	dpa_stats(hal)->refetch_bytes += c->bytes;
+	op->mc_stats.refetched_bytes += c->bytes;
+}
+
 int dpa_mcast_stats_ok(struct dpa_hal *hal, const struct dpa_op *op)
 {
 	return !op->cmd.aux_addr || stats_out(hal, op);
@@ -350,8 +366,6 @@ static int refetch_round(struct dpa_engine *eng, struct dpa_op *op, struct dpa_h
 		}
 		op->items[0].inflight++;
 		stats->reads++;
-		stats->refetch_bytes += len;
-		op->mc_stats.refetched_bytes += len;
 		reads++;
 		c = end;
 	}
@@ -402,8 +416,8 @@ int dpa_mcast_receive(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 		if (!(b->flags & DPA_BLOCK_SENT_ALL) || !(b->flags & DPA_BLOCK_HAVE_SRC) ||
 		    !st->drained || it0->inflight)
 			continue;
-		if (it0->flags & DPA_ITEM_RESEND) {  /* a read's rail failed: read the round again */
-			it0->flags &= ~DPA_ITEM_RESEND;
+		if (b->flags & DPA_BLOCK_RESEND) {  /* a read's rail failed: read the round again */
+			off_store_release(&b->flags, b->flags & ~DPA_BLOCK_RESEND);
 			b->next = b->round_start;
 		} else if (b->round_start != b->next) {  /* the last round's reads all landed */
 			mark_range(op, st, b, b->round_start, b->next, stats);
@@ -422,7 +436,7 @@ int dpa_mcast_receive(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 		}
 		work += refetch_round(eng, op, hal, st, b, world);
 		if (it0->inflight)
-			break;  /* one block's round at a time: a failed read names its round */
+			break;  /* one block's round at a time */
 	}
 	return work;
 }
