@@ -27,7 +27,7 @@ import ctypes
 import math
 import os
 import threading
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any, Callable
 
 import numpy as np
@@ -35,6 +35,7 @@ import numpy as np
 from offload_lib._buffers import Buffer
 from offload_lib._cuda import Copy2D
 from offload_lib.errors import Canceled, InvalidArgument, OffloadError, Timeout
+from offload_lib.request import McastStats
 
 MAX_PIECES = 8  # a team holds 8 ops in flight (OFFLOAD_OP_WINDOW)
 _POOL_ROUND = 1 << 20
@@ -484,7 +485,17 @@ def allgather(stager: Stager, team: Any, s: Buffer, d: Buffer) -> Any:
         pieces.append(_Piece(
             d2h, lambda o=off, w=width, r=dst_region: team.allgather(src_h[o:o + w], dst_h[r]),
             h2d, None, unpack))
-    return stager.submit("allgather", [s, d], pieces, sides.staging + dst_side.staging)
+    return stager.submit("allgather", [s, d], pieces, sides.staging + dst_side.staging,
+                         _mcast_total)
+
+
+def _mcast_total(op: _Op) -> McastStats | None:
+    """A staged multicast op's counters: the sum over its pieces, each one multicast op."""
+    values = [p.value for p in op.pieces]
+    if not all(isinstance(v, McastStats) for v in values):
+        return None
+    return McastStats(*(sum(int(getattr(v, f.name)) for v in values)
+                        for f in fields(McastStats)))
 
 
 def broadcast(stager: Stager, team: Any, b: Buffer, root: int) -> Any:
@@ -502,7 +513,7 @@ def broadcast(stager: Stager, team: Any, b: Buffer, root: int) -> Any:
             [Copy2D.flat(b.addr + off, host.ctypes.data + off, width)]
         pieces.append(_Piece(d2h, lambda o=off, w=width: team.broadcast(host[o:o + w], root),
                              lambda _v, c=h2d: c))
-    return stager.submit("broadcast", [b], pieces, sides.staging)
+    return stager.submit("broadcast", [b], pieces, sides.staging, _mcast_total)
 
 
 def alltoallv(stager: Stager, team: Any, s: Buffer, d: Buffer, sends: np.ndarray,

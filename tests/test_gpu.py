@@ -71,7 +71,8 @@ for dtype, count in (("float32", 1), ("int64", 1000), ("float32", 300_000)):
     produce(src, pattern(me, 0, count, dtype))
     req = team.allgather(src, dst)
     seen = consume(dst)
-    req.wait(timeout=60)
+    counts = req.wait(timeout=60)  # summed over the staged pieces
+    assert counts.bytes_injected == count * np.dtype(dtype).itemsize, counts
     drv.synchronize(USER)
     check_equal(seen["v"], np.concatenate([pattern(i, 0, count, dtype) for i in range(n)]),
                 f"allgather {dtype} x{count}")
