@@ -106,13 +106,14 @@ def _resolve_threads(config: Config, ranks: int) -> int:
     return max(1, min(4, _cores() // ranks))
 
 
-def _src_dst(src: Any, dst: Any) -> tuple[Buffer, Buffer]:
-    """Both buffers of an exchange, checked: same dtype, dst writable, no overlap."""
+def _src_dst(src: Any, dst: Any, own_block: int | None = None) -> tuple[Buffer, Buffer]:
+    """Both buffers of an exchange, checked: same dtype, dst writable, no overlap (but for
+    an in-place all-gather's src, exactly block ``own_block`` of dst)."""
     s = as_buffer(src, writable=False, name="src")
     d = as_buffer(dst, writable=True, name="dst")
     if s.dtype != d.dtype or s.itemsize != d.itemsize:
         raise InvalidArgument(f"src is {s.dtype_name} but dst is {d.dtype_name}: use the same dtype")
-    if s.overlaps(d):
+    if s.overlaps(d) and (own_block is None or s.addr != d.addr + own_block * s.nbytes):
         raise InvalidArgument("src and dst overlap: in-place exchanges are not supported")
     return s, d
 
@@ -419,14 +420,7 @@ class Team:
         Each rank multicasts its block once. In place (as NCCL's): ``src`` may be this
         rank's own block of ``dst``, which is then not copied."""
         self._ctx._check_open()
-        s = as_buffer(src, writable=False, name="src")
-        d = as_buffer(dst, writable=True, name="dst")
-        if not (s.nbytes and s.addr == d.addr + self.rank * s.nbytes and
-                d.nbytes == s.nbytes * self.size):
-            s, d = _src_dst(src, dst)  # the usual checks, overlap refused
-        elif s.dtype != d.dtype or s.itemsize != d.itemsize:
-            raise InvalidArgument(f"src is {s.dtype_name} but dst is {d.dtype_name}: use the "
-                                  "same dtype")
+        s, d = _src_dst(src, dst, own_block=self.rank)
         if d.nbytes != s.nbytes * self.size:
             raise InvalidArgument(
                 f"dst has {d.count} elements but all-gather needs src's {s.count} x "

@@ -182,7 +182,7 @@ static int ag_abort(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struc
 {
 	const struct dpa_team *team = &eng->teams[op->team_id];
 
-	return i ? dpa_mcast_withdraw(eng, op, i, hal, (team->my_rank + i) % team->size) : 0;
+	return i ? dpa_mcast_withdraw(eng, op, hal, (team->my_rank + i) % team->size) : 0;
 }
 
 const struct dpa_algo dpa_algo_allgather_mcast = {

@@ -163,7 +163,7 @@ static int bcast_abort(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, st
 
 	if (i == 0 || op->cmd.root != team->my_rank)
 		return 0;
-	return dpa_mcast_withdraw(eng, op, i, hal, (team->my_rank + i) % team->size);
+	return dpa_mcast_withdraw(eng, op, hal, (team->my_rank + i) % team->size);
 }
 
 const struct dpa_algo dpa_algo_broadcast_mcast = {

@@ -294,9 +294,10 @@ int dpa_mcast_owner_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 			 struct dpa_hal *hal, uint32_t p);
 int dpa_mcast_take_ack(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 		       struct dpa_hal *hal, uint32_t p);
-/* An aborted owner's item for peer p: withdraw our source unless p acknowledged it. */
-int dpa_mcast_withdraw(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
-		       struct dpa_hal *hal, uint32_t p);
+/* An aborted owner's unfinished item for peer p (p has not acknowledged our block):
+ * withdraw our source from p. */
+int dpa_mcast_withdraw(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		       uint32_t p);
 
 /* p2p.c: the exchange step shared by all-to-all and all-to-all-v. */
 int dpa_publish_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,

@@ -504,10 +504,9 @@ int dpa_mcast_owner_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 	return work;
 }
 
-int dpa_mcast_withdraw(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
-		       struct dpa_hal *hal, uint32_t p)
+int dpa_mcast_withdraw(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		       uint32_t p)
 {
-	(void)i;  /* unfinished items only: p has not acknowledged our block */
 	if (off_read_once(&eng->failed_ranks) & (1ull << eng->teams[op->team_id].peers[p].world_rank))
 		return 0;  /* p is gone: it reads nothing any more */
 	/* Our ready to p lands first: a resend of it after the withdrawal would undo it. */
