@@ -41,7 +41,8 @@ def init(config: str | os.PathLike[str] | Mapping[str, Any] | None = None) -> "C
 
     cfg = load_config(config)
     backend, _reason = select_backend(cfg)
-    world = discover(one_host=backend == "emulator")
+    # The emulator and the FlexIO model connect their ranks within one machine.
+    world = discover(one_host=backend == "emulator" or cfg.flexio_runtime == "model")
     if world.rank == 0:
         cleanup_stale_segments()
     return Context(cfg, world, backend)

@@ -90,6 +90,8 @@ def _format_info(info: dict[str, Any]) -> str:
     """The first line says which backend and why; then a device table and the libraries."""
     lines = [f"backend: {info.get('backend')} \N{EM DASH} {info.get('reason')}",
              f"requested: {info.get('requested', '?')}"]
+    if info.get("flexio runtime"):
+        lines.append(f"flexio runtime: {info['flexio runtime']}")
     devices = info.get("devices") or []
     if not devices:
         lines.append("RDMA devices: none")

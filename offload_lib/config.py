@@ -222,6 +222,11 @@ TUNABLES: tuple[Tunable, ...] = (
     Tunable("backend", str, "auto",
             "auto (flexio when a DPA is found, else emulator), emulator or flexio",
             _choice("auto", "emulator", "flexio")),
+    Tunable("flexio_runtime", str, "vendor",
+            "what the flexio backend runs on: vendor (DOCA's libflexio and a BlueField's DPA) "
+            "or model (the FlexIO model: the same hardware binding over emulated DPA queues, "
+            "emulator/flexio_model, built on first use)",
+            _choice("vendor", "model")),
     Tunable("dpa_threads", int, "auto",
             "DPA progress threads per rank (1..64), or auto: in the emulator as many as the "
             "cores can run next to the other ranks (cores // ranks, 1..4)",
@@ -327,6 +332,7 @@ class Config:
     """Validated tunables; build it with :func:`load_config` (or directly, also validated)."""
 
     backend: str = _default("backend")
+    flexio_runtime: str = _default("flexio_runtime")
     dpa_threads: int | str = _default("dpa_threads")
     chunk_size: int = _default("chunk_size")
     gpu_piece: int = _default("gpu_piece")

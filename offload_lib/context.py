@@ -95,6 +95,23 @@ def _rail_thresholds(config: Config, rank: int) -> list[int]:
     return out
 
 
+def _flexio_library(config: Config, rank: int) -> str:
+    """The FlexIO backend library to load; on the FlexIO model, built if needed, and the
+    model's NIC told which of this rank's ports fail (rail_faults) and how many it has."""
+    from offload_lib.discovery import backend_library_path
+
+    if config.flexio_runtime != "model":
+        return backend_library_path(config)
+    from offload_lib.flexio_runtime import build_model
+
+    never = 2**64 - 1
+    faults = [f"{r}@{after}" for r, after in enumerate(_rail_thresholds(config, rank))
+              if after != never]
+    os.environ["OFFLOAD_FXM_PORT_FAULTS"] = ",".join(faults)
+    os.environ["FXM_PORTS"] = str(max(2, config.rails))
+    return str(build_model())
+
+
 def _cores() -> int:
     return len(os.sched_getaffinity(0))
 
@@ -470,9 +487,7 @@ class Context:
         params.job, params.backend = job_c, backend_c
         lib_c = ffi.NULL
         if backend != "emulator":
-            from offload_lib.discovery import backend_library_path
-
-            lib_c = ffi.new("char[]", backend_library_path().encode())
+            lib_c = ffi.new("char[]", _flexio_library(config, world.rank).encode())
         params.backend_lib = lib_c
         params.rank, params.size = world.rank, world.size
         params.num_threads = self.dpa_threads = _resolve_threads(config, world.size)

@@ -5,6 +5,10 @@ FlexIO backend library); ``decide()`` turns what it saw into a backend and one s
 saying why. Both are plain functions over plain data, so tests feed them fake devices and
 fake libraries. pyverbs is optional and imported lazily; every "not available" names what
 is missing and how to get it.
+
+With ``flexio_runtime: model`` the flexio backend runs on the FlexIO model (the vendor
+runtime emulated beneath the same binding, offload_lib.flexio_runtime) and nothing is
+probed: the model is the device.
 """
 from __future__ import annotations
 
@@ -126,10 +130,15 @@ def _load_library(name: str, path: str | None) -> Library:
     return Library(name, path, True)
 
 
-def backend_library_path() -> str:
-    """Where dpa-offload's FlexIO backend is looked for: OFFLOAD_FLEXIO_LIB, else what
+def backend_library_path(config: Config | None = None) -> str:
+    """Where dpa-offload's FlexIO backend is looked for. On the FlexIO model: the one built
+    against it (offload_lib.flexio_runtime). Else OFFLOAD_FLEXIO_LIB, else what
     scripts/build_flexio.sh builds (build/flexio/ of the source tree), else next to the
     package."""
+    if config is not None and config.flexio_runtime == "model":
+        from offload_lib.flexio_runtime import model_backend
+
+        return str(model_backend())
     env = os.environ.get("OFFLOAD_FLEXIO_LIB")
     if env:
         return env
@@ -195,10 +204,16 @@ def _why_not_flexio(p: Probe) -> str | None:
     return None
 
 
-def decide(requested: str, p: Probe) -> tuple[str, str]:
+MODEL_REASON = ("flexio_runtime: model: the FlexIO binding runs on the FlexIO model "
+                "(emulated DPA queues and NIC, emulator/flexio_model), not on a card")
+
+
+def decide(requested: str, p: Probe, runtime: str = "vendor") -> tuple[str, str]:
     """(backend, reason). Raises OffloadError when 'flexio' is requested but not usable."""
     if requested == "emulator":
         return "emulator", "requested by config (backend: emulator)"
+    if runtime == "model":
+        return "flexio", MODEL_REASON
     missing = _why_not_flexio(p)
     if missing is None:
         dev = next(d for d in p.devices if d.has_dpa)
@@ -214,23 +229,28 @@ def decide(requested: str, p: Probe) -> tuple[str, str]:
 def select_backend(config: Config | None = None, seen: Probe | None = None) -> tuple[str, str]:
     """(backend, reason); raises OffloadError when 'flexio' is requested but unavailable."""
     cfg = config if isinstance(config, Config) else load_config(config)
-    if cfg.backend == "emulator":
-        return decide("emulator", Probe())
+    if cfg.backend == "emulator" or cfg.flexio_runtime == "model":
+        return decide(cfg.backend, Probe(), cfg.flexio_runtime)
     return decide(cfg.backend, probe() if seen is None else seen)
 
 
 def describe(config: Config | None = None, seen: Probe | None = None) -> dict[str, Any]:
     """What was found and which backend would be used, for ``dpa-offload info``."""
     cfg = config if isinstance(config, Config) else load_config(config)
+    if cfg.flexio_runtime == "model":
+        return _describe_model(cfg)
     p = probe() if seen is None else seen
     try:
         backend, reason = decide(cfg.backend, p)
     except OffloadError as e:
         backend, reason = "none", str(e)
+    flexio = next((r for r in p.runtimes if r.name == "libflexio"), None)
     return {
         "backend": backend,
         "reason": reason,
         "requested": cfg.backend,
+        "flexio runtime": ("vendor: " + (flexio.path if flexio and flexio.loaded else
+                                         "libflexio not found")),
         "devices": [d.as_dict() for d in p.devices],
         "details": {
             "pyverbs": p.pyverbs or p.pyverbs_error,
@@ -238,4 +258,23 @@ def describe(config: Config | None = None, seen: Probe | None = None) -> dict[st
             "backend library": (p.backend.path if p.backend.loaded else
                                 f"{p.backend.path}: {p.backend.error}"),
         },
+    }
+
+
+def _describe_model(cfg: Config) -> dict[str, Any]:
+    from offload_lib.flexio_runtime import model_backend, model_is_current, model_sdk
+
+    backend, reason = decide(cfg.backend, Probe(), "model")
+    built = model_backend()
+    state = ("built" if model_is_current() else "stale: rebuilt on first use") if built.exists() \
+        else "not built yet: built on first use (python -m offload_lib.flexio_runtime build)"
+    return {
+        "backend": backend,
+        "reason": reason,
+        "requested": cfg.backend,
+        "flexio runtime": f"model ({model_sdk() / 'lib' / 'libfxm-model.so'}), requested by "
+                          "flexio_runtime: model (OFFLOAD_FLEXIO_RUNTIME)",
+        "devices": [RdmaDevice("mlx5_0", MELLANOX_VENDOR_ID, 0xA2DC,
+                               "FlexIO model (no card)").as_dict()],
+        "details": {"backend library": f"{built} ({state})"},
     }

@@ -12,6 +12,7 @@ KEYS = [t.name for t in TUNABLES]
 
 DEFAULTS = {
     "backend": "auto",
+    "flexio_runtime": "vendor",
     "dpa_threads": "auto",
     "chunk_size": 1048576,
     "gpu_piece": 4194304,
@@ -117,6 +118,7 @@ def test_size_strings(text, expected):
 
 BAD_VALUES = [
     ("backend", "gpu"), ("backend", 1), ("backend", ""),
+    ("flexio_runtime", "doca"), ("flexio_runtime", 1),
     ("dpa_threads", 0), ("dpa_threads", 65), ("dpa_threads", "two"), ("dpa_threads", "autox"), ("dpa_threads", 2.5),
     ("dpa_threads", True), ("dpa_threads", None), ("dpa_threads", [2]),
     ("chunk_size", 4095), ("chunk_size", "64MiB1"), ("chunk_size", "65M"), ("chunk_size", "1G"),
