@@ -10,6 +10,11 @@
 # /opt/mellanox/flexio), DPACC (default: dpacc on PATH, else $DOCA_DIR/tools/dpacc),
 # DPA_MCPU (default nv-dpa-bf3; empty for a dpacc without -mcpu), CC (default gcc),
 # OUT_DIR (default build/flexio).
+# Versions: the SDK decides, not a version string (as NVIDIA's DOCA samples decide):
+# -mcpu only where dpacc --help lists it (DOCA 2.7 predates it); --dpa-proc-attr, with the
+# blob dpa-app-attributes2blob makes of dpa_firmware/hal/flexio/dpa_app_attributes.yaml,
+# where the SDK ships that converter (DOCA 3.2 and later require it). The host backend
+# picks the FlexIO host API version itself (flexio_ver.h, see flexio_backend.c).
 # Exit status: 0 built, 2 the SDK is missing (one line says what and where we looked),
 # anything else a compile or link error.
 set -eu
@@ -57,6 +62,14 @@ fi
 if ! command -v "$CC" >/dev/null 2>&1; then
 	missing "host C compiler $CC" "PATH"
 fi
+DPACC_VERSION=$("$DPACC" --version 2>&1 | head -n 1 || true)
+ATTR2BLOB=""
+for tool in "$(dirname -- "$DPACC")/dpa-app-attributes2blob" "$DOCA_DIR/tools/dpa-app-attributes2blob"; do
+	if [ -x "$tool" ]; then
+		ATTR2BLOB=$tool
+		break
+	fi
+done
 
 INC_DIRS="$FLEXIO_DIR/include $DOCA_DIR/include /usr/include"
 # shellcheck disable=SC2086 # word splitting of the directory lists is intended
@@ -106,11 +119,16 @@ DEV_ARCHIVE=$OUT_DIR/$APP_NAME.a
 
 set -- -o "$DEV_ARCHIVE" -hostcc="$CC" -hostcc-options="$HOST_STUB_FLAGS" \
 	--devicecc-options="$DEV_FLAGS" --app-name="$APP_NAME" -flto
-if [ -n "$DPA_MCPU" ]; then
+if [ -n "$DPA_MCPU" ] && "$DPACC" --help 2>&1 | grep -q -- "-mcpu"; then
 	set -- "$@" -mcpu="$DPA_MCPU"
 fi
+if [ -n "$ATTR2BLOB" ]; then
+	BLOB=$OUT_DIR/${APP_NAME}_attributes.blob
+	"$ATTR2BLOB" "$ROOT/dpa_firmware/hal/flexio/dpa_app_attributes.yaml" "$BLOB"
+	set -- "$@" --dpa-proc-attr="$BLOB"
+fi
 rm -f "$DEV_ARCHIVE"
-echo "build_flexio.sh: dpacc -> $DEV_ARCHIVE"
+echo "build_flexio.sh: dpacc ($DPACC_VERSION) -> $DEV_ARCHIVE${ATTR2BLOB:+ (with DPA attributes)}"
 # shellcheck disable=SC2086 # DEV_SRCS: repository paths, split on purpose
 "$DPACC" $DEV_SRCS "$@"
 

@@ -15,8 +15,6 @@ def built_model():
 
 
 @pytest.mark.timeout(600)
-@pytest.mark.xfail(strict=True, reason="defect: build_flexio.sh passes no --dpa-proc-attr, "
-                   "which dpacc of DOCA >= 3.2 requires (the model's dpacc too)")
 def test_binding_builds_unchanged_against_the_model(built_model):
     """scripts/build_flexio.sh with DOCA_DIR = the model's SDK: dpacc compiles the device
     binding, gcc the host backend; nothing in the binding knows it is the model."""
