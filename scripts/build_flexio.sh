@@ -2,7 +2,7 @@
 # Build the FlexIO hardware binding (needs DOCA: dpacc, libflexio, libibverbs):
 #   1. the DPA image: dpa_firmware/src/*.c + dpa_firmware/hal/flexio/*.c, compiled by dpacc
 #      into a host-linkable archive that embeds the device ELF (app dpa_offload_app);
-#   2. build/flexio/libdpaoffload_flexio.so: host/src/flexio/flexio_backend.c linked with that
+#   2. build/flexio/libdpaoffload_flexio.so: host/src/flexio/*.c linked with that
 #      archive, libflexio and libibverbs, exporting only dpaoffload_flexio_ops().
 # The pip build never compiles these files; host_ctx dlopens the .so when backend=flexio.
 #
@@ -134,7 +134,7 @@ echo "build_flexio.sh: dpacc ($DPACC_VERSION) -> $DEV_ARCHIVE${ATTR2BLOB:+ (with
 
 # ---- 2. the host backend -------------------------------------------------------------------
 EXPORTS=$OUT_DIR/exports.map
-printf '{\n  global: dpaoffload_flexio_ops;\n  local: *;\n};\n' >"$EXPORTS"
+printf '{\n  global: dpaoffload_flexio_ops; dpaoffload_flexio_probe;\n  local: *;\n};\n' >"$EXPORTS"
 SO=$OUT_DIR/libdpaoffload_flexio.so
 echo "build_flexio.sh: $CC -> $SO"
 # shellcheck disable=SC2086 # MLX5_LINK: empty or two words, split on purpose
@@ -142,7 +142,7 @@ echo "build_flexio.sh: $CC -> $SO"
 	-DFLEXIO_ALLOW_EXPERIMENTAL_API \
 	-I"$ROOT/dpa_firmware/include" -I"$ROOT/host/include" \
 	-isystem "$FLEXIO_INC" -isystem "$FLEXIO_DEV_INC" -isystem "$VERBS_INC" \
-	"$ROOT/host/src/flexio/flexio_backend.c" "$DEV_ARCHIVE" \
+	"$ROOT"/host/src/flexio/*.c "$DEV_ARCHIVE" \
 	-Wl,--version-script="$EXPORTS" -Wl,-z,defs \
 	-L"$FLEXIO_LIB" -L"$VERBS_LIB" -Wl,-rpath,"$FLEXIO_LIB" \
 	-lflexio $MLX5_LINK -libverbs -lpthread \
