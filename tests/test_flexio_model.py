@@ -20,3 +20,17 @@ def test_binding_builds_unchanged_against_the_model(built_model):
     binding, gcc the host backend; nothing in the binding knows it is the model."""
     assert built_model == model_backend() and built_model.exists()
     assert (model_sdk() / "lib" / "libfxm-model.so").exists()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.xfail(strict=True, reason="defect: the backend never calls flexio_version_set(); "
+                   "FlexIO 25.x (and the model) refuses to create a process without it")
+def test_dpa_process_is_created_and_answers_its_rpc(built_model):
+    """Bring-up steps 1-3 on the model: the device, the DPA process (the app loads), the
+    query RPC (the image's ABI matches)."""
+    from offload_lib.bringup import backend_probe
+
+    for stage in (1, 2, 3):
+        rc, report = backend_probe(str(built_model), stage)
+        assert rc == 0, f"stage {stage}: {report}"
+    assert "ABI" in report
