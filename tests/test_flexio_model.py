@@ -23,8 +23,6 @@ def test_binding_builds_unchanged_against_the_model(built_model):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(strict=True, reason="defect: the backend never calls flexio_version_set(); "
-                   "FlexIO 25.x (and the model) refuses to create a process without it")
 def test_dpa_process_is_created_and_answers_its_rpc(built_model):
     """Bring-up steps 1-3 on the model: the device, the DPA process (the app loads), the
     query RPC (the image's ABI matches)."""

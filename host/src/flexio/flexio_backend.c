@@ -89,6 +89,10 @@ int fx_create_process(struct fx_device *d)
 {
 	struct flexio_process_attr pa = { .pd = d->pd };
 
+#ifdef FX_HAVE_FLEXIO_VERSION
+	if (fx_fail(flexio_version_set(FLEXIO_VER_USED), "flexio_version_set"))
+		return -EIO;
+#endif
 	if (fx_fail(flexio_process_create(d->ibv, dpa_offload_app, &pa, &d->proc),
 		    "flexio_process_create"))
 		return -EIO;

@@ -24,6 +24,18 @@
 #include <unistd.h>
 
 #include <infiniband/verbs.h>
+/* FlexIO >= 24.10 ships flexio_ver.h: the host code then names the API version it was
+ * written for (before flexio.h reads it) and tells the library with flexio_version_set()
+ * before anything else, as NVIDIA's samples do; older SDKs have neither. */
+#if defined(__has_include)
+#if __has_include(<libflexio/flexio_ver.h>)
+#include <libflexio/flexio_ver.h>
+#ifndef FLEXIO_VER_USED
+#define FLEXIO_VER_USED FLEXIO_VER(24, 10, 0)
+#endif
+#define FX_HAVE_FLEXIO_VERSION 1
+#endif
+#endif
 #include <libflexio/flexio.h>
 
 #include "host_device.h"
