@@ -521,6 +521,10 @@ class Context:
         what = f"opening the {backend} device for rank {world.rank}/{world.size} (job {world.job})"
         if rc in (-errno.ENOENT, -errno.ENOEXEC) and backend != "emulator":
             raise OffloadError(f"{what}: {_backend_load_error(ffi.string(lib_c).decode())}")
+        if rc == -errno.EPROTO and backend != "emulator" and lib_c != ffi.NULL:
+            raise OffloadError(f"{what}: the backend library {ffi.string(lib_c).decode()} was "
+                               "built from other headers (another OFFLOAD_ABI_VERSION): rebuild "
+                               "it with scripts/build_flexio.sh")
         check_rc(rc, what)
         self._ptr = out[0]
         self.world = self._make_team(0, list(range(self.size)))

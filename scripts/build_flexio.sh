@@ -3,7 +3,7 @@
 #   1. the DPA image: dpa_firmware/src/*.c + dpa_firmware/hal/flexio/*.c, compiled by dpacc
 #      into a host-linkable archive that embeds the device ELF (app dpa_offload_app);
 #   2. build/flexio/libdpaoffload_flexio.so: host/src/flexio/*.c linked with that
-#      archive, libflexio and libibverbs, exporting only dpaoffload_flexio_ops().
+#      archive, libflexio and libibverbs, exporting only dpaoffload_flexio_{ops,abi,probe}().
 # The pip build never compiles these files; host_ctx dlopens the .so when backend=flexio.
 #
 # Environment: DOCA_DIR (default /opt/mellanox/doca), FLEXIO_DIR (default
@@ -134,7 +134,7 @@ echo "build_flexio.sh: dpacc ($DPACC_VERSION) -> $DEV_ARCHIVE${ATTR2BLOB:+ (with
 
 # ---- 2. the host backend -------------------------------------------------------------------
 EXPORTS=$OUT_DIR/exports.map
-printf '{\n  global: dpaoffload_flexio_ops; dpaoffload_flexio_probe;\n  local: *;\n};\n' >"$EXPORTS"
+printf '{\n  global: dpaoffload_flexio_*;\n  local: *;\n};\n' >"$EXPORTS"
 SO=$OUT_DIR/libdpaoffload_flexio.so
 echo "build_flexio.sh: $CC -> $SO"
 # shellcheck disable=SC2086 # MLX5_LINK: empty or two words, split on purpose

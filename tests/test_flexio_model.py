@@ -54,9 +54,6 @@ ctx.close()
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(strict=True, reason="defect: the window's key is an implicit-ODP "
-                   "registration, which flexio_dev_window_config refuses (every NVIDIA sample "
-                   "passes a regular MR key): the handler stops the DPA process")
 def test_one_rank_runs_through_the_window(built_model):
     """The first handler invocation configures the window and reaches the ring, the stats
     and the control words through it; a barrier and a loopback all-to-all complete."""

@@ -47,7 +47,10 @@ void *dpa_hal_window_ptr(struct dpa_hal *hal, enum dpa_hal_window win,
  * Host memory a command names (aux_addr: team descriptors, all-to-all-v arguments, row
  * lists), which the host registered under key for local read and write. A device pointer
  * to [addr, addr+len), or NULL unless key covers the whole range with those rights: a
- * malformed command gets an error completion, not a fault.
+ * malformed command gets an error completion, not a fault. The pointer is valid on the
+ * calling thread only, and only until its next dpa_hal_aux_ptr() with another key or the
+ * end of the pass (a DPA thread reaches it through a window configured with that key):
+ * keep the address, not the pointer, across passes and threads.
  */
 void *dpa_hal_aux_ptr(struct dpa_hal *hal, uint32_t key, uint64_t addr, uint64_t len);
 

@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define OFFLOAD_ABI_VERSION 8u
+#define OFFLOAD_ABI_VERSION 9u
 
 #define OFFLOAD_MAX_RANKS   64u   /* ranks in one job (team members index peer tables) */
 #define OFFLOAD_MAX_TEAMS   16u   /* teams alive at once, world included */
@@ -258,7 +258,7 @@ _Static_assert(sizeof(struct offload_mcast_op_stats) == 48, "per-op multicast co
  * doorbell records are big endian (mlx5 layout); everything in these structs is native.
  */
 #define OFFLOAD_FLEXIO_CTX_MAGIC      0x584c464fu  /* "OFLX" */
-#define OFFLOAD_FLEXIO_CTX_VERSION    1u
+#define OFFLOAD_FLEXIO_CTX_VERSION    2u
 #define OFFLOAD_FLEXIO_HAL_BYTES      65536u   /* zeroed DPA memory per thread: HAL runtime state */
 #define OFFLOAD_FLEXIO_SQ_SLOT_BYTES  16u      /* per SQ WQE basic block: wr_id bookkeeping */
 #define OFFLOAD_FLEXIO_MAX_INLINE     64u      /* bytes dpa_hal_rdma_write_inline() carries */
@@ -301,8 +301,8 @@ struct offload_flexio_qp {
 };
 
 struct offload_flexio_window {
-	uint64_t haddr;
-	uint64_t len;           /* 0: unbounded (the aux window names any host address) */
+	uint64_t haddr;         /* inside the arena */
+	uint64_t len;
 };
 
 struct offload_flexio_thread_ctx {
@@ -313,7 +313,7 @@ struct offload_flexio_thread_ctx {
 	uint32_t world_rank;
 	uint32_t world_size;      /* qps_daddr holds a QP per rail and world rank, self included */
 	uint32_t window_id;       /* flexio_window_get_id() */
-	uint32_t window_mkey;     /* one mkey that covers every window below */
+	uint32_t window_mkey;     /* the arena's registration: ring, stats and control words */
 	uint64_t state_daddr;     /* engine state, dpa_engine_state_size() bytes */
 	uint64_t hal_daddr;       /* OFFLOAD_FLEXIO_HAL_BYTES, zeroed */
 	uint64_t qps_daddr;       /* struct offload_flexio_qp[num_rails][world_size + 1]; the
@@ -331,6 +331,10 @@ struct offload_flexio_thread_ctx {
 	uint32_t wake_cqn[OFFLOAD_MAX_THREADS];
 	uint32_t num_rails;       /* 1..OFFLOAD_FLEXIO_MAX_RAILS */
 	uint32_t resv;
+	/* The window arena: one host registration (window_mkey) holding the ring, the stats and
+	 * the control words, so that one window configuration reaches all three at once. */
+	uint64_t arena_haddr;
+	uint64_t arena_len;
 };
 
 _Static_assert(sizeof(struct offload_flexio_cq) == 24, "flexio cq descriptor");
@@ -341,7 +345,9 @@ _Static_assert(offsetof(struct offload_flexio_thread_ctx, stop) == 84, "ctx stop
 _Static_assert(offsetof(struct offload_flexio_thread_ctx, win) == 88, "ctx windows");
 _Static_assert(offsetof(struct offload_flexio_thread_ctx, host_qp) == 200, "ctx host qp");
 _Static_assert(offsetof(struct offload_flexio_thread_ctx, wake_cqn) == 256, "ctx wake cqns");
-_Static_assert(sizeof(struct offload_flexio_thread_ctx) == 264 + 4 * OFFLOAD_MAX_THREADS,
+_Static_assert(offsetof(struct offload_flexio_thread_ctx, arena_haddr) ==
+	       264 + 4 * OFFLOAD_MAX_THREADS, "ctx arena");
+_Static_assert(sizeof(struct offload_flexio_thread_ctx) == 280 + 4 * OFFLOAD_MAX_THREADS,
 	       "flexio thread context");
 
 #endif /* OFFLOAD_ABI_H */

@@ -45,6 +45,7 @@ static int check_rows(struct dpa_hal *hal, const struct dpa_op *op,
 {
 	uint64_t row_bytes = args->row_bytes, nrows, table_rows;
 	const uint32_t *rows = NULL, *place = NULL;
+	int has_rows = !!(op->cmd.flags & OFFLOAD_CMD_F_ROWS);
 
 	if (!row_bytes || total % row_bytes)
 		return 0;
@@ -68,8 +69,10 @@ static int check_rows(struct dpa_hal *hal, const struct dpa_op *op,
 	for (uint32_t p = 0; p < OFFLOAD_MAX_RANKS; p++)
 		if (args->send_bytes[p] % row_bytes)
 			return 0;
-	v->rows = rows;
-	v->place = place;
+	/* The lists stay in host memory: kept by address, each item reads its part where it
+	 * sends (an aux pointer lives for one pass, on one thread: dpa_hal.h). */
+	v->rows_addr = has_rows && rows ? args->rows_addr : 0;
+	v->place_addr = place ? args->place_addr : 0;
 	v->row_bytes = row_bytes;
 	return 1;
 }
@@ -103,13 +106,13 @@ static int a2av_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 	struct dpa_vlayout *v = &eng->vlayouts[op->index];
 	uint32_t n = team->size, me = team->my_rank;
 
-	v->rows = v->place = NULL;
+	v->rows_addr = v->place_addr = 0;
 	v->row_bytes = 0;
 	if (!plan_sends(hal, op, args_of(hal, op), v, n)) {
 		/* Refused: announce zero bytes to everyone, so the peers still lay out. */
 		for (uint32_t p = 0; p < n; p++)
 			v->send_len[p] = v->send_off[p] = 0;
-		v->rows = v->place = NULL;
+		v->rows_addr = v->place_addr = 0;
 		dpa_op_refuse(eng, op, OFFLOAD_ERR_INVALID);
 	}
 	op->v = v;
@@ -235,12 +238,19 @@ static int a2av_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 	if (v->row_bytes) {
 		/* send_off counts bytes of src, or (rows) rows of the list in bytes' units */
 		uint64_t first = v->send_off[dst] / v->row_bytes;
+		uint64_t nrows = v->send_len[dst] / v->row_bytes;
 
 		send.row_bytes = v->row_bytes;
-		send.place = v->place ? v->place + first : NULL;
-		if (v->rows) {
+		if (v->place_addr)
+			send.place = row_list(hal, op, v->place_addr + first * sizeof(uint32_t), nrows);
+		if (v->rows_addr) {
 			send.addr = op->cmd.src_addr;
-			send.rows = v->rows + first;
+			send.rows = row_list(hal, op, v->rows_addr + first * sizeof(uint32_t), nrows);
+		}
+		/* Checked at start: a list gone now was deregistered under the op. */
+		if (nrows && ((v->place_addr && !send.place) || (v->rows_addr && !send.rows))) {
+			dpa_op_abort(eng, hal, op, OFFLOAD_ERR_INVALID, eng->params.world_rank);
+			return work;
 		}
 	}
 	return work + dpa_exchange_step(eng, op, i, hal, &send);

@@ -55,7 +55,7 @@ static int slots_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal
 	struct dpa_vlayout *v = &eng->vlayouts[op->index];
 	uint32_t n = team->size, me = team->my_rank;
 
-	v->rows = v->place = NULL;
+	v->rows_addr = v->place_addr = 0;
 	op->v = v;
 	if (!plan(hal, op, n, v)) {
 		for (uint32_t p = 0; p < n; p++)

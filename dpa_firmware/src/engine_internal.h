@@ -83,8 +83,8 @@ struct dpa_vlayout {
 	uint64_t send_len[OFFLOAD_MAX_RANKS];
 	uint64_t recv_off[OFFLOAD_MAX_RANKS];
 	uint64_t recv_len[OFFLOAD_MAX_RANKS];
-	const uint32_t *rows;                  /* OFFLOAD_CMD_F_ROWS: the host's row list */
-	const uint32_t *place;                 /* OFFLOAD_CMD_F_PLACE: the receivers' row list */
+	uint64_t rows_addr;                    /* OFFLOAD_CMD_F_ROWS: the host's row list */
+	uint64_t place_addr;                   /* OFFLOAD_CMD_F_PLACE: the receivers' row list */
 	uint64_t row_bytes;
 };
 

@@ -42,6 +42,10 @@ struct host_device_attr {
 	/* Appended (a backend built against the older layout still reads the fields above):
 	 * multicast received into staging slots, as on UD, instead of placed by chunk id. */
 	uint32_t mcast_staged;
+	/* Bytes of the firmware's ring window and stats window (host_fw_windows), known at
+	 * open: a device that places them itself (fw_memory) sizes its memory by them. */
+	uint64_t ring_len;
+	uint64_t stats_len;
 };
 
 /* Host memory the firmware reaches through windows. */
@@ -52,12 +56,18 @@ struct host_fw_windows {
 	uint64_t stats_len;
 };
 
+/* The ops table of a backend library also exports dpaoffload_flexio_abi(), returning the
+ * OFFLOAD_ABI_VERSION it was built with: host_ctx refuses a backend of another version. */
 struct host_device_ops {
 	const char *name;
 	int (*alloc_shared)(struct host_device *dev, uint64_t len, void **addr, uint32_t *key);
 	void (*close)(struct host_device *dev);
 	void (*doorbell)(struct host_device *dev);
 	int (*free_shared)(struct host_device *dev, void *addr, uint64_t len);
+	/* Memory for the firmware's ring and stats windows (attr ring_len, stats_len), zeroed,
+	 * owned by the device until close: a card reaches them through one registration. NULL:
+	 * the host allocates them (the emulator maps any memory). */
+	int (*fw_memory)(struct host_device *dev, struct host_fw_windows *out);
 	int (*mr_dereg)(struct host_device *dev, uint32_t key);
 	int (*mr_reg)(struct host_device *dev, const void *addr, uint64_t len, uint32_t access,
 		      uint32_t *key);

@@ -70,7 +70,8 @@ struct host_completion {
 };
 
 /* -ENODEV: unknown backend; -ENOENT / -ENOEXEC: its library did not load / lacks the
- * entry point dpaoffload_flexio_ops. */
+ * entry point dpaoffload_flexio_ops; -EPROTO: it was built from other headers (its
+ * dpaoffload_flexio_abi() is not OFFLOAD_ABI_VERSION). */
 int host_ctx_open(const struct host_ctx_params *params, struct host_ctx **out);
 void host_ctx_close(struct host_ctx *ctx);
 uint32_t host_num_threads(const struct host_ctx *ctx);

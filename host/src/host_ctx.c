@@ -55,6 +55,7 @@ struct host_ctx {
 	uint32_t num_threads;
 	void *ring_mem;
 	uint64_t ring_len;
+	int fw_mem_of_device;         /* ring_mem and stats belong to the device (fw_memory) */
 	struct offload_ring_hdr *ring;
 	struct offload_cmd *sq;
 	struct offload_cqe *cq;
@@ -80,10 +81,12 @@ static int64_t now_ns(void)
  * (scripts/build_flexio.sh), loaded only when asked for, so this library builds and runs
  * where DOCA is absent. */
 #define FLEXIO_OPS_SYMBOL "dpaoffload_flexio_ops"
+#define FLEXIO_ABI_SYMBOL "dpaoffload_flexio_abi"
 
 static int find_backend(struct host_ctx *ctx, const char *name, const char *lib)
 {
 	const struct host_device_ops *(*get_ops)(void);
+	uint32_t (*get_abi)(void);
 
 	if (!name || !strcmp(name, "emulator")) {
 		ctx->ops = &emu_device_ops;
@@ -95,6 +98,10 @@ static int find_backend(struct host_ctx *ctx, const char *name, const char *lib)
 	if (!ctx->backend_dl)
 		return -ENOENT;
 	*(void **)&get_ops = dlsym(ctx->backend_dl, FLEXIO_OPS_SYMBOL);
+	*(void **)&get_abi = dlsym(ctx->backend_dl, FLEXIO_ABI_SYMBOL);
+	/* A backend built from other headers would read our structs wrong. */
+	if (get_ops && (!get_abi || get_abi() != OFFLOAD_ABI_VERSION))
+		return -EPROTO;
 	ctx->ops = get_ops ? get_ops() : NULL;
 	return ctx->ops ? 0 : -ENOEXEC;
 }
@@ -105,18 +112,39 @@ uint32_t host_num_threads(const struct host_ctx *ctx)
 	return ctx->num_threads;
 }
 
+static uint64_t ring_bytes(uint32_t entries)
+{
+	return sizeof(struct offload_ring_hdr) + entries * sizeof(struct offload_cmd) +
+	       2ull * entries * sizeof(struct offload_cqe);
+}
+
+/* The command and completion rings and the stats: in memory of the device's where it
+ * places them itself (a card's window arena), else page-aligned zeroed memory of ours. */
 static int map_rings(struct host_ctx *ctx, uint32_t entries)
 {
+	struct host_fw_windows fw;
+
 	ctx->sq_entries = entries;
 	ctx->cq_entries = entries * 2;
-	ctx->ring_len = sizeof(struct offload_ring_hdr) + entries * sizeof(struct offload_cmd) +
-			ctx->cq_entries * sizeof(struct offload_cqe);
-	/* Page-aligned and zeroed: on hardware this is what the DPA window maps. */
-	ctx->ring_mem = mmap(NULL, ctx->ring_len, PROT_READ | PROT_WRITE,
-			     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (ctx->ring_mem == MAP_FAILED) {
-		ctx->ring_mem = NULL;
-		return -ENOMEM;
+	ctx->ring_len = ring_bytes(entries);
+	if (ctx->ops->fw_memory) {
+		int rc = ctx->ops->fw_memory(ctx->dev, &fw);
+
+		if (rc)
+			return rc;
+		ctx->fw_mem_of_device = 1;
+		ctx->ring_mem = fw.ring;
+		ctx->stats = fw.stats;
+	} else {
+		ctx->ring_mem = mmap(NULL, ctx->ring_len, PROT_READ | PROT_WRITE,
+				     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if (ctx->ring_mem == MAP_FAILED) {
+			ctx->ring_mem = NULL;
+			return -ENOMEM;
+		}
+		ctx->stats = calloc(ctx->num_threads, sizeof(*ctx->stats));
+		if (!ctx->stats)
+			return -ENOMEM;
 	}
 	ctx->ring = ctx->ring_mem;
 	ctx->ring->sq_entries = ctx->sq_entries;
@@ -135,7 +163,8 @@ int host_ctx_open(const struct host_ctx_params *p, struct host_ctx **out)
 		.allgather = p->allgather, .allgather_arg = p->allgather_arg,
 		.mtu = p->mtu, .mcast_rq_depth = p->mcast_rq_depth, .mcast_staged = p->mcast_staged,
 		.mcast_loss_ppm = p->mcast_loss_ppm, .mcast_reorder_ppm = p->mcast_reorder_ppm,
-		.mcast_seed = p->mcast_seed,
+		.mcast_seed = p->mcast_seed, .ring_len = ring_bytes(p->ring_entries),
+		.stats_len = (uint64_t)p->num_threads * sizeof(struct offload_thread_stats),
 	};
 	struct dpa_engine_params params = {
 		.abi_version = OFFLOAD_ABI_VERSION, .world_rank = p->rank, .world_size = p->size,
@@ -162,15 +191,9 @@ int host_ctx_open(const struct host_ctx_params *p, struct host_ctx **out)
 	ctx->num_threads = p->num_threads;
 	ctx->next_tag = 1;
 	if (!rc)
+		rc = ctx->ops->open(&attr, &ctx->dev);
+	if (!rc)
 		rc = map_rings(ctx, p->ring_entries);
-	if (rc)
-		goto err;
-	ctx->stats = calloc(p->num_threads, sizeof(*ctx->stats));
-	if (!ctx->stats) {
-		rc = -ENOMEM;
-		goto err;
-	}
-	rc = ctx->ops->open(&attr, &ctx->dev);
 	if (rc)
 		goto err;
 	params.sq_entries = ctx->sq_entries;
@@ -195,9 +218,10 @@ void host_ctx_close(struct host_ctx *ctx)
 	 * mappings stay until the arrays holding them are freed (host_free_shared(NULL)). */
 	if (ctx->dev)
 		ctx->ops->close(ctx->dev);
-	if (ctx->ring_mem)
+	if (ctx->ring_mem && !ctx->fw_mem_of_device)
 		munmap(ctx->ring_mem, ctx->ring_len);
-	free(ctx->stats);
+	if (!ctx->fw_mem_of_device)
+		free(ctx->stats);
 	if (ctx->backend_dl)
 		dlclose(ctx->backend_dl);
 	pthread_mutex_destroy(&ctx->lock);

@@ -101,24 +101,27 @@ static void hal_init(struct dpa_hal *hal, struct offload_flexio_thread_ctx *ctx)
 }
 
 /*
- * Map the host window for this invocation. One mkey (an implicit ODP registration made
- * by the host) covers the ring, the stats, the control words and every aux address, so one
- * window configuration serves them all at once: pointers into different windows are alive
- * at the same time in the engine. The window maps host addresses linearly; the base for
- * host address 0 is taken once, as NVIDIA's vrdma DPA code does.
+ * Map the host windows for this invocation. Window entity 0 gets the arena's key: one
+ * registration holding the ring, the stats and the control words, so that pointers into
+ * all three are alive at once (the engine holds them together). The window maps the
+ * registration linearly: the base acquired for the arena's first byte gives the others
+ * (NVIDIA's vrdma DPA code adds host offsets to an acquired base likewise). Entity 1 is
+ * for command arguments, each under its own key (dpa_hal_aux_ptr); nothing is configured
+ * on it until one is needed. The configuration is the thread's, and may not outlive the
+ * invocation: it is made again on every entry.
  */
 static int window_setup(struct dpa_hal *hal)
 {
-	/* unverified: that a window takes an implicit-ODP mkey, and the linear mapping. */
 	flexio_uintptr_t base = 0;
 
+	hal->aux_key = 0;
 	if (flexio_dev_window_config(FLEXIO_DEV_WINDOW_ENTITY_0, (uint16_t)hal->ctx->window_id,
 				     hal->ctx->window_mkey) != FLEXIO_DEV_STATUS_SUCCESS)
 		return -1;
-	if (flexio_dev_window_ptr_acquire(FLEXIO_DEV_WINDOW_ENTITY_0, 0, &base) !=
-	    FLEXIO_DEV_STATUS_SUCCESS)
+	if (flexio_dev_window_ptr_acquire(FLEXIO_DEV_WINDOW_ENTITY_0, hal->ctx->arena_haddr,
+					  &base) != FLEXIO_DEV_STATUS_SUCCESS)
 		return -1;
-	hal->win_base = base;
+	hal->win_base = base - hal->ctx->arena_haddr;
 	return 0;
 }
 
@@ -153,7 +156,9 @@ void *dpa_hal_window_ptr(struct dpa_hal *hal, enum dpa_hal_window win, uint64_t 
 	case DPA_HAL_WIN_STATS:
 	case DPA_HAL_WIN_CTRL:
 		w = &hal->ctx->win[win];
-		if (offset > w->len || len > w->len - offset)
+		if (offset > w->len || len > w->len - offset ||
+		    w->haddr < hal->ctx->arena_haddr ||
+		    w->haddr - hal->ctx->arena_haddr + w->len > hal->ctx->arena_len)
 			return NULL;
 		haddr = w->haddr + offset;
 		break;
@@ -168,18 +173,36 @@ void *dpa_hal_window_ptr(struct dpa_hal *hal, enum dpa_hal_window win, uint64_t 
 }
 
 /*
- * Command arguments in host memory. The host registered them under key (ibv_reg_mr with
- * local read/write); the DPA reaches all host memory through the window's implicit-ODP key,
- * so the range, not the key, is what can be checked here: a null or wrapping range is
- * refused, and a page that is not mapped faults in the window (an error the host sees).
+ * Command arguments in host memory, which the host registered under key (local read and
+ * write): window entity 1 is configured with that key (kept while the next command uses
+ * the same) and both ends of the range acquired, so a key that is unknown, of another
+ * protection domain, or does not cover the whole range gives NULL, not a fault. The
+ * pointer lives as long as entity 1 keeps this key: until this thread's next aux_ptr with
+ * another key, or the end of the invocation (see dpa_hal.h).
  */
 void *dpa_hal_aux_ptr(struct dpa_hal *hal, uint32_t key, uint64_t addr, uint64_t len)
 {
-	(void)key;
-	if (!addr || addr + len < addr)
+	flexio_uintptr_t first = 0, last = 0;
+
+	if (!key || !addr || addr + len < addr)
+		return NULL;
+	if (hal->aux_key != key) {
+		hal->aux_key = 0;
+		if (flexio_dev_window_config(FLEXIO_DEV_WINDOW_ENTITY_1,
+					     (uint16_t)hal->ctx->window_id, key) !=
+		    FLEXIO_DEV_STATUS_SUCCESS)
+			return NULL;
+		hal->aux_key = key;
+	}
+	if (flexio_dev_window_ptr_acquire(FLEXIO_DEV_WINDOW_ENTITY_1, addr, &first) !=
+	    FLEXIO_DEV_STATUS_SUCCESS)
+		return NULL;
+	if (len && (flexio_dev_window_ptr_acquire(FLEXIO_DEV_WINDOW_ENTITY_1, addr + len - 1,
+						  &last) != FLEXIO_DEV_STATUS_SUCCESS ||
+		    last - first != len - 1))
 		return NULL;
 	__dpa_thread_window_read_inv();
-	return dptr(hal->win_base + addr);
+	return dptr(first);
 }
 
 /* ------------------------------------------------------------------ completions made up here */

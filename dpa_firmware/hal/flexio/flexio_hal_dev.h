@@ -114,6 +114,7 @@ struct dpa_hal {
 	struct offload_flexio_thread_ctx *ctx;
 	uint32_t *board;        /* parked flags of all threads of this process */
 	uint64_t win_base;      /* window address of host address 0 (see dpa_hal_window_ptr) */
+	uint32_t aux_key;       /* the key window entity 1 has this invocation, 0: none */
 	uint64_t tick_ns;
 	struct dpa_flexio_cq cq;
 	struct dpa_flexio_cq wake_cq;

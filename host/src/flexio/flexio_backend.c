@@ -7,14 +7,15 @@
  * What it sets up (see offload_abi.h, "FlexIO hardware binding", for what the DPA reads):
  *  - a FlexIO process running the firmware image that dpacc linked in (dpa_offload_app),
  *    on a protection domain shared with every memory registration of this rank;
- *  - one window whose single mkey is an implicit ODP registration of the whole address
- *    space: the firmware holds pointers into the ring, stats, control and aux windows at
- *    once, and a DPA thread has one mkey configured at a time;
+ *  - a window arena: the ring, the stats and this rank's control words in one
+ *    registration, which every DPA thread's window entity 0 is configured with (the firmware
+ *    holds pointers into all three at once); command arguments (aux) are registered by
+ *    host_ctx under keys of their own, which the DPA configures on window entity 1;
  *  - per DPA thread: an event handler, its CQ and wake CQ, an RC QP per (rail, world rank)
  *    (a pair for this rank itself), and a loopback QP pair with the host: the host SENDs a
  *    doorbell on it, the DPA SENDs back when a host thread sleeps on the completion ring;
- *  - this rank's control region (struct offload_ctrl) in host memory, registered for remote
- *    write and atomics, published with the QP numbers through attr->allgather.
+ *  - this rank's control region (struct offload_ctrl), in the arena, registered for remote
+ *    write and atomics on its own, published with the QP numbers through attr->allgather.
  *
  * Locking: cq_lock guards the host CQ and posting on the host QPs (doorbells may come from
  * any thread); pump_lock lets one waiter at a time sleep on the completion channel; mr_lock
@@ -145,19 +146,46 @@ static int fx_open_process(struct fx_device *d)
 	return fx_register_window(d);
 }
 
-static int fx_open_ctrl(struct fx_device *d)
+static uint64_t fx_pages(uint64_t len)
 {
-	d->ctrl_len = (sizeof(struct offload_ctrl) + 4095) & ~4095ull;
-	d->ctrl = mmap(NULL, d->ctrl_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-	if (d->ctrl == MAP_FAILED) {
-		d->ctrl = NULL;
+	return (len + 4095) & ~4095ull;
+}
+
+/* The window arena and the registrations over it (see struct fx_device). */
+static int fx_open_arena(struct fx_device *d)
+{
+	if (!d->attr.ring_len || !d->attr.stats_len)
+		return -EINVAL;
+	d->stats_off = fx_pages(d->attr.ring_len);
+	d->ctrl_len = fx_pages(sizeof(struct offload_ctrl));
+	d->arena_len = d->stats_off + fx_pages(d->attr.stats_len) + d->ctrl_len;
+	d->arena = mmap(NULL, d->arena_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
+			-1, 0);
+	if (d->arena == MAP_FAILED) {
+		d->arena = NULL;
 		return -ENOMEM;
 	}
+	d->ctrl = d->arena + d->arena_len - d->ctrl_len;
+	d->arena_mr = ibv_reg_mr(d->pd, d->arena, d->arena_len, IBV_ACCESS_LOCAL_WRITE);
 	/* Peers write ready/count descriptors and add to done counters here. */
 	d->ctrl_mr = ibv_reg_mr(d->pd, d->ctrl, d->ctrl_len, IBV_ACCESS_LOCAL_WRITE |
 				IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
 				IBV_ACCESS_REMOTE_ATOMIC);
-	return d->ctrl_mr ? 0 : -EIO;
+	if (!d->arena_mr || !d->ctrl_mr) {
+		fx_log("registering the window arena (%llu bytes) failed: %s (ulimit -l?)",
+		       (unsigned long long)d->arena_len, strerror(errno));
+		return -ENOMEM;
+	}
+	return 0;
+}
+
+static int fx_fw_memory(struct host_device *hd, struct host_fw_windows *out)
+{
+	struct fx_device *d = to_fx(hd);
+
+	*out = (struct host_fw_windows){ .ring = d->arena, .ring_len = d->attr.ring_len,
+		.stats = d->arena + d->stats_off, .stats_len = d->attr.stats_len };
+	return 0;
 }
 
 static int fx_open_host_cq(struct fx_device *d)
@@ -212,7 +240,7 @@ static int fx_open(const struct host_device_attr *attr, struct host_device **out
 	if (!rc)
 		rc = fx_open_process(d);
 	if (!rc)
-		rc = fx_open_ctrl(d);
+		rc = fx_open_arena(d);
 	if (!rc)
 		rc = fx_open_host_cq(d);
 	for (uint32_t t = 0; t < attr->num_threads && !rc; t++)
@@ -241,6 +269,10 @@ static int fx_start(struct host_device *hd, const struct dpa_engine_params *para
 	uint64_t ret = 0;
 	int rc;
 
+	/* The DPA reaches the ring and stats only inside the arena (fw_memory). */
+	if ((uint8_t *)win->ring != d->arena || (uint8_t *)win->stats != d->arena + d->stats_off ||
+	    win->ring_len > d->attr.ring_len || win->stats_len > d->attr.stats_len)
+		return -EINVAL;
 	if (fx_fail(flexio_buf_dev_alloc(d->proc, d->state_size, &state), "flexio_buf_dev_alloc") ||
 	    fx_fail(flexio_copy_from_host(d->proc, (void *)params, sizeof(*params), &params_d),
 		    "flexio_copy_from_host") ||
@@ -327,12 +359,12 @@ void fx_close(struct host_device *hd)
 		flexio_process_destroy(d->proc);
 	for (uint32_t i = 0; i < d->nmrs; i++)
 		ibv_dereg_mr(d->mrs[i].mr);
-	if (d->odp)
-		ibv_dereg_mr(d->odp);
+	if (d->arena_mr)
+		ibv_dereg_mr(d->arena_mr);
 	if (d->ctrl_mr)
 		ibv_dereg_mr(d->ctrl_mr);
-	if (d->ctrl)
-		munmap(d->ctrl, d->ctrl_len);
+	if (d->arena)
+		munmap(d->arena, d->arena_len);
 	if (d->pd)
 		ibv_dealloc_pd(d->pd);
 	if (d->ibv)
@@ -430,6 +462,7 @@ static const struct host_device_ops flexio_device_ops = {
 	.close = fx_close,
 	.doorbell = fx_doorbell,
 	.free_shared = fx_free_shared,
+	.fw_memory = fx_fw_memory,
 	.mr_dereg = fx_mr_dereg,
 	.mr_reg = fx_mr_reg,
 	.mr_reg_dmabuf = fx_mr_reg_dmabuf,
@@ -441,10 +474,16 @@ static const struct host_device_ops flexio_device_ops = {
 	.wait_completion = fx_wait_completion,
 };
 
-/* The one symbol host_ctx looks up after dlopen(). */
+/* What host_ctx looks up after dlopen(): the ops, and the ABI they were built with. */
 __attribute__((visibility("default"))) const struct host_device_ops *dpaoffload_flexio_ops(void);
+__attribute__((visibility("default"))) uint32_t dpaoffload_flexio_abi(void);
 
 const struct host_device_ops *dpaoffload_flexio_ops(void)
 {
 	return &flexio_device_ops;
+}
+
+uint32_t dpaoffload_flexio_abi(void)
+{
+	return OFFLOAD_ABI_VERSION;
 }

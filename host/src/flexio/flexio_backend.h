@@ -123,7 +123,13 @@ struct fx_device {
 	struct flexio_process *proc;
 	struct flexio_uar *uar;
 	struct flexio_window *window;
-	struct ibv_mr *odp;          /* implicit ODP registration: the window's mkey */
+	/* The window arena: [ring | stats | control words], pages apart, one registration
+	 * (arena_mr, local write: the window's mkey); the control words also have one of their
+	 * own (ctrl_mr, remote write/read/atomics) that peers get. */
+	uint8_t *arena;
+	uint64_t arena_len;
+	uint64_t stats_off;
+	struct ibv_mr *arena_mr;
 	struct flexio_mkey *scratch_mkey;
 	flexio_uintptr_t scratch, board;
 	uint64_t state_size;

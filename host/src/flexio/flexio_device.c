@@ -109,24 +109,9 @@ int fx_setup_rails(struct fx_device *d)
 	return 0;
 }
 
-/* The window needs one mkey over all host memory the firmware reads: implicit ODP. */
+/* The window the DPA threads reach host memory through (keys: the arena's, aux keys). */
 int fx_register_window(struct fx_device *d)
 {
-	struct ibv_device_attr_ex dx;
-
-	memset(&dx, 0, sizeof(dx));
-	if (ibv_query_device_ex(d->ibv, NULL, &dx) ||
-	    !(dx.odp_caps.general_caps & IBV_ODP_SUPPORT_IMPLICIT)) {
-		fx_log("the device does not support implicit on-demand paging, which the DPA "
-		       "window needs");
-		return -ENOTSUP;
-	}
-	/* unverified: that flexio_dev_window_config() accepts an implicit-ODP lkey. */
-	d->odp = ibv_reg_mr(d->pd, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND | IBV_ACCESS_LOCAL_WRITE);
-	if (!d->odp) {
-		fx_log("implicit ODP registration failed: %s", strerror(errno));
-		return -errno ? -errno : -EIO;
-	}
 	if (fx_fail(flexio_window_create(d->proc, d->pd, &d->window), "flexio_window_create"))
 		return -EIO;
 	return 0;

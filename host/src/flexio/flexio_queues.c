@@ -328,13 +328,14 @@ int fx_thread_publish(struct fx_device *d, uint32_t index, flexio_uintptr_t stat
 		.magic = OFFLOAD_FLEXIO_CTX_MAGIC, .version = OFFLOAD_FLEXIO_CTX_VERSION,
 		.thread_index = index, .num_threads = d->attr.num_threads,
 		.world_rank = d->attr.rank, .world_size = d->attr.size,
-		.window_id = flexio_window_get_id(d->window), .window_mkey = d->odp->lkey,
+		.window_id = flexio_window_get_id(d->window), .window_mkey = d->arena_mr->lkey,
 		.state_daddr = state, .board_daddr = d->board,
 		.scratch_daddr = d->scratch + 8ull * index,
 		.scratch_lkey = flexio_mkey_get_id(d->scratch_mkey), .tick_ns = d->tick_ns,
 		.max_outstanding = d->max_outstanding, .stop = 0,
 		.cq = t->cq.desc, .wake_cq = t->wake.desc, .host_qp = t->loop.desc,
-		.num_rails = d->num_rails,
+		.num_rails = d->num_rails, .arena_haddr = (uintptr_t)d->arena,
+		.arena_len = d->arena_len,
 	};
 	ctx.win[OFFLOAD_FLEXIO_WIN_RING] = (struct offload_flexio_window){
 		.haddr = (uintptr_t)win->ring, .len = win->ring_len };
