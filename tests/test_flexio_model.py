@@ -60,3 +60,28 @@ def test_one_rank_runs_through_the_window(built_model):
     from _mp import run_ranks
 
     run_ranks(1, ONE_RANK, timeout=60, env=model_env(OFFLOAD_POST_TIMEOUT="3"))
+
+
+TWO_RANKS = r'''
+ctx = ol.init()
+ctx.world.barrier().wait(timeout=20)
+n, per = size, 1000
+src = np.arange(per * n, dtype=np.int64) + 1_000_000 * rank
+dst = np.zeros_like(src)
+ctx.world.alltoall(src, dst).wait(timeout=20)
+check_equal(dst, np.concatenate([np.arange(per * rank, per * (rank + 1)) + 1_000_000 * p
+                                 for p in range(n)]), "all-to-all")
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.xfail(strict=True, reason="defect: the backend takes the port's first RoCE v2 "
+                   "GID, the link-local one, which a routed (layer 3) fabric does not forward: "
+                   "every QP between two ranks runs out of retries")
+def test_two_ranks_reach_each_other_over_a_routed_fabric(built_model):
+    """Two ranks, one DPA thread each: their QPs must be addressed with GIDs a router
+    forwards (the model's fabric is routed, as a RoCE data centre's is)."""
+    from _mp import run_ranks
+
+    run_ranks(2, TWO_RANKS, timeout=90, env=model_env(1))
