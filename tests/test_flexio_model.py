@@ -76,9 +76,6 @@ ctx.close()
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(strict=True, reason="defect: the backend takes the port's first RoCE v2 "
-                   "GID, the link-local one, which a routed (layer 3) fabric does not forward: "
-                   "every QP between two ranks runs out of retries")
 def test_two_ranks_reach_each_other_over_a_routed_fabric(built_model):
     """Two ranks, one DPA thread each: their QPs must be addressed with GIDs a router
     forwards (the model's fabric is routed, as a RoCE data centre's is)."""

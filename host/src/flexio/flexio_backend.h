@@ -63,8 +63,9 @@ struct fx_rail {                 /* one port of the device */
 	uint8_t eth;                 /* RoCE: GRH and a destination MAC */
 	uint16_t lid;
 	uint32_t gid_index;
+	uint32_t ifindex;            /* the GID's netdev */
 	union ibv_gid gid;
-	uint8_t mac[6];
+	uint8_t mac[6];              /* that netdev's */
 	enum ibv_mtu mtu;
 };
 
@@ -79,10 +80,9 @@ struct fx_addr {
 	uint32_t resv;
 	struct {
 		uint8_t gid[16];
-		uint8_t mac[6];
 		uint16_t lid;
 		uint8_t eth;
-		uint8_t resv[7];
+		uint8_t resv[5];
 	} rail[OFFLOAD_FLEXIO_MAX_RAILS];
 };
 
@@ -161,6 +161,7 @@ uint32_t log2_ceil(uint64_t v);
 struct ibv_context *fx_open_ibv(void);
 int fx_setup_rails(struct fx_device *d);
 int fx_register_window(struct fx_device *d);
+int fx_dest_mac(struct fx_device *d, uint32_t rail, const uint8_t dst[16], uint8_t mac[6]);
 int fx_thread_create(struct fx_device *d, uint32_t index);
 int fx_thread_publish(struct fx_device *d, uint32_t index, flexio_uintptr_t state,
 		      const struct host_fw_windows *win);

@@ -2,6 +2,7 @@
 /* The FlexIO backend: the RDMA device, its ports (rails) and their addresses. */
 #define _GNU_SOURCE
 #include "flexio_backend.h"
+#include "flexio_addr.h"
 
 /* ------------------------------------------------------------------ device and ports */
 
@@ -27,44 +28,82 @@ struct ibv_context *fx_open_ibv(void)
 	return ctx;
 }
 
-/* The MAC of the netdev behind a RoCE GID: RoCE QPs made by FlexIO (DevX) take it as is. */
-static int fx_read_mac(uint32_t ifindex, uint8_t mac[6])
-{
-	char ifname[IF_NAMESIZE], path[64 + IF_NAMESIZE];
-	FILE *f;
-	int n;
-
-	if (!if_indextoname(ifindex, ifname))
-		return -errno;
-	snprintf(path, sizeof(path), "/sys/class/net/%s/address", ifname);
-	f = fopen(path, "r");
-	if (!f)
-		return -errno;
-	n = fscanf(f, "%hhx:%hhx:%hhx:%hhx:%hhx:%hhx", &mac[0], &mac[1], &mac[2], &mac[3], &mac[4],
-		   &mac[5]);
-	fclose(f);
-	return n == 6 ? 0 : -EINVAL;
-}
-
-/* GID to use on a port: OFFLOAD_FLEXIO_GID_INDEX, else the first RoCE v2 (Ethernet) or IB one. */
+/*
+ * The GID a port's QPs use (flexio_addr.c decides): OFFLOAD_FLEXIO_GID_INDEX if set; else
+ * for RoCE the IPv4-mapped RoCE v2 GID (a router forwards it; the link-local one that
+ * comes first in the table it does not), on OFFLOAD_FLEXIO_NETDEV if that names a netdev
+ * (a VLAN device: the NIC tags what the GID sends), else on the port's own netdev.
+ */
 static int fx_pick_gid(struct ibv_context *ctx, struct fx_rail *r)
 {
 	struct ibv_gid_entry ent[128];
+	struct fx_gid gids[128];
 	uint32_t forced = env_u32("OFFLOAD_FLEXIO_GID_INDEX", UINT32_MAX, 0, 1023);
+	const char *netdev = getenv("OFFLOAD_FLEXIO_NETDEV");
+	uint32_t want = netdev && *netdev ? if_nametoindex(netdev) : 0;
 	ssize_t n = ibv_query_gid_table(ctx, ent, sizeof(ent) / sizeof(ent[0]), 0);
+	int i;
 
-	for (ssize_t i = 0; i < n; i++) {
-		if (ent[i].port_num != r->port)
-			continue;
-		if (forced != UINT32_MAX ? ent[i].gid_index != forced :
-		    ent[i].gid_type != (r->eth ? IBV_GID_TYPE_ROCE_V2 : IBV_GID_TYPE_IB))
-			continue;
-		r->gid_index = ent[i].gid_index;
-		r->gid = ent[i].gid;
-		return r->eth ? fx_read_mac(ent[i].ndev_ifindex, r->mac) : 0;
+	if (netdev && *netdev && !want) {
+		fx_log("OFFLOAD_FLEXIO_NETDEV=%s: no such network device", netdev);
+		return -ENODEV;
 	}
-	fx_log("no usable GID on port %u", r->port);
-	return -ENODEV;
+	for (ssize_t k = 0; k < n; k++) {
+		memcpy(gids[k].raw, ent[k].gid.raw, 16);
+		gids[k].index = ent[k].gid_index;
+		gids[k].port = ent[k].port_num;
+		gids[k].kind = ent[k].gid_type == IBV_GID_TYPE_ROCE_V2 ? FX_GID_ROCE_V2 :
+			       ent[k].gid_type == IBV_GID_TYPE_ROCE_V1 ? FX_GID_ROCE_V1 : FX_GID_IB;
+		gids[k].ifindex = ent[k].ndev_ifindex;
+		gids[k].vlan = r->eth && fx_netdev_is_vlan(ent[k].ndev_ifindex);
+	}
+	i = fx_choose_gid(gids, n > 0 ? (size_t)n : 0, r->port, r->eth, forced, want);
+	if (i < 0) {
+		fx_log("no usable GID on port %u%s%s", r->port, want ? " on " : "", want ? netdev : "");
+		return -ENODEV;
+	}
+	r->gid_index = ent[i].gid_index;
+	r->gid = ent[i].gid;
+	r->ifindex = ent[i].ndev_ifindex;
+	if (r->eth && fx_netdev_mac(r->ifindex, r->mac)) {
+		fx_log("port %u: cannot read the MAC of the GID's netdev (ifindex %u)", r->port,
+		       r->ifindex);
+		return -ENODEV;
+	}
+	return 0;
+}
+
+/*
+ * The destination MAC for a QP on rail r to dst (a peer's GID): the next hop's, from the
+ * kernel's route (over the GID's netdev, so a VLAN routes as it does) and neighbour table;
+ * the peer's own MAC is only right when it is on our subnet.
+ */
+int fx_dest_mac(struct fx_device *d, uint32_t rail, const uint8_t dst[16], uint8_t mac[6])
+{
+	const struct fx_rail *r = &d->rails[rail];
+	struct fx_neigh neigh[256];
+	struct fx_route route;
+	uint8_t hop[16];
+	char text[64];
+	size_t nn = 0;
+	int rc;
+
+	if (!r->eth)
+		return 0;   /* InfiniBand: routed by LID, no MAC */
+	rc = fx_kernel_route(dst, r->ifindex, &route);
+	if (!rc && !route.local)
+		rc = fx_kernel_neighbours(neigh, sizeof(neigh) / sizeof(neigh[0]), &nn);
+	if (!rc)
+		rc = fx_next_hop_mac(dst, &route, neigh, nn, r->mac, mac, hop);
+	if (rc) {
+		fx_ip_text(rc == -EHOSTUNREACH ? hop : dst, text, sizeof(text));
+		fx_log(rc == -EHOSTUNREACH ?
+		       "rail %u: next hop %s has no neighbour entry: ping it once (or check `ip "
+		       "neigh`) so that the kernel resolves its MAC" :
+		       "rail %u: no route to %s (`ip route get` it)", rail, text);
+		return -EHOSTUNREACH;
+	}
+	return 0;
 }
 
 int fx_setup_rails(struct fx_device *d)

@@ -378,7 +378,6 @@ int fx_exchange(struct fx_device *d, uint32_t **qpns_out)
 		.num_rails = R, .ctrl_addr = (uintptr_t)d->ctrl, .ctrl_key = d->ctrl_mr->rkey };
 	for (uint32_t r = 0; r < R; r++) {
 		memcpy(me.rail[r].gid, d->rails[r].gid.raw, 16);
-		memcpy(me.rail[r].mac, d->rails[r].mac, 6);
 		me.rail[r].lid = d->rails[r].lid;
 		me.rail[r].eth = d->rails[r].eth;
 	}
@@ -421,8 +420,14 @@ int fx_connect_all(struct fx_device *d, const uint32_t *qpns)
 {
 	uint32_t T = d->attr.num_threads, R = d->num_rails, S = d->attr.size, me = d->attr.rank;
 	uint32_t cols = S + 1;
-	int rc = 0;
+	uint8_t *macs = calloc((size_t)R * S, 6);   /* next-hop MAC per (rail, peer) */
+	int rc = macs ? 0 : -ENOMEM;
 
+	for (uint32_t r = 0; r < R && !rc; r++)
+		for (uint32_t p = 0; p < S && !rc; p++)
+			if (p != me)
+				rc = fx_dest_mac(d, r, d->peers[p].rail[r].gid,
+						 macs + ((size_t)r * S + p) * 6);
 	for (uint32_t t = 0; t < T && !rc; t++) {
 		struct fx_thread *th = &d->threads[t];
 
@@ -437,7 +442,8 @@ int fx_connect_all(struct fx_device *d, const uint32_t *qpns)
 					continue;
 				rc = fx_dqp_connect(d, &th->qps[r * cols + p], r,
 						    qpns[(((size_t)p * T + t) * R + r) * S + me],
-						    pa->rail[r].gid, pa->rail[r].mac, pa->rail[r].lid, 0);
+						    pa->rail[r].gid, macs + ((size_t)r * S + p) * 6,
+						    pa->rail[r].lid, 0);
 			}
 			if (!rc)
 				rc = fx_dqp_connect(d, self, r, twin->desc.qpn, rl->gid.raw, rl->mac,
@@ -449,5 +455,6 @@ int fx_connect_all(struct fx_device *d, const uint32_t *qpns)
 		if (!rc)
 			rc = fx_hqp_connect(d, th, t);
 	}
+	free(macs);
 	return rc;
 }
