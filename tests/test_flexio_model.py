@@ -85,9 +85,6 @@ def test_two_ranks_reach_each_other_over_a_routed_fabric(built_model):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(strict=True, reason="defect 1: flexio_event_handler_run() does not invoke "
-                   "a handler, the first CQE of its CQ does; the backend rings only thread 0, "
-                   "and notify() only wakes threads that parked: threads 1..T-1 never start")
 def test_every_dpa_thread_starts(built_model):
     """Two ranks with two DPA threads each: an all-to-all's items are striped over both
     threads, so it completes only if thread 1 ever runs."""

@@ -222,6 +222,7 @@ extern struct fxm_state fxm;
 
 /* ------------------------------------------------------------------ fxm_verbs.c */
 void fxm_log(const char *fmt, ...) __attribute__((format(printf, 1, 2)));
+int fxm_verbose(void);   /* FXM_VERBOSE=1: log QP errors and the like */
 uint64_t fxm_now_ns(void);
 struct fxm_mr *fxm_mr_find_locked(uint32_t key);
 /* Registration that covers [addr, addr+len) for access in pd, or NULL; *synd tells why. */
@@ -263,6 +264,8 @@ void fxm_cq_push(struct fxm_cq *cq, const struct fxm_cqe_info *info);
 void fxm_cq_arm(struct fxm_cq *cq, uint32_t ci);
 /* Defined by whoever attaches handlers (fxm_dpa.c / fxm_hostq.c). */
 void fxm_eh_trigger(struct fxm_eh *eh);
+/* Debugging (FXM_DEBUG_DUMP=1, then SIGUSR2): the state of every queue and DPA thread. */
+void fxm_dump_dpa(void);
 void fxm_chan_notify(struct fxm_cq *cq);
 
 

@@ -24,6 +24,7 @@
 #define FXM_HEAP_DEFAULT (256ull << 20)
 
 static struct flexio_app *apps;
+static struct flexio_process *procs[16];   /* for fxm_dump_dpa */
 static pthread_mutex_t apps_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t version_used;
 static uint32_t next_uar = 1;
@@ -217,6 +218,13 @@ flexio_status flexio_process_create(struct ibv_context *ibv_ctx, struct flexio_a
 	p->uar.id = next_uar++;
 	pthread_mutex_unlock(&fxm.lock);
 	p->uar.proc = p;
+	pthread_mutex_lock(&apps_lock);
+	for (uint32_t i = 0; i < 16; i++)
+		if (!procs[i]) {
+			procs[i] = p;
+			break;
+		}
+	pthread_mutex_unlock(&apps_lock);
 	*process_ptr = p;
 	return FLEXIO_STATUS_SUCCESS;
 }
@@ -225,6 +233,11 @@ flexio_status flexio_process_destroy(struct flexio_process *p)
 {
 	if (!p)
 		return FLEXIO_STATUS_SUCCESS;
+	pthread_mutex_lock(&apps_lock);
+	for (uint32_t i = 0; i < 16; i++)
+		if (procs[i] == p)
+			procs[i] = NULL;
+	pthread_mutex_unlock(&apps_lock);
 	p->closing = 1;
 	while (p->ehs)
 		flexio_event_handler_destroy((struct flexio_event_handler *)p->ehs);
@@ -751,4 +764,21 @@ enum flexio_qp_state flexio_qp_state_get(struct flexio_qp *qp)
 	};
 
 	return qp && qp->qp.state <= IBV_QPS_ERR ? map[qp->qp.state] : FLEXIO_QP_STATE_ERR;
+}
+
+void fxm_dump_dpa(void)
+{
+	pthread_mutex_lock(&apps_lock);
+	for (uint32_t i = 0; i < 16; i++) {
+		struct flexio_process *p = procs[i];
+
+		if (!p)
+			continue;
+		fxm_log("process of %s: status %d", p->app->name, (int)p->err);
+		for (struct fxm_eh *eh = p->ehs; eh; eh = eh->next)
+			fxm_log("  thread %u: state %d triggered %d executing %d invocations %llu",
+				eh->id, eh->state, eh->triggered, eh->executing,
+				(unsigned long long)eh->invocations);
+	}
+	pthread_mutex_unlock(&apps_lock);
 }

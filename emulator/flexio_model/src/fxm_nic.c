@@ -18,6 +18,8 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
+#include <signal.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -217,6 +219,8 @@ static void pop(struct fxm_qp *qp)
 static void push_req_cqe(struct fxm_qp *qp, uint32_t wqe_index, uint8_t opcode, uint8_t synd,
 			 uint32_t bytes)
 {
+	if (synd && synd != FXM_SYND_WR_FLUSH && fxm_verbose())
+		fxm_log("QP 0x%x: WQE %u completes with syndrome 0x%x", qp->qpn, wqe_index, synd);
 	struct fxm_cqe_info c = { .opcode = opcode, .syndrome = synd, .qpn = qp->qpn,
 		.user_index = qp->user_index, .wqe_counter = (uint16_t)wqe_index,
 		.byte_cnt = bytes, .vendor_synd = synd ? 0x81 : 0 };
@@ -278,6 +282,9 @@ void fxm_qp_to_error(struct fxm_qp *qp)
 	if (qp->state != IBV_QPS_ERR) {
 		qp->state = IBV_QPS_ERR;
 		fxm_note_error_qp();
+		if (fxm_verbose())
+			fxm_log("QP 0x%x (%s) moved to the error state", qp->qpn,
+				qp->dpa ? "DPA" : "host");
 	}
 	flush_all(qp);
 }
@@ -672,6 +679,31 @@ static uint64_t service_qps(void)
 	return next;
 }
 
+static volatile sig_atomic_t dump_requested;
+
+static void on_dump_signal(int sig)
+{
+	(void)sig;
+	dump_requested = 1;
+	fxm_wire_wake();
+}
+
+static void dump(void)
+{
+	pthread_mutex_lock(&fxm.lock);
+	for (struct fxm_cq *c = fxm.cqs; c; c = c->next)
+		fxm_log("CQ 0x%x: pi %u ci %u armed %d error %d events %llu%s", c->cqn, c->pi,
+			__builtin_bswap32(*c->dbr) & 0xffffffu, c->armed, c->error,
+			(unsigned long long)c->events, c->host ? " host" : "");
+	for (struct fxm_qp *q = fxm.qps; q; q = q->next)
+		fxm_log("QP 0x%x %s: state %d sq %u/%u inflight %u reads %u deadline %llu rq %u/%u",
+			q->qpn, q->dpa ? "dpa" : "host", q->state, q->sq_next, q->sq_db, q->n_inflight,
+			q->reads_inflight, (unsigned long long)q->deadline_ns, q->rq_ci,
+			fxm_rq_posted(q));
+	pthread_mutex_unlock(&fxm.lock);
+	fxm_dump_dpa();
+}
+
 static void *nic_thread(void *arg)
 {
 	(void)arg;
@@ -689,6 +721,10 @@ static void *nic_thread(void *arg)
 		}
 		timeout = nic.error_qps ? 2 : -1;
 		pthread_mutex_unlock(&nic.lock);
+		if (dump_requested) {
+			dump_requested = 0;
+			dump();
+		}
 		next = service_qps();
 		now = fxm_now_ns();
 		if (next) {
@@ -708,6 +744,10 @@ int fxm_nic_get(void)
 	pthread_mutex_lock(&nic.lock);
 	if (nic.refs++ == 0) {
 		nic.stop = 0;
+		const char *dbg = getenv("FXM_DEBUG_DUMP");
+
+		if (dbg && *dbg == '1')
+			signal(SIGUSR2, on_dump_signal);
 		if (fxm_wire_open() || pthread_create(&nic.thread, NULL, nic_thread, NULL)) {
 			fxm_wire_close();
 			nic.refs--;

@@ -47,6 +47,18 @@ void fxm_log(const char *fmt, ...)
 	fprintf(stderr, "flexio model [%d]: %s\n", (int)getpid(), line);
 }
 
+int fxm_verbose(void)
+{
+	static int v = -1;
+
+	if (v < 0) {
+		const char *s = getenv("FXM_VERBOSE");
+
+		v = s && *s && *s != '0';
+	}
+	return v;
+}
+
 uint64_t fxm_now_ns(void)
 {
 	struct timespec ts;

@@ -294,6 +294,12 @@ static int fx_start(struct host_device *hd, const struct dpa_engine_params *para
 			    "flexio_event_handler_run"))
 			return -EIO;
 	d->started = 1;
+	/* run() only makes a handler runnable: the first CQE of its CQ invokes it ("Event
+	 * handlers in the running state may be invoked by an incoming CQE", NVIDIA's samples).
+	 * A thread that never ran never parked, so notify() would not wake it: give every
+	 * thread its first event now; it parks, and notify() finds it from then on. */
+	for (uint32_t t = 0; t < d->attr.num_threads; t++)
+		fx_ring(d, t);
 	return 0;
 }
 
