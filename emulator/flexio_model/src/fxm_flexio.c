@@ -17,6 +17,7 @@
 #include <string.h>
 #include <sys/eventfd.h>
 #include <sys/mman.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "fxm_dpa.h"
@@ -529,9 +530,17 @@ flexio_status flexio_event_handler_run(struct flexio_event_handler *event_handle
 {
 	struct fxm_eh *eh = (struct fxm_eh *)event_handler;
 	flexio_status st = FLEXIO_STATUS_SUCCESS;
+	const char *delay = getenv("FXM_DELAY_RUN_MS");
 
 	if (!eh)
 		return FLEXIO_STATUS_FAILED;
+	/* Timing perturbation for tests: a host that is slow to start its handlers (what
+	 * other processes see of a busy machine). */
+	if (delay && *delay) {
+		struct timespec ts = { 0, (long)(atoi(delay) % 1000) * 1000000l };
+
+		nanosleep(&ts, NULL);
+	}
 	pthread_mutex_lock(&eh->mu);
 	if (eh->state != EH_CREATED)
 		st = FLEXIO_STATUS_FAILED;
