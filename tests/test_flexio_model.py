@@ -100,9 +100,6 @@ if rank == 0:   # this rank's host starts its DPA threads late (a busy machine)
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.xfail(strict=True, reason="defect: a peer's first control write can reach a "
-                   "thread's CQ before flexio_event_handler_run(); that event is lost (the "
-                   "handler is not running yet), the CQ stays disarmed, the thread never runs")
 def test_a_rank_that_starts_late_misses_no_event(built_model):
     """Rank 0 runs its handlers 0.4 s after rank 1 started sending: its threads' CQs already
     hold CQEs whose events found no running handler."""

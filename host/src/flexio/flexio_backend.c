@@ -267,7 +267,7 @@ static int fx_start(struct host_device *hd, const struct dpa_engine_params *para
 	struct fx_device *d = to_fx(hd);
 	flexio_uintptr_t state = 0, params_d = 0;
 	uint64_t ret = 0;
-	int rc;
+	int rc, one = 1, all[OFFLOAD_MAX_RANKS];
 
 	/* The DPA reaches the ring and stats only inside the arena (fw_memory). */
 	if ((uint8_t *)win->ring != d->arena || (uint8_t *)win->stats != d->arena + d->stats_off ||
@@ -294,10 +294,15 @@ static int fx_start(struct host_device *hd, const struct dpa_engine_params *para
 			    "flexio_event_handler_run"))
 			return -EIO;
 	d->started = 1;
-	/* run() only makes a handler runnable: the first CQE of its CQ invokes it ("Event
-	 * handlers in the running state may be invoked by an incoming CQE", NVIDIA's samples).
-	 * A thread that never ran never parked, so notify() would not wake it: give every
-	 * thread its first event now; it parks, and notify() finds it from then on. */
+	/* A CQE that comes before run() finds no running handler: its event is "blocked and
+	 * lost" (NVIDIA's samples) and the CQ, armed at creation, stays disarmed. No rank may
+	 * send before every rank's handlers run. */
+	rc = d->attr.allgather(d->attr.allgather_arg, &one, sizeof(one), all);
+	if (rc)
+		return rc;
+	/* run() only makes a handler runnable: the first CQE of its CQ invokes it. A thread
+	 * that never ran never parked, so notify() would not wake it: give every thread its
+	 * first event now; it parks, and notify() finds it from then on. */
 	for (uint32_t t = 0; t < d->attr.num_threads; t++)
 		fx_ring(d, t);
 	return 0;
