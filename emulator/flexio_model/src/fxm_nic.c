@@ -348,6 +348,8 @@ void fxm_req_answer(struct fxm_qp *qp, const struct fxm_msg *m)
 		qp->rnr_until_ns = fxm_now_ns() + 100000;   /* the minimal RNR timer, ~0.1 ms */
 		break;
 	case FXM_MSG_DROP:
+		if (fxm_verbose())
+			fxm_log("QP 0x%x: request PSN %u was dropped", qp->qpn, m->psn);
 		if (!qp->deadline_ns)
 			qp->deadline_ns = fxm_now_ns() + ack_timeout_ns(qp);
 		break;
@@ -505,6 +507,10 @@ static void run_sq(struct fxm_qp *qp)
 				return;
 			continue;
 		}
+		if (fxm_verbose() > 1)
+			fxm_log("QP 0x%x WQE %u: op 0x%x raddr 0x%llx rkey 0x%x len %llu%s", qp->qpn, bb,
+				opcode, (unsigned long long)m.raddr, m.rkey,
+				(unsigned long long)m.length, signaled ? " signaled" : "");
 		m.kind = FXM_MSG_REQ;
 		m.op = opcode;
 		m.src_ipv4 = fxm_port(qp->port)->ipv4;
@@ -535,6 +541,8 @@ static void run_sq(struct fxm_qp *qp)
 		if (opcode == FXM_OP_RDMA_READ || opcode == FXM_OP_ATOMIC_FA)
 			qp->reads_inflight++;
 		if (!dst || fxm_wire_send(qp->port, dst, e->msg, e->msg_len)) {
+			if (fxm_verbose())
+				fxm_log("QP 0x%x: request PSN %u could not be sent", qp->qpn, e->psn);
 			if (!qp->deadline_ns)
 				qp->deadline_ns = fxm_now_ns() + ack_timeout_ns(qp);
 		}
@@ -576,8 +584,12 @@ static uint64_t qp_timers(struct fxm_qp *qp, uint64_t now)
 		resend(qp);
 	}
 	/* A connection that broke (or a route that never was) loses what is on it. */
-	if (!qp->deadline_ns && (route(qp, &dst) || !fxm_wire_alive(qp->port, dst)))
+	if (!qp->deadline_ns && (route(qp, &dst) || !fxm_wire_alive(qp->port, dst))) {
+		if (fxm_verbose())
+			fxm_log("QP 0x%x: %s; its requests are lost", qp->qpn,
+				route(qp, &dst) ? "no route" : "the connection is down");
 		qp->deadline_ns = now + ack_timeout_ns(qp);
+	}
 	if (!qp->deadline_ns)
 		return now + 5000000ull;   /* look at the connection again in 5 ms */
 	if (now < qp->deadline_ns)

@@ -295,11 +295,19 @@ static void on_request(uint8_t lport, const struct fxm_msg *req, const uint8_t *
 	pthread_mutex_unlock(&fxm.lock);
 	if (!qp || qp->port != lport || (qp->state != IBV_QPS_RTR && qp->state != IBV_QPS_RTS) ||
 	    qp->remote_qpn != req->sqpn || memcmp(&qp->rgid, &req->sgid, sizeof(qp->rgid))) {
+		if (fxm_verbose())
+			fxm_log("dropped a request for QP 0x%x from QP 0x%x: %s", req->dqpn, req->sqpn,
+				!qp ? "no such QP" : qp->port != lport ? "another port" :
+				qp->state == IBV_QPS_ERR ? "QP in error" :
+				qp->state < IBV_QPS_RTR ? "QP not ready" : "not the connected peer");
 		answer(req, lport, FXM_MSG_DROP, 0, 0, 0);
 		return;
 	}
 	order = psn_cmp(req->psn, qp->expected_psn);
 	if (order > 0) {   /* a request after one we did not take: out of sequence */
+		if (fxm_verbose())
+			fxm_log("QP 0x%x: request PSN %u out of sequence (expected %u)", qp->qpn,
+				req->psn, qp->expected_psn);
 		answer(req, lport, FXM_MSG_DROP, 0, 0, 0);
 		return;
 	}

@@ -54,7 +54,7 @@ int fxm_verbose(void)
 	if (v < 0) {
 		const char *s = getenv("FXM_VERBOSE");
 
-		v = s && *s && *s != '0';
+		v = s && *s ? atoi(s) : 0;
 	}
 	return v;
 }

@@ -287,14 +287,20 @@ int fxm_wire_send(uint8_t lport, uint32_t dst, const void *msg, uint32_t len)
 		return 0;
 	}
 	c = conn_out(lport, dst);
-	if (!c || c->broken)
+	if (!c || c->broken) {
+		if (fxm_verbose())
+			fxm_log("port %u: no connection to %08x (%s)", lport, dst,
+				c ? "broken" : strerror(errno));
 		return -1;
+	}
 	if (grow(&c->out, &c->out_cap, c->out_len + 4 + len))
 		return -1;
 	memcpy(c->out + c->out_len, &frame, 4);
 	memcpy(c->out + c->out_len + 4, msg, len);
 	c->out_len += 4 + len;
 	conn_flush(c);
+	if (c->broken && fxm_verbose())
+		fxm_log("port %u: the connection to %08x broke: %s", lport, dst, strerror(errno));
 	return c->broken ? -1 : 0;
 }
 

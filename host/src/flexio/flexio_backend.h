@@ -57,6 +57,7 @@ extern flexio_func_t dpa_offload_init_rpc;
 #define FX_STOP_GRACE_NS   20000000l     /* let parked threads see their stop flag */
 #define FX_MLX5_INVALID_LKEY 0x100u      /* ends a receive scatter list (rdma-core mlx5dv.h) */
 #define FX_MLX5_CQE_INVALID  0xf0u       /* op_own opcode nibble of a never-written CQE */
+#define FX_WR_RECV           (1u << 31)   /* host loopback wr_id: a receive */
 
 struct fx_rail {                 /* one port of the device */
 	uint8_t port;
@@ -147,6 +148,7 @@ struct fx_device {
 	uint32_t nmrs, mr_cap;
 	int started;
 	int dpa_failed_reported;
+
 };
 
 static inline struct fx_device *to_fx(struct host_device *dev)
@@ -162,6 +164,8 @@ struct ibv_context *fx_open_ibv(void);
 int fx_setup_rails(struct fx_device *d);
 int fx_register_window(struct fx_device *d);
 int fx_dest_mac(struct fx_device *d, uint32_t rail, const uint8_t dst[16], uint8_t mac[6]);
+int fx_host_qp_connect(struct fx_device *d, struct ibv_qp *qp, uint32_t rail, uint32_t rqpn,
+		       const union ibv_gid *dgid, int access);
 int fx_thread_create(struct fx_device *d, uint32_t index);
 int fx_thread_publish(struct fx_device *d, uint32_t index, flexio_uintptr_t state,
 		      const struct host_fw_windows *win);

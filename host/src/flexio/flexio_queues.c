@@ -153,7 +153,7 @@ int fx_dqp_connect(struct fx_device *d, struct fx_dqp *q, uint32_t rail, uint32_
 
 static int fx_post_host_recv(struct fx_thread *t, uint32_t index)
 {
-	struct ibv_recv_wr wr = { .wr_id = index, .sg_list = NULL, .num_sge = 0 }, *bad;
+	struct ibv_recv_wr wr = { .wr_id = FX_WR_RECV | index, .sg_list = NULL, .num_sge = 0 }, *bad;
 
 	return ibv_post_recv(t->hqp, &wr, &bad);
 }
@@ -175,41 +175,53 @@ static int fx_hqp_create(struct fx_device *d, struct fx_thread *t)
 }
 
 /* The host end of the loopback, connected to the DPA end on rail 0 of this very port. */
-static int fx_hqp_connect(struct fx_device *d, struct fx_thread *t, uint32_t index)
+/* A host RC QP through INIT, RTR and RTS towards QP rqpn at dgid on rail's port. */
+int fx_host_qp_connect(struct fx_device *d, struct ibv_qp *qp, uint32_t rail, uint32_t rqpn,
+		       const union ibv_gid *dgid, int access)
 {
-	const struct fx_rail *r = &d->rails[0];
+	const struct fx_rail *r = &d->rails[rail];
 	struct ibv_qp_attr a;
 
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_INIT;
 	a.port_num = r->port;
-	a.qp_access_flags = IBV_ACCESS_LOCAL_WRITE;
-	if (ibv_modify_qp(t->hqp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+	a.qp_access_flags = (unsigned)access;
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
 			  IBV_QP_ACCESS_FLAGS))
 		return -EIO;
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTR;
 	a.path_mtu = r->mtu;
-	a.dest_qp_num = t->loop.desc.qpn;
+	a.dest_qp_num = rqpn;
 	a.max_dest_rd_atomic = 1;
 	a.min_rnr_timer = 1;
 	a.ah_attr.is_global = r->eth;
-	a.ah_attr.grh.dgid = r->gid;
+	a.ah_attr.grh.dgid = *dgid;
 	a.ah_attr.grh.sgid_index = (uint8_t)r->gid_index;
-	a.ah_attr.grh.hop_limit = 1;
+	a.ah_attr.grh.hop_limit = 64;
 	a.ah_attr.dlid = r->lid;
 	a.ah_attr.port_num = r->port;
-	if (ibv_modify_qp(t->hqp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
 			  IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER))
 		return -EIO;
 	memset(&a, 0, sizeof(a));
 	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
+	a.timeout = 14;       /* 4.096 us << 14 = 67 ms per try */
 	a.retry_cnt = 7;
-	a.rnr_retry = 7;  /* 7: retry for ever while the DPA end reposts */
+	a.rnr_retry = 7;      /* 7: retry for ever while the other end reposts */
 	a.max_rd_atomic = 1;
-	if (ibv_modify_qp(t->hqp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
+	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_SQ_PSN | IBV_QP_TIMEOUT |
 			  IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC))
+		return -EIO;
+	return 0;
+}
+
+/* The host end of the loopback, connected to the DPA end on rail 0 of this very port. */
+static int fx_hqp_connect(struct fx_device *d, struct fx_thread *t, uint32_t index)
+{
+	const struct fx_rail *r = &d->rails[0];
+
+	if (fx_host_qp_connect(d, t->hqp, 0, t->loop.desc.qpn, &r->gid, IBV_ACCESS_LOCAL_WRITE))
 		return -EIO;
 	for (uint32_t i = 0; i < FX_HOST_RQ; i++)
 		if (fx_post_host_recv(t, index))
@@ -217,7 +229,8 @@ static int fx_hqp_connect(struct fx_device *d, struct fx_thread *t, uint32_t ind
 	return fx_dqp_connect(d, &t->loop, 0, t->hqp->qp_num, r->gid.raw, r->mac, r->lid, 1);
 }
 
-/* Reap the host CQ: doorbell sends retire, DPA notifies are reposted. Under cq_lock. */
+/* Reap the host CQ: doorbell sends retire, DPA notifies are reposted. Under cq_lock. Which
+ * is which comes from the wr_id: an error completion's opcode is undefined (verbs). */
 void fx_drain_locked(struct fx_device *d)
 {
 	struct ibv_wc wc[16];
@@ -225,13 +238,13 @@ void fx_drain_locked(struct fx_device *d)
 
 	while ((n = ibv_poll_cq(d->hcq, 16, wc)) > 0) {
 		for (int i = 0; i < n; i++) {
-			uint32_t index = (uint32_t)wc[i].wr_id;
+			uint32_t index = (uint32_t)wc[i].wr_id & ~FX_WR_RECV;
 			struct fx_thread *t;
 
 			if (index >= d->attr.num_threads)
 				continue;
 			t = &d->threads[index];
-			if (wc[i].opcode & IBV_WC_RECV) {
+			if (wc[i].wr_id & FX_WR_RECV) {
 				if (wc[i].status == IBV_WC_SUCCESS)
 					fx_post_host_recv(t, index);
 			} else if (t->hsq_inflight) {
