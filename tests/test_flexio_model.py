@@ -106,3 +106,63 @@ def test_a_rank_that_starts_late_misses_no_event(built_model):
     from _mp import run_ranks
 
     run_ranks(2, SLOW_START, timeout=90, env=model_env(2))
+
+
+CELLS = [(2, 1), (2, 4), (3, 1), (3, 4), (4, 1), (4, 4)]
+CELL_IDS = [f"n{n}-t{t}" for n, t in CELLS]
+
+KILLED = r'''
+ctx = ol.init()
+w = ctx.world
+victim = size - 1
+src = np.arange(size * 100, dtype=np.int64)
+dst = np.zeros_like(src)
+w.alltoall(src, dst).wait(timeout=20)
+w.barrier().wait(timeout=20)
+if rank == victim:
+    w.barrier()                      # posted, then the process dies in it
+    os.kill(os.getpid(), signal.SIGKILL)
+time.sleep(0.2)
+t0 = time.monotonic()
+try:
+    w.barrier().wait(timeout=10)
+except ol.PeerFailure as e:
+    took = time.monotonic() - t0
+    assert e.rank == victim and f"rank {victim}" in str(e), (e.rank, str(e))
+    assert took < 2.0, f"PeerFailure after {took:.2f} s"
+else:
+    raise AssertionError("a barrier with a dead member completed")
+# Every survivor learns that the rank is dead, whether or not it sent it anything.
+while victim not in ctx.failed_ranks():
+    assert time.monotonic() - t0 < 2.0, f"failed_ranks() {ctx.failed_ranks()} after 2 s"
+    time.sleep(0.01)
+try:
+    w.alltoall(src, dst).wait(timeout=5)
+except ol.PeerFailure as e:
+    assert e.rank == victim
+else:
+    raise AssertionError("an op on the team of a dead rank completed")
+team = ctx.create_team(list(range(size - 1)))   # the survivors carry on
+s2 = np.arange((size - 1) * 50, dtype=np.int64) + 1000 * rank
+d2 = np.zeros_like(s2)
+team.alltoall(s2, d2).wait(timeout=20)
+check_equal(d2, np.concatenate([np.arange(50 * rank, 50 * rank + 50) + 1000 * p
+                                for p in range(size - 1)]), "survivors' all-to-all")
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n, threads", CELLS, ids=CELL_IDS)
+@pytest.mark.xfail(strict=True, reason="defect: on a card nothing tells a rank that a peer "
+                   "died unless it sends it something: a rank only waiting for it hangs until "
+                   "op_timeout, and failed_ranks() never lists it")
+def test_killed_peer_is_named_by_every_survivor(built_model, n, threads):
+    from _mp import DONE_MARK, run_job
+
+    rc, ranks, launcher, _ = run_job(n, KILLED, timeout=60, grace=10.0, env=model_env(threads))
+    report = "\n".join(f"--- rank {r} ---\n{t}" for r, t in enumerate(ranks)) + \
+        "\n--- launcher ---\n" + "\n".join(launcher)
+    assert rc != 0 and any(f"rank {n - 1}" in line for line in launcher), report
+    for r in range(n - 1):
+        assert DONE_MARK in ranks[r], f"survivor {r} did not finish\n{report}"
