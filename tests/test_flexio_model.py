@@ -154,9 +154,6 @@ ctx.close()
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("n, threads", CELLS, ids=CELL_IDS)
-@pytest.mark.xfail(strict=True, reason="defect: on a card nothing tells a rank that a peer "
-                   "died unless it sends it something: a rank only waiting for it hangs until "
-                   "op_timeout, and failed_ranks() never lists it")
 def test_killed_peer_is_named_by_every_survivor(built_model, n, threads):
     from _mp import DONE_MARK, run_job
 

@@ -246,9 +246,13 @@ static int fx_open(const struct host_device_attr *attr, struct host_device **out
 	for (uint32_t t = 0; t < attr->num_threads && !rc; t++)
 		rc = fx_thread_create(d, t);
 	if (!rc)
+		rc = fx_keepalive_create(d);
+	if (!rc)
 		rc = fx_exchange(d, &qpns);
 	if (!rc)
 		rc = fx_connect_all(d, qpns);
+	if (!rc)
+		rc = fx_keepalive_connect(d);
 	free(qpns);
 	/* Nobody sends before every rank's queues are ready to receive. */
 	if (!rc)
@@ -305,7 +309,7 @@ static int fx_start(struct host_device *hd, const struct dpa_engine_params *para
 	 * first event now; it parks, and notify() finds it from then on. */
 	for (uint32_t t = 0; t < d->attr.num_threads; t++)
 		fx_ring(d, t);
-	return 0;
+	return fx_keepalive_start(d);
 }
 
 /* Ask every handler to finish instead of re-arming, and give it an event to see that. */
@@ -354,6 +358,7 @@ void fx_close(struct host_device *hd)
 {
 	struct fx_device *d = to_fx(hd);
 
+	fx_keepalive_stop(d);
 	if (d->started)
 		fx_stop_threads(d);
 	for (uint32_t t = 0; d->threads && t < d->attr.num_threads; t++)

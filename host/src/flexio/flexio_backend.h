@@ -148,7 +148,15 @@ struct fx_device {
 	uint32_t nmrs, mr_cap;
 	int started;
 	int dpa_failed_reported;
-
+	/* peer liveness (flexio_keepalive.c): host QPs [rail][peer], one probe each at a time */
+	struct ibv_cq *ka_cq;
+	struct ibv_qp **ka_qps;
+	uint8_t *ka_state;
+	uint8_t *ka_buf;
+	struct ibv_mr *ka_mr;
+	pthread_t ka_thread;
+	int ka_running;
+	int ka_stop;
 };
 
 static inline struct fx_device *to_fx(struct host_device *dev)
@@ -164,6 +172,10 @@ struct ibv_context *fx_open_ibv(void);
 int fx_setup_rails(struct fx_device *d);
 int fx_register_window(struct fx_device *d);
 int fx_dest_mac(struct fx_device *d, uint32_t rail, const uint8_t dst[16], uint8_t mac[6]);
+int fx_keepalive_create(struct fx_device *d);
+int fx_keepalive_connect(struct fx_device *d);
+int fx_keepalive_start(struct fx_device *d);
+void fx_keepalive_stop(struct fx_device *d);
 int fx_host_qp_connect(struct fx_device *d, struct ibv_qp *qp, uint32_t rail, uint32_t rqpn,
 		       const union ibv_gid *dgid, int access);
 int fx_thread_create(struct fx_device *d, uint32_t index);
