@@ -120,18 +120,21 @@ dst = np.zeros_like(src)
 w.alltoall(src, dst).wait(timeout=20)
 w.barrier().wait(timeout=20)
 if rank == victim:
-    w.barrier()                      # posted, then the process dies in it
+    # Posted, then the process dies in it: nobody has posted the matching op yet, so none of
+    # its blocks can have moved. (A barrier would race: the victim's arrivals can reach every
+    # peer before the kill lands, and the survivors' barrier then rightly completes.)
+    w.alltoall(src, dst)
     os.kill(os.getpid(), signal.SIGKILL)
 time.sleep(0.2)
 t0 = time.monotonic()
 try:
-    w.barrier().wait(timeout=10)
+    w.alltoall(src, dst).wait(timeout=10)
 except ol.PeerFailure as e:
     took = time.monotonic() - t0
     assert e.rank == victim and f"rank {victim}" in str(e), (e.rank, str(e))
     assert took < 2.0, f"PeerFailure after {took:.2f} s"
 else:
-    raise AssertionError("a barrier with a dead member completed")
+    raise AssertionError("an all-to-all with a dead member completed")
 # Every survivor learns that the rank is dead, whether or not it sent it anything.
 while victim not in ctx.failed_ranks():
     assert time.monotonic() - t0 < 2.0, f"failed_ranks() {ctx.failed_ranks()} after 2 s"
@@ -163,3 +166,166 @@ def test_killed_peer_is_named_by_every_survivor(built_model, n, threads):
     assert rc != 0 and any(f"rank {n - 1}" in line for line in launcher), report
     for r in range(n - 1):
         assert DONE_MARK in ranks[r], f"survivor {r} did not finish\n{report}"
+
+
+COLLECTIVES = r'''
+import re
+ctx = ol.init()
+n, w = size, ctx.world
+w.barrier().wait(timeout=20)
+for per, empty in ((1000, False), (150_000, True)):   # 150k int64: several 256K pieces
+    src = ctx.empty(per * n, np.int64) if empty else np.empty(per * n, np.int64)
+    src[:] = np.arange(per * n) + 1_000_000 * rank
+    dst = np.zeros(per * n, np.int64)
+    w.alltoall(src, dst).wait(timeout=30)
+    check_equal(dst, np.concatenate([np.arange(per * rank, per * (rank + 1)) + 1_000_000 * p
+                                     for p in range(n)]), f"all-to-all of {per}")
+    del src
+
+# all-to-all-v, counted (and checked against recv_counts), then in fixed slots
+C = np.random.default_rng(7).integers(0, 500, size=(n, n))
+C[0, n - 1] = 0
+send = C[rank]
+src = np.concatenate([np.arange(send[d]) + 1_000_000 * rank + 1000 * d for d in range(n)])
+src = src.astype(np.int64)
+dst = np.full(int(C[:, rank].sum()) + 5, -7, np.int64)
+check_equal(w.alltoallv(src, send, dst, recv_counts=C[:, rank]).wait(timeout=30), C[:, rank],
+            "recv_counts")
+want = np.concatenate([np.arange(C[p, rank]) + 1_000_000 * p + 1000 * rank for p in range(n)])
+check_equal(dst[:len(want)], want.astype(np.int64), "all-to-all-v")
+assert (dst[len(want):] == -7).all(), "written past the data"
+slot = 500
+dst = np.full(n * slot, -7, np.int64)
+w.alltoallv(src, send, dst, slot=slot).wait(timeout=30)
+for p in range(n):
+    check_equal(dst[p * slot:p * slot + C[p, rank]],
+                np.arange(C[p, rank]) + 1_000_000 * p + 1000 * rank, f"slot of rank {p}")
+
+# rows gathered by index (MoE dispatch), rows placed by index (MoE combine)
+base = np.arange(40 * 8, dtype=np.float32).reshape(40, 8)
+def plan(r):
+    per = np.array([(r + j) % 3 + 1 for j in range(n)])
+    return per, np.array([(7 * k + r) % 40 for k in range(per.sum())])
+per_rank, rows = plan(rank)
+out = np.zeros((sum(plan(p)[0][rank] for p in range(n)), 8), np.float32)
+got = w.alltoallv_rows(base + 1000 * rank, rows, per_rank, out).wait(timeout=30)
+off = 0
+for p in range(n):
+    pper, prows = plan(p)
+    mine = prows[pper[:rank].sum():pper[:rank + 1].sum()]
+    assert got[p] == len(mine), (p, got)
+    check_equal(out[off:off + len(mine)], base[mine] + 1000 * p, f"rows from rank {p}")
+    off += len(mine)
+land = np.zeros((2 * n, 4), np.float32)
+mine = (np.full((n, 4), rank) + 100 * np.arange(n)[:, None]).astype(np.float32)
+w.alltoallv_place(mine, np.ones(n, np.int64), land, np.full(n, 2 * rank)).wait(timeout=30)
+for p in range(n):
+    check_equal(land[2 * p], np.full(4, p + 100 * rank, np.float32), f"row placed by rank {p}")
+
+# persistent all-to-all, posted three times
+per = 333
+src = np.zeros(per * n, np.int64)
+dst = np.zeros(per * n, np.int64)
+pr = w.alltoall_init(src, dst)
+for it in range(3):
+    src[:] = np.arange(per * n) + 7 * rank + it
+    pr.post()
+    pr.wait(timeout=30)
+    check_equal(dst, np.concatenate([np.arange(per * rank, per * (rank + 1)) + 7 * p + it
+                                     for p in range(n)]), f"persistent post {it}")
+pr.free()
+
+# multicast is not bound on FlexIO: it says so
+try:
+    w.broadcast(np.arange(64, dtype=np.int64), root=0).wait(timeout=10)
+except ol.Unsupported as e:
+    assert "not supported by this backend" in str(e), str(e)
+else:
+    raise AssertionError("a broadcast completed on FlexIO, which has no multicast binding")
+
+# cancel: rank 0 alone posts on a fresh team, then cancels
+t2 = ctx.create_team(list(range(n)))
+if rank == 0:
+    req = t2.alltoall(np.arange(n * 16, dtype=np.int64), np.zeros(n * 16, np.int64))
+    try:
+        req.wait(timeout=0.2)
+    except ol.Timeout:
+        pass
+    assert req.cancel() is True
+    try:
+        req.wait(timeout=5)
+    except ol.Canceled:
+        pass
+    else:
+        raise AssertionError("a cancelled op completed")
+
+# op_timeout (1 s here): rank 0 alone posts a barrier on another fresh team
+t3 = ctx.create_team(list(range(n)))
+flag = os.path.join(os.environ["FLAG_DIR"], "timed_out")
+if rank == 0:
+    t0 = time.monotonic()
+    try:
+        t3.barrier().wait(timeout=20)
+    except ol.Timeout as e:
+        assert "op_timeout" in str(e), str(e)
+        assert time.monotonic() - t0 < 3, f"op_timeout 1 s took {time.monotonic() - t0:.1f} s"
+    else:
+        raise AssertionError("a barrier nobody else joined completed")
+    open(flag, "w").close()
+else:   # the world's next op must not start its own op_timeout before rank 0 joins it
+    deadline = time.monotonic() + 20
+    while not os.path.exists(flag):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+w.barrier().wait(timeout=20)
+
+# every DPA thread took its share of the items
+busy = [t["writes"] for t in ctx.stats()["threads"]]
+assert len(busy) == ctx.dpa_threads, busy
+assert sum(1 for b in busy if b) >= min(n, len(busy)), f"idle DPA threads: {busy}"
+
+# last, a forged key: the last rank publishes a key nobody issued for its destination
+victim, SENT = n - 1, -7
+s4 = np.arange(n * 100, dtype=np.int64) + 1_000_000 * rank
+d4 = np.full(n * 100, SENT, np.int64)
+plain = ctx._post
+if rank == victim:
+    def forged(op, *a, **k):
+        op.dst_key = 0x5EED1234
+        return plain(op, *a, **k)
+    ctx._post = forged
+req = w.alltoall(s4, d4)
+ctx._post = plain
+t0 = time.monotonic()
+try:
+    req.wait(timeout=20)
+except ol.OffloadError as e:
+    # Writers into the victim are refused and name it; a rank whose op already failed
+    # revokes its own one-shot key, so a slower writer into it may name that rank instead.
+    named = re.search(r"rank (\d+)", str(e))
+    print("FORGED", type(e).__name__, named.group(1) if named else "-", flush=True)
+else:
+    raise AssertionError("an all-to-all into a forged key completed")
+assert time.monotonic() - t0 < 5, f"the error took {time.monotonic() - t0:.1f} s"
+if rank == victim:
+    check_equal(d4, np.full(n * 100, SENT, np.int64), "the forged destination")
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("n, threads", CELLS, ids=CELL_IDS)
+def test_collectives_on_the_model(built_model, n, threads, tmp_path):
+    """One job per (ranks, DPA threads): barrier, all-to-all (numpy and ctx.empty buffers,
+    several RDMA pieces), all-to-all-v counted, in slots, by rows and placed, a persistent
+    all-to-all, multicast answered as unsupported, a cancelled op, an op_timeout, and last a
+    forged key (the QPs it breaks stay broken on a card). Exact results throughout."""
+    from _mp import run_ranks
+
+    out = run_ranks(n, COLLECTIVES, timeout=150,
+                    env=model_env(threads, OFFLOAD_OP_TIMEOUT="1", OFFLOAD_CHUNK_SIZE="256K",
+                                  FLAG_DIR=str(tmp_path)))
+    forged = [line.split() for o in out for line in o.splitlines() if line.startswith("FORGED")]
+    assert len(forged) == n, out
+    # Writers into the victim are refused, and they name it.
+    assert any(f[1] == "RemoteAccessError" and f[2] == str(n - 1) for f in forged), forged
