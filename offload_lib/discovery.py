@@ -43,6 +43,9 @@ KNOWN_PARTS: dict[int, tuple[str, bool]] = {
 }
 # Host runtimes that can load DPA code: the FlexIO SDK (what our backend uses) and DOCA DPA.
 RUNTIMES = (("flexio", "libflexio"), ("doca_dpa", "libdoca_dpa"))
+# Where DOCA installs FlexIO when ldconfig does not list it (DOCA-Host packages).
+FLEXIO_LIB_DIRS = ("/opt/mellanox/flexio/lib", "/opt/mellanox/doca/lib/x86_64-linux-gnu",
+                   "/opt/mellanox/doca/lib/aarch64-linux-gnu")
 BACKEND_LIBRARY = "libdpaoffload_flexio.so"
 PYVERBS_HINT = "pip install 'dpa-offload[hw]', or Debian's python3-pyverbs"
 
@@ -113,8 +116,10 @@ def _device(verbs: Any, dev: Any) -> RdmaDevice:
     try:
         with verbs.Context(name=name) as ctx:
             attr = ctx.query_device()
+            # pyverbs exposes ibv_device_attr.fw_ver as DeviceAttr.fw_version, a str
+            # (rdma-core pyverbs/device.pyx); it has no fw_ver attribute.
             return RdmaDevice(name, int(attr.vendor_id), int(attr.vendor_part_id),
-                              str(getattr(attr, "fw_ver", "")))
+                              str(attr.fw_version))
     except Exception:  # no permission to open it: sysfs still has the PCI ids
         vendor, part = _sysfs_ids(name)
         return RdmaDevice(name, vendor, part)
@@ -128,6 +133,59 @@ def _load_library(name: str, path: str | None) -> Library:
     except OSError as e:
         return Library(name, path, False, str(e))
     return Library(name, path, True)
+
+
+def _elf_runpath(path: str) -> list[str]:
+    """The DT_RUNPATH (or DT_RPATH) directories of an ELF shared object, $ORIGIN expanded;
+    [] for anything it cannot read."""
+    import struct
+
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return []
+    if data[:4] != b"\x7fELF" or data[4] != 2 or data[5] != 1:   # 64-bit little endian
+        return []
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    sections = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize)
+                for i in range(shnum)]
+    for _, kind, _, _, off, size, link, _, _, entsize in sections:
+        if kind != 6 or not entsize:   # SHT_DYNAMIC
+            continue
+        strtab_off = sections[link][4]
+        found = {}
+        for i in range(size // entsize):
+            tag, val = struct.unpack_from("<qQ", data, off + i * entsize)
+            if tag in (15, 29):   # DT_RPATH, DT_RUNPATH
+                end = data.index(b"\0", strtab_off + val)
+                found[tag] = data[strtab_off + val:end].decode(errors="replace")
+        raw = found.get(29, found.get(15, ""))
+        origin = os.path.dirname(os.path.abspath(path))
+        return [d.replace("$ORIGIN", origin) for d in raw.split(":") if d]
+    return []
+
+
+def find_libflexio(backend_path: str | None = None,
+                   find_library: Callable[[str], str | None] = ctypes.util.find_library,
+                   dirs: tuple[str, ...] = FLEXIO_LIB_DIRS) -> tuple[str | None, str]:
+    """(path, how it was found) of the libflexio the backend would load: the backend
+    library's own rpath first (what the dynamic linker uses), then DOCA's install
+    directories, then ldconfig's list; (None, where it looked) if none has it."""
+    looked: list[str] = []
+    for how, candidates in (("the backend's rpath", _elf_runpath(backend_path) if backend_path
+                             else []), ("DOCA's install directory", list(dirs))):
+        for d in candidates:
+            looked.append(d)
+            for name in ("libflexio.so", "libflexio.so.1"):
+                p = os.path.join(d, name)
+                if os.path.exists(p):
+                    return os.path.realpath(p), f"{how} {d}"
+    found = find_library("flexio")
+    if found:
+        return found, "ldconfig"
+    return None, f"looked in {', '.join(looked) or 'no directory'} and ldconfig's list"
 
 
 def backend_library_path(config: Config | None = None) -> str:
@@ -170,8 +228,10 @@ def probe(import_verbs: Callable[[], Any] | None = None,
             p.devices = [_device(verbs, d) for d in verbs.get_device_list()]
         except Exception as e:  # pyverbs raises when the kernel has no RDMA support
             p.device_error = f"listing RDMA devices failed ({e})"
-    p.runtimes = [load(lib, find_library(short)) for short, lib in RUNTIMES]
     path = backend_path if backend_path is not None else backend_library_path()
+    flexio_path, _how = find_libflexio(path if os.path.exists(path) else None, find_library)
+    p.runtimes = [load(lib, flexio_path if short == "flexio" else find_library(short))
+                  for short, lib in RUNTIMES]
     p.backend = (load(BACKEND_LIBRARY, path) if os.path.exists(path) else
                  Library(BACKEND_LIBRARY, path, False, "not built"))
     return p

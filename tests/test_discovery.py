@@ -18,8 +18,10 @@ CX7 = (0x15B3, 0x1021)
 
 
 class _Attr:
+    """pyverbs' DeviceAttr as rdma-core defines it: the firmware is fw_version, a str."""
+
     def __init__(self, vendor: int, part: int) -> None:
-        self.vendor_id, self.vendor_part_id, self.fw_ver = vendor, part, "32.41.1000"
+        self.vendor_id, self.vendor_part_id, self.fw_version = vendor, part, "32.41.1000"
 
 
 def fake_verbs(devices: dict[str, tuple[int, int]] | None, fail_list: Exception | None = None,
@@ -224,3 +226,50 @@ def test_bootstrap_allgather_for_hardware_backends():
     from _mp import run_ranks
 
     run_ranks(3, ALLGATHER, timeout=45)
+
+
+def test_firmware_version_comes_from_pyverbs_fw_version():
+    p = look(fake_verbs({"mlx5_0": BF3}))
+    assert p.devices == [RdmaDevice("mlx5_0", *BF3, "32.41.1000")]
+
+
+def _shared_object(tmp_path, name: str, rpath: str | None = None) -> str:
+    import shutil
+    import subprocess
+
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        pytest.skip("no C compiler")
+    src = tmp_path / "empty.c"
+    src.write_text("int dpaoffload_test_symbol;\n")
+    out = tmp_path / name
+    cmd = [cc, "-shared", "-fPIC", "-o", str(out), str(src)]
+    if rpath is not None:
+        cmd.append(f"-Wl,-rpath,{rpath}")
+    subprocess.run(cmd, check=True)
+    return str(out)
+
+
+def test_libflexio_is_found_where_the_backend_was_linked_against_it(tmp_path):
+    """An SDK outside ldconfig's list (DOCA puts FlexIO in /opt/mellanox/flexio/lib): the
+    backend's own rpath ($ORIGIN expanded) is looked at first, then DOCA's directories."""
+    sdk = tmp_path / "sdk" / "lib"
+    sdk.mkdir(parents=True)
+    (sdk / "libflexio.so").write_bytes(b"")
+    (tmp_path / "b").mkdir()
+    backend = _shared_object(tmp_path / "b", "libdpaoffload_flexio.so", "$ORIGIN/../sdk/lib")
+    assert discovery._elf_runpath(backend) == [str(tmp_path / "b" / ".." / "sdk" / "lib")]
+    path, how = discovery.find_libflexio(backend, find_library=lambda s: None, dirs=())
+    assert path == str((sdk / "libflexio.so").resolve()) and "rpath" in how
+
+    doca = tmp_path / "opt"
+    doca.mkdir()
+    (doca / "libflexio.so.1").write_bytes(b"")
+    bare = _shared_object(tmp_path, "bare.so")
+    path, how = discovery.find_libflexio(bare, find_library=lambda s: None, dirs=(str(doca),))
+    assert path == str(doca / "libflexio.so.1") and "DOCA" in how
+    path, how = discovery.find_libflexio(bare, find_library=lambda s: None, dirs=("/nowhere",))
+    assert path is None and "/nowhere" in how and "ldconfig" in how
+    assert discovery.find_libflexio(None, find_library=lambda s: "/l/libflexio.so",
+                                    dirs=()) == ("/l/libflexio.so", "ldconfig")
+    assert "/opt/mellanox/flexio/lib" in discovery.FLEXIO_LIB_DIRS
