@@ -1,4 +1,4 @@
-"""The ``dpa-offload`` command: ``run``, ``info`` and ``bench``."""
+"""The ``dpa-offload`` command: ``run``, ``info``, ``bringup`` and ``bench``."""
 from __future__ import annotations
 
 import argparse
@@ -125,6 +125,17 @@ def _cmd_info(args: argparse.Namespace) -> int:
 
 
 # ---------------------------------------------------------------------------------------------
+# bringup
+
+
+def _cmd_bringup(args: argparse.Namespace) -> int:
+    from offload_lib.bringup import run_bringup
+
+    failed = run_bringup(args.config, timeout=args.step_timeout)
+    return 1 if failed else 0
+
+
+# ---------------------------------------------------------------------------------------------
 # bench
 
 
@@ -141,7 +152,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="Offload collectives to a (possibly emulated) DPU.")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
-    sub = parser.add_subparsers(dest="command", metavar="{run,info,bench}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,info,bringup,bench}")
 
     run = sub.add_parser(
         "run", help="start N local ranks of a program",
@@ -162,6 +173,17 @@ def _parser() -> argparse.ArgumentParser:
     info.add_argument("--config", metavar="FILE", help="YAML config file")
     info.set_defaults(func=_cmd_info)
 
+    bringup = sub.add_parser(
+        "bringup", help="check a FlexIO setup step by step, one line a step",
+        description="Checks, in order, the FlexIO runtime, permissions, the RDMA device, "
+                    "the DPA process, its RPC, one rank and two ranks; stops at the first "
+                    "failure and says what to check next. flexio_runtime: model (e.g. "
+                    "OFFLOAD_FLEXIO_RUNTIME=model) runs it on the FlexIO model.")
+    bringup.add_argument("--config", metavar="FILE", help="YAML config file")
+    bringup.add_argument("--step-timeout", type=_seconds(False), default=30.0, metavar="S",
+                         help="seconds a step may take (default 30)")
+    bringup.set_defaults(func=_cmd_bringup)
+
     bench = sub.add_parser("bench", add_help=False,
                            help="collective benchmarks (see 'dpa-offload bench -h')")
     bench.add_argument("args", nargs=argparse.REMAINDER)
@@ -180,7 +202,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG} {_version()}")
         return 0
     if args.command is None:
-        parser.error("choose a command: run, info or bench")
+        parser.error("choose a command: run, info, bringup or bench")
     return int(args.func(args))
 
 

@@ -37,8 +37,20 @@ def test_dpa_process_is_created_and_answers_its_rpc(built_model):
 MODEL_ENV = {"OFFLOAD_BACKEND": "flexio", "OFFLOAD_FLEXIO_RUNTIME": "model"}
 
 
+def memlock_env() -> dict[str, str]:
+    """The model pins registrations against ulimit -l for non-root processes, as the kernel
+    does; where that limit is lower than what these tests pin, it is told not to."""
+    import os
+    import resource
+
+    soft, _ = resource.getrlimit(resource.RLIMIT_MEMLOCK)
+    if os.geteuid() == 0 or soft == resource.RLIM_INFINITY or soft >= 1 << 30:
+        return {}
+    return {"FXM_IGNORE_MEMLOCK": "1"}
+
+
 def model_env(threads: int = 1, **extra: str) -> dict[str, str]:
-    return {**MODEL_ENV, "OFFLOAD_DPA_THREADS": str(threads), **extra}
+    return {**MODEL_ENV, **memlock_env(), "OFFLOAD_DPA_THREADS": str(threads), **extra}
 
 
 ONE_RANK = r'''
@@ -329,3 +341,33 @@ def test_collectives_on_the_model(built_model, n, threads, tmp_path):
     assert len(forged) == n, out
     # Writers into the victim are refused, and they name it.
     assert any(f[1] == "RemoteAccessError" and f[2] == str(n - 1) for f in forged), forged
+
+
+@pytest.mark.timeout(180)
+def test_bringup_runs_its_steps_in_order_on_the_model(built_model):
+    """dpa-offload bringup: one line a step, in order, all ok on the model; a broken step
+    stops the run with what to check next, the later steps listed as not run."""
+    import subprocess
+    import sys
+
+    from offload_lib.bringup import STEPS
+
+    def bringup(**env: str) -> tuple[int, list[str]]:
+        import os
+
+        r = subprocess.run([sys.executable, "-m", "offload_lib.cli", "bringup"],
+                           capture_output=True, text=True, timeout=150,
+                           env={**os.environ, **model_env(), **env})
+        return r.returncode, r.stdout.splitlines()
+
+    rc, lines = bringup()
+    assert rc == 0, "\n".join(lines)
+    assert [line.split("  ")[0] for line in lines] == \
+        [f"{i} {name}".rstrip() for i, (name, _) in enumerate(STEPS, 1)], lines
+    assert all(" ok " in line for line in lines), lines
+    assert "GID index" in lines[2] and "::ffff:" in lines[2], lines[2]   # IPv4-mapped RoCE v2
+
+    rc, lines = bringup(OFFLOAD_FLEXIO_DEVICE="mlx5_9")
+    assert rc == 1
+    assert " FAIL " in lines[2] and "mlx5_9" in lines[2] and "next:" in lines[3], lines
+    assert all("not run" in line for line in lines[4:]) and len(lines) == len(STEPS) + 1, lines
