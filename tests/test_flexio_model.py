@@ -53,6 +53,15 @@ def model_env(threads: int = 1, **extra: str) -> dict[str, str]:
     return {**MODEL_ENV, **memlock_env(), "OFFLOAD_DPA_THREADS": str(threads), **extra}
 
 
+def assert_nothing_left_in_dev_shm() -> None:
+    """Job names carry the launcher's parent pid (this test process)."""
+    import os
+
+    left = [n for n in os.listdir("/dev/shm") if n.startswith("dpaoff-") and
+            str(os.getpid()) in n]
+    assert not left, f"left in /dev/shm: {left}"
+
+
 ONE_RANK = r'''
 ctx = ol.init()
 assert ctx.backend == "flexio", ctx.backend
@@ -178,6 +187,7 @@ def test_killed_peer_is_named_by_every_survivor(built_model, n, threads):
     assert rc != 0 and any(f"rank {n - 1}" in line for line in launcher), report
     for r in range(n - 1):
         assert DONE_MARK in ranks[r], f"survivor {r} did not finish\n{report}"
+    assert_nothing_left_in_dev_shm()
 
 
 COLLECTIVES = r'''
@@ -322,6 +332,10 @@ assert time.monotonic() - t0 < 5, f"the error took {time.monotonic() - t0:.1f} s
 if rank == victim:
     check_equal(d4, np.full(n * 100, SENT, np.int64), "the forged destination")
 ctx.close()
+import glob
+names = [open(c).read().strip() for c in glob.glob(f"/proc/{os.getpid()}/task/*/comm")]
+left = [t for t in names if t.startswith(("dpa-", "fxm-"))]
+assert not left, f"threads left after close: {left}"
 '''
 
 
@@ -341,6 +355,7 @@ def test_collectives_on_the_model(built_model, n, threads, tmp_path):
     assert len(forged) == n, out
     # Writers into the victim are refused, and they name it.
     assert any(f[1] == "RemoteAccessError" and f[2] == str(n - 1) for f in forged), forged
+    assert_nothing_left_in_dev_shm()
 
 
 @pytest.mark.timeout(180)
