@@ -9,16 +9,18 @@ the steps after it are listed as not run. Steps 3-5 call the FlexIO backend's
   1 runtime      which FlexIO runtime (a card's or the model) and the backend built for it
   2 permissions  RDMA device files, the locked-memory limit registrations count against
   3 device       the RDMA device opens, its port is up, a GID a router forwards
-  4 DPA process  the app loads into a DPA process (API version set, image found)
-  5 RPC          the process answers: the image's ABI and sizes match the host's
-  6 one rank     a DPA thread runs, reaches the ring through its window, writes to itself
-  7 two ranks    QPs connect between two ranks; every DPA thread starts
+  4 partition    where DPU mode needs one, a DPA EU partition for this function (a note)
+  5 DPA process  the app loads into a DPA process (API version set, image found)
+  6 RPC          the process answers: the image's ABI and sizes match the host's
+  7 one rank     a DPA thread runs, reaches the ring through its window, writes to itself
+  8 two ranks    QPs connect between two ranks; every DPA thread starts
 """
 from __future__ import annotations
 
 import glob
 import os
 import resource
+import shutil
 import subprocess
 import sys
 from collections.abc import Callable
@@ -59,7 +61,8 @@ def backend_probe(library: str, stage: int, timeout: float = 60.0,
 class Result:
     ok: bool
     found: str
-    next: str = ""   # what to check next, on failure
+    next: str = ""    # what to check next, on failure
+    label: str = ""   # instead of ok: "note" (not checked, said), "n/a"
 
 
 @dataclass
@@ -130,6 +133,26 @@ def _permissions(e: Env) -> Result:
     else:
         found.append(f"locked memory {text}")
     return Result(True, "; ".join(found))
+
+
+DPAEUMGMT_DOC = "https://docs.nvidia.com/doca/sdk/NVIDIA+DOCA+DPA+Execution+Unit+Management+Tool"
+
+
+def _partition(e: Env) -> Result:
+    """Not checked, said: NVIDIA's DPA EU management tool documents that a function other
+    than the partition manager (the ECPF on a BlueField-3, i.e. the DPU's Arm) runs DPA
+    threads only once an EU partition is created and associated with it; a host PF of a
+    BlueField-3 in DPU mode is such a function. Nothing the host can query says whether it
+    has one, so step 5 is the test; this line says where to look if it fails."""
+    if e.config.flexio_runtime == "model":
+        return Result(True, "the model has no EU partitions: every EU is this process's",
+                      label="n/a")
+    tool = shutil.which("dpaeumgmt") or next(
+        (p for p in ("/opt/mellanox/doca/tools/dpaeumgmt",) if os.path.exists(p)), None)
+    where = f"dpaeumgmt is {tool}" if tool else "dpaeumgmt (DOCA tools) is not installed here"
+    return Result(True, "not checkable from here: in DPU mode a host PF runs DPA threads only "
+                        f"with an EU partition made for it on the DPU ({where}; {DPAEUMGMT_DOC})",
+                  label="note")
 
 
 def _probe_step(stage: int, hint: str) -> Callable[[Env], Result]:
@@ -216,9 +239,10 @@ STEPS: list[tuple[str, Callable[[Env], Result]]] = [
     ("permissions", _permissions),
     ("device", _probe_step(1, "ibv_devinfo shows the port; OFFLOAD_FLEXIO_DEVICE picks the "
                               "device, OFFLOAD_FLEXIO_GID_INDEX the GID")),
-    ("DPA process", _probe_step(2, "the DPA's execution units (on a DPU, the DPA partition "
-                                   "set up from the Arm) and that the image was built by "
-                                   "this DOCA's dpacc (scripts/build_flexio.sh)")),
+    ("partition", _partition),
+    ("DPA process", _probe_step(2, "in DPU mode, an EU partition for this PF (step 4); that "
+                                   "the image was built by this DOCA's dpacc "
+                                   "(scripts/build_flexio.sh); the crash data named above")),
     ("RPC", _probe_step(3, "rebuild the backend (scripts/build_flexio.sh): image and host "
                            "were built from different headers")),
     ("one rank", _one_rank),
@@ -243,7 +267,8 @@ def run_bringup(config_path: str | None = None, timeout: float = 30.0,
             res = step(e)
         except Exception as err:  # a step must not end the report
             res = Result(False, f"{type(err).__name__}: {err}", "report this as a bug")
-        out(f"{i} {name:<{width}}  {'ok  ' if res.ok else 'FAIL'}  {res.found}")
+        label = res.label or ("ok" if res.ok else "FAIL")
+        out(f"{i} {name:<{width}}  {label:<4}  {res.found}")
         if not res.ok:
             if res.next:
                 out(f"  {' ' * width}        next: {res.next}")

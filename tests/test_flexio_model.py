@@ -379,7 +379,7 @@ def test_bringup_runs_its_steps_in_order_on_the_model(built_model):
     assert rc == 0, "\n".join(lines)
     assert [line.split("  ")[0] for line in lines] == \
         [f"{i} {name}".rstrip() for i, (name, _) in enumerate(STEPS, 1)], lines
-    assert all(" ok " in line for line in lines), lines
+    assert all(" ok " in line or " n/a " in line for line in lines), lines
     assert "GID index" in lines[2] and "::ffff:" in lines[2], lines[2]   # IPv4-mapped RoCE v2
 
     rc, lines = bringup(OFFLOAD_FLEXIO_DEVICE="mlx5_9")
