@@ -221,8 +221,11 @@ static void push_req_cqe(struct fxm_qp *qp, uint32_t wqe_index, uint8_t opcode, 
 {
 	if (synd && synd != FXM_SYND_WR_FLUSH && fxm_verbose())
 		fxm_log("QP 0x%x: WQE %u completes with syndrome 0x%x", qp->qpn, wqe_index, synd);
+	/* No user index in a requester CQE: whether the NIC reports one there is not documented
+	 * (rdma-core's mlx5 provider finds a send CQE's QP by the QPN field, a receive CQE's by
+	 * srqn_uidx), so the model takes the stricter reading and leaves it 0. */
 	struct fxm_cqe_info c = { .opcode = opcode, .syndrome = synd, .qpn = qp->qpn,
-		.user_index = qp->user_index, .wqe_counter = (uint16_t)wqe_index,
+		.user_index = 0, .wqe_counter = (uint16_t)wqe_index,
 		.byte_cnt = bytes, .vendor_synd = synd ? 0x81 : 0 };
 
 	if (qp->scq)
