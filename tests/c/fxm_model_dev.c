@@ -49,3 +49,30 @@ __dpa_rpc__ uint64_t fxm_test_read(uint64_t daddr, uint64_t unused)
 	(void)unused;
 	return __atomic_load_n((uint64_t *)daddr, __ATOMIC_SEQ_CST);
 }
+
+/* Window checks: configure entity 0 with (window id, key) = (id_key >> 32, low 32 bits), then
+ * write through the pointer acquired for haddr. Bit 0: configured; bit 1: haddr acquired;
+ * bit 2: the byte past a 4 KiB registration refused; bit 3: haddr - 1 refused. */
+__dpa_rpc__ uint64_t fxm_test_window(uint64_t haddr, uint64_t id_key)
+{
+	flexio_uintptr_t p = 0;
+	uint64_t bits = 0;
+
+	if (flexio_dev_window_config(FLEXIO_DEV_WINDOW_ENTITY_0, (uint16_t)(id_key >> 32),
+				     (uint32_t)id_key) != FLEXIO_DEV_STATUS_SUCCESS)
+		return bits;
+	bits |= 1;
+	if (flexio_dev_window_ptr_acquire(FLEXIO_DEV_WINDOW_ENTITY_0, haddr, &p) ==
+	    FLEXIO_DEV_STATUS_SUCCESS) {
+		bits |= 2;
+		*(volatile uint64_t *)p = 0x5eed5eed5eed5eedull;
+		__dpa_thread_window_writeback();
+	}
+	if (flexio_dev_window_ptr_acquire(FLEXIO_DEV_WINDOW_ENTITY_0, haddr + 4096, &p) !=
+	    FLEXIO_DEV_STATUS_SUCCESS)
+		bits |= 4;
+	if (flexio_dev_window_ptr_acquire(FLEXIO_DEV_WINDOW_ENTITY_0, haddr - 1, &p) !=
+	    FLEXIO_DEV_STATUS_SUCCESS)
+		bits |= 8;
+	return bits;
+}

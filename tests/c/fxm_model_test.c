@@ -6,7 +6,9 @@
  *   2. a CQE on its armed CQ (here flexio_dev_zcqe_gen from an RPC) invokes it;
  *   3. never two invocations of one handler at once; events that come while it runs are
  *      not lost (it drains every CQE);
- *   4. an event before run() is lost, and the CQ it disarmed stays disarmed.
+ *   4. an event before run() is lost, and the CQ it disarmed stays disarmed;
+ *   5. a window takes a registration's key, reaches exactly that registration and writes
+ *      land in host memory; an implicit on-demand-paging key is refused.
  * Prints one "ok ..." line per check; exits 1 with "FAIL ..." on the first failure.
  */
 #include <stddef.h>
@@ -27,6 +29,7 @@ extern struct flexio_app *fxm_test_app;
 extern flexio_func_t fxm_test_handler;
 extern flexio_func_t fxm_test_kick;
 extern flexio_func_t fxm_test_read;
+extern flexio_func_t fxm_test_window;
 
 #define LOG_DEPTH 9  /* 512 CQEs: the whole burst fits, nothing overruns */
 
@@ -188,6 +191,34 @@ int main(void)
 	if (FIELD(&late, invocations) != 0)
 		fail("an event before run() invoked the handler");
 	printf("ok an event before run() is lost and leaves the CQ disarmed\n");
+
+	/* 5. Windows. */
+	{
+		static uint64_t buf[512] __attribute__((aligned(4096)));
+		struct flexio_window *win;
+		struct ibv_mr *mr = ibv_reg_mr(pd, buf, sizeof(buf), IBV_ACCESS_LOCAL_WRITE);
+		struct ibv_mr *odp = ibv_reg_mr(pd, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND |
+						IBV_ACCESS_LOCAL_WRITE);
+		uint64_t id;
+
+		if (!mr || flexio_window_create(proc, pd, &win) != FLEXIO_STATUS_SUCCESS)
+			fail("ibv_reg_mr / flexio_window_create");
+		id = flexio_window_get_id(win);
+		v = call(&fxm_test_window, (uint64_t)(uintptr_t)buf, id << 32 | mr->lkey);
+		if (v != 15 || buf[0] != 0x5eed5eed5eed5eedull) {
+			printf("FAIL window checks 0x%lx, word 0x%lx\n", (unsigned long)v,
+			       (unsigned long)buf[0]);
+			return 1;
+		}
+		if (odp && call(&fxm_test_window, (uint64_t)(uintptr_t)buf, id << 32 | odp->lkey))
+			fail("a window took an implicit on-demand-paging key");
+		printf("ok a window reaches exactly its registration; an implicit-ODP key is "
+		       "refused\n");
+		if (odp)
+			ibv_dereg_mr(odp);
+		ibv_dereg_mr(mr);
+		flexio_window_destroy(win);
+	}
 
 	if (flexio_cq_destroy(a.cq) || flexio_cq_destroy(late.cq) ||
 	    flexio_event_handler_destroy(a.eh) || flexio_event_handler_destroy(late.eh) ||
