@@ -265,8 +265,18 @@ except ol.Unsupported as e:
 else:
     raise AssertionError("a broadcast completed on FlexIO, which has no multicast binding")
 
-# cancel: rank 0 alone posts on a fresh team, then cancels
+# cancel, then op_timeout (1 s here): rank 0 alone posts on fresh teams while the others
+# wait for its flag files (an op, create_team included, must not start its op_timeout on one
+# rank long before another joins it)
 t2 = ctx.create_team(list(range(n)))
+t3 = ctx.create_team(list(range(n)))
+def flag(name):
+    return os.path.join(os.environ["FLAG_DIR"], name)
+def wait_flag(name):
+    deadline = time.monotonic() + 20
+    while not os.path.exists(flag(name)):
+        assert time.monotonic() < deadline, f"no {name} flag"
+        time.sleep(0.01)
 if rank == 0:
     req = t2.alltoall(np.arange(n * 16, dtype=np.int64), np.zeros(n * 16, np.int64))
     try:
@@ -280,11 +290,6 @@ if rank == 0:
         pass
     else:
         raise AssertionError("a cancelled op completed")
-
-# op_timeout (1 s here): rank 0 alone posts a barrier on another fresh team
-t3 = ctx.create_team(list(range(n)))
-flag = os.path.join(os.environ["FLAG_DIR"], "timed_out")
-if rank == 0:
     t0 = time.monotonic()
     try:
         t3.barrier().wait(timeout=20)
@@ -293,12 +298,9 @@ if rank == 0:
         assert time.monotonic() - t0 < 3, f"op_timeout 1 s took {time.monotonic() - t0:.1f} s"
     else:
         raise AssertionError("a barrier nobody else joined completed")
-    open(flag, "w").close()
-else:   # the world's next op must not start its own op_timeout before rank 0 joins it
-    deadline = time.monotonic() + 20
-    while not os.path.exists(flag):
-        assert time.monotonic() < deadline
-        time.sleep(0.01)
+    open(flag("rank0_done"), "w").close()
+else:
+    wait_flag("rank0_done")
 w.barrier().wait(timeout=20)
 
 # every DPA thread took its share of the items

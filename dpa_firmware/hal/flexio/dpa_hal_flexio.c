@@ -28,6 +28,8 @@
 #define EINVAL_ 22
 #define DPA_FLEXIO_IDLE_PASSES      4u   /* empty passes before parking, nothing in flight */
 #define DPA_FLEXIO_IDLE_PASSES_BUSY 64u  /* the same while an op is in flight */
+/* A firmware timer closer than this is polled through; a later one parks the thread. */
+#define DPA_FLEXIO_TIMER_SPIN_NS    1000000ull
 #define DPA_FLEXIO_POLL_BUDGET      512u /* CQEs looked at per poll_cq call */
 
 _Static_assert(DPA_HAL_WIN_RING == OFFLOAD_FLEXIO_WIN_RING &&
@@ -765,6 +767,32 @@ static int stop_requested(const struct offload_flexio_thread_ctx *ctx)
 }
 
 /*
+ * Firmware timers (dpa_engine_wake_at). A DPA has no timer event, so a thread parks past a
+ * timer that is not due soon, and whichever thread runs gives a parked sibling whose timer
+ * expired an event of its own. Some thread runs at least every FX_WAIT_SLICE_MS while the
+ * host waits for a completion (it rings thread 0 at each slice), so a timer fires within
+ * about that of its time while anyone waits; one due while nobody waits (a multicast loss
+ * timeout, an op_timeout) fires at the next doorbell.
+ */
+static void wake_expired_siblings(struct dpa_hal *hal, uint64_t now)
+{
+	void *state = dptr(hal->ctx->state_daddr);
+
+	for (uint32_t t = 0; t < hal->num_threads; t++)
+		if (t != hal->thread_index && off_read_once(&hal->board[t]) &&
+		    dpa_engine_wake_at(state, t, now) == 1)
+			flexio_dev_zcqe_gen(hal->ctx->wake_cqn[t]);
+}
+
+/* Poll on (1) rather than park: our own timer is due, or due within the spin time. */
+static int timer_due(struct dpa_hal *hal, uint64_t now)
+{
+	uint64_t when = dpa_engine_wake_at(dptr(hal->ctx->state_daddr), hal->thread_index, now);
+
+	return when == 1 || (when && when - now < DPA_FLEXIO_TIMER_SPIN_NS);
+}
+
+/*
  * The thread's entry point, run by FlexIO on each event of its CQs (host doorbell, peer
  * signal or control write, completion of our own work, sibling notify). Runs the engine
  * until it stops advancing, then parks: arm both CQs, announce itself on the board, look
@@ -800,10 +828,8 @@ __dpa_global__ void dpa_offload_event_handler(uint64_t thread_arg)
 			continue;
 		if (stop_requested(ctx))
 			break;
-		/* A DPA has no timer event: a thread whose firmware waits on a timeout keeps
-		 * polling until it expired instead of giving the EU back. */
-		if (dpa_engine_wake_at(dptr(ctx->state_daddr), hal->thread_index,
-				       dpa_hal_time_ns(hal)))
+		wake_expired_siblings(hal, dpa_hal_time_ns(hal));
+		if (timer_due(hal, dpa_hal_time_ns(hal)))
 			continue;
 		arm_cqs(hal);
 		__dpa_thread_system_fence();  /* the arm doorbells before the board flag */
