@@ -185,6 +185,25 @@ def _row_index(obj: Any, name: str, size: int, bound: int | None, what: str) -> 
     return index
 
 
+def _integer(value: Any, name: str) -> int:
+    """``value`` as an int, if it is one (numpy integers too; not bool, float or str)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidArgument(f"{name} must be an integer, got {value!r}")
+    return int(value)
+
+
+def _dtype(dtype: Any) -> np.dtype:
+    """A numpy dtype of plain numbers or bytes, or InvalidArgument saying why not."""
+    try:
+        dt = np.dtype(dtype)
+    except (TypeError, ValueError) as e:
+        raise InvalidArgument(f"dtype {dtype!r} is not a numpy dtype: {e}") from None
+    if dt.hasobject:
+        raise InvalidArgument(f"dtype {dt} holds Python objects: shared buffers hold plain "
+                              "numbers or bytes")
+    return dt
+
+
 def _counts(counts: Any, n: int, name: str) -> np.ndarray:
     """Per-rank element counts as int64, checked: n of them, integers, none negative."""
     try:
@@ -294,7 +313,7 @@ class Team:
         if slot is not None:
             if recv_counts is not None:
                 raise InvalidArgument("recv_counts cannot be checked in slot mode: pass one or the other")
-            slot = int(slot)
+            slot = _integer(slot, "slot")
             if slot < 0 or n * slot > d.count:
                 raise InvalidArgument(
                     f"slot={slot} needs dst to hold {n} x {slot} elements; it holds {d.count}"
@@ -564,7 +583,9 @@ class Context:
     def create_team(self, ranks: Sequence[int]) -> Team | None:
         """Collective over all ranks (same list everywhere); members get a Team, others None."""
         self._check_open()
-        members = [int(r) for r in ranks]
+        if isinstance(ranks, (str, bytes)) or not hasattr(ranks, "__iter__"):
+            raise InvalidArgument(f"team ranks must be a sequence of world ranks, got {ranks!r}")
+        members = [_integer(r, "a team rank") for r in ranks]
         if not members or len(set(members)) != len(members):
             raise InvalidArgument(f"team ranks {members} must be non-empty and distinct")
         bad = [r for r in members if not 0 <= r < self.size]
@@ -593,9 +614,16 @@ class Context:
     def empty(self, shape: int | Sequence[int], dtype: Any = np.float64) -> np.ndarray:
         """A numpy array in registered job-shared memory: peers copy into it directly."""
         self._check_open()
-        dt = np.dtype(dtype)
-        count = math.prod(shape) if isinstance(shape, (tuple, list)) else int(shape)
+        dt = _dtype(dtype)
+        dims = [_integer(d, "a dimension of shape") for d in
+                (shape if isinstance(shape, (tuple, list)) else [shape])]
+        if any(d < 0 for d in dims):
+            raise InvalidArgument(f"shape {shape!r} has a negative dimension")
+        count = math.prod(dims)
         nbytes = count * dt.itemsize
+        if nbytes > _MAX_COUNT:
+            raise InvalidArgument(f"shape {shape!r} of {dt} is {nbytes} bytes: more than any "
+                                  "buffer holds")
         addr = ffi.new("void **")
         key = ffi.new("uint32_t *")
         check_rc(lib.host_alloc_shared(self._handle(), nbytes, addr, key), "allocating shared memory")

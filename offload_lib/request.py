@@ -5,6 +5,8 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
+import numpy as np
+
 from offload_lib._native import ffi, lib
 from offload_lib.errors import (
     ERR_CANCELED,
@@ -119,6 +121,9 @@ class Request:
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until the op completes; raise Timeout after ``timeout`` seconds."""
+        if timeout is not None and (isinstance(timeout, bool) or
+                                    not isinstance(timeout, (int, float, np.integer))):
+            raise InvalidArgument(f"timeout must be a number of seconds or None, got {timeout!r}")
         if self._done:
             return self._outcome()
         comp = ffi.new("struct host_completion *")
