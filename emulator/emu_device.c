@@ -456,6 +456,12 @@ static int emu_wait_completion(struct host_device *hd, uint32_t *word, uint32_t 
 	return 0;
 }
 
+static void emu_wake_waiters(struct host_device *hd, uint32_t *word)
+{
+	(void)hd;
+	futex(word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL);
+}
+
 const struct host_device_ops emu_device_ops = {
 	.name = "emulator",
 	.alloc_shared = emu_alloc_shared,
@@ -471,4 +477,5 @@ const struct host_device_ops emu_device_ops = {
 	.set_mcast_faults = emu_set_mcast_faults,
 	.start = emu_start,
 	.wait_completion = emu_wait_completion,
+	.wake_waiters = emu_wake_waiters,
 };

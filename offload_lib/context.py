@@ -482,7 +482,13 @@ class Context:
         self._stager: _staging.Stager | None = None  # made when a GPU buffer first shows up
         # multicast faults this rank's NIC injects now (set_mcast_faults changes them)
         self._mcast_faults = (config.mcast_loss, config.mcast_reorder)
+        # The host context. It stays valid after close() (every call into it then answers
+        # -ESHUTDOWN) and is freed with this object, so that threads that read it before a
+        # close() from another thread never touch freed memory (host_ctx_shutdown).
         self._ptr: Any = None
+        self._closed = True  # until the device is open
+        self._close_lock = threading.Lock()
+        self._shut = threading.Event()  # set once the device stopped (close() returned)
         params = ffi.new("struct host_ctx_params *")
         job_c = ffi.new("char[]", world.job.encode())
         backend_c = ffi.new("char[]", backend.encode())
@@ -526,36 +532,45 @@ class Context:
         if rc in (-errno.ENOENT, -errno.ENOEXEC) and backend != "emulator":
             raise OffloadError(f"{what}: {_backend_load_error(ffi.string(lib_c).decode())}")
         check_rc(rc, what)
-        self._ptr = out[0]
+        self._ptr = ffi.gc(out[0], lib.host_ctx_close)
+        self._closed = False
         self.world = self._make_team(0, list(range(self.size)))
 
     # -- lifecycle --------------------------------------------------------------------------
     @property
     def closed(self) -> bool:
-        return self._ptr is None
+        return self._closed
 
     def _check_open(self) -> None:
-        if self._ptr is None:
-            raise OffloadError("the context is closed")
+        if self._closed:
+            raise OffloadError("the context closed: open a new one with ol.init()")
 
     def _handle(self) -> Any:
-        if self._ptr is None:
-            raise OffloadError("the context is closed")
+        self._check_open()
         return self._ptr
 
+    def _check(self, rc: int, what: str) -> None:
+        """check_rc for calls on this context: one that ended because another thread
+        closed it raises once the device stopped, so that the caller may free its buffers."""
+        if rc == -errno.ESHUTDOWN:
+            self._shut.wait(timeout=30)
+        check_rc(rc, what)
+
     def close(self) -> None:
-        """Stop the DPA threads and release everything; safe to call twice."""
-        stager, self._stager = self._stager, None
-        if stager is not None and self._ptr is not None:
-            stager.close()  # finishes the staged ops while the device is still open
-        with self._lock:
-            ptr, self._ptr = self._ptr, None
-        if ptr is None:
-            return
-        for p in list(self._persistents):  # children first: they hold registrations
-            p._freed = True
-        lib.host_ctx_close(ptr)
-        self._orphans.clear()
+        """Stop the DPA threads and release everything; safe to call twice, and from any
+        thread: calls waiting or posting in other threads raise OffloadError."""
+        with self._close_lock:  # a second close() returns once the first is done
+            if self._closed:
+                return
+            stager, self._stager = self._stager, None
+            if stager is not None:
+                stager.close()  # finishes the staged ops while the device is still open
+            self._closed = True  # from here on, calls raise before entering the library
+            for p in list(self._persistents):  # children first: they hold registrations
+                p._freed = True
+            lib.host_ctx_shutdown(self._ptr)  # wakes the threads inside, waits for them
+            self._orphans.clear()
+            self._shut.set()
 
     def __enter__(self) -> Context:
         return self
@@ -564,18 +579,18 @@ class Context:
         self.close()
 
     def __del__(self) -> None:
-        if getattr(self, "_ptr", None) is not None:
+        if not getattr(self, "_closed", True):
             warnings.warn(f"{self!r} was not closed", ResourceWarning, stacklevel=2)
             self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._ptr is None else "open"
+        state = "closed" if self._closed else "open"
         return f"<Context rank={self.rank}/{self.size} backend={self.backend} {state}>"
 
     # -- teams ------------------------------------------------------------------------------
     def _make_team(self, team_id: int, ranks: list[int]) -> Team:
         arr = ffi.new("uint32_t[]", ranks)
-        check_rc(lib.host_team_create(self._handle(), team_id, len(ranks), arr,
+        self._check(lib.host_team_create(self._handle(), team_id, len(ranks), arr,
                                       int(self.config.post_timeout * 1e9)),
                  f"creating team {team_id}")
         return Team(self, team_id, ranks)
@@ -603,12 +618,12 @@ class Context:
             return 0, False
         key = ffi.new("uint32_t *")
         owned = ffi.new("int *")
-        check_rc(lib.host_mr_acquire(self._handle(), ffi.cast("void *", buf.addr), buf.nbytes,
+        self._check(lib.host_mr_acquire(self._handle(), ffi.cast("void *", buf.addr), buf.nbytes,
                                      access, key, owned), "registering memory")
         return int(key[0]), bool(owned[0])
 
     def _release_key(self, key: int) -> None:
-        if self._ptr is not None:
+        if not self._closed:
             lib.host_mr_release(self._ptr, key)
 
     def empty(self, shape: int | Sequence[int], dtype: Any = np.float64) -> np.ndarray:
@@ -626,12 +641,13 @@ class Context:
                                   "buffer holds")
         addr = ffi.new("void **")
         key = ffi.new("uint32_t *")
-        check_rc(lib.host_alloc_shared(self._handle(), nbytes, addr, key), "allocating shared memory")
+        self._check(lib.host_alloc_shared(self._handle(), nbytes, addr, key),
+                    "allocating shared memory")
         ref = weakref.ref(self)
 
         def release(ptr: Any) -> None:
             ctx = ref()
-            handle = None if ctx is None else ctx._ptr
+            handle = None if ctx is None else ctx._ptr  # closed: it only unmaps
             lib.host_free_shared(handle if handle is not None else ffi.NULL, ptr, nbytes)
 
         owner = ffi.gc(addr[0], release)
@@ -674,7 +690,7 @@ class Context:
         if self._orphans:
             self._reap_orphans()
         rc = lib.host_post(self._handle(), op, self._post_timeout_ns, tag)
-        check_rc(rc, f"posting {what}")
+        self._check(rc, f"posting {what}")
         poll_ns = _POLL_NS if nbytes <= _POLL_MAX_BYTES else 0
         return Request(self, int(tag[0]), what, keep, result, poll_ns, itemsize)
 
@@ -685,7 +701,7 @@ class Context:
         return p
 
     def _adopt(self, tag: int, keep: tuple[Any, ...]) -> None:
-        if self._ptr is None:
+        if self._closed:
             return
         if keep:
             self._orphans[tag] = keep
@@ -695,7 +711,7 @@ class Context:
     def _reap_orphans(self) -> None:
         comp = ffi.new("struct host_completion *")
         for tag in list(self._orphans):
-            if lib.host_test(self._ptr, tag, comp) != 0:
+            if lib.host_test(self._handle(), tag, comp) != 0:
                 self._orphans.pop(tag, None)  # the stager's poster reaps too
 
     # -- fault injection --------------------------------------------------------------------
@@ -720,7 +736,7 @@ class Context:
         if rc == -errno.EOPNOTSUPP:
             raise Unsupported(f"set_mcast_faults: the {self.backend} backend injects no faults "
                               "(a real fabric loses what it loses)")
-        check_rc(rc, "set_mcast_faults")
+        self._check(rc, "set_mcast_faults")
         old, self._mcast_faults = self._mcast_faults, (new[0], new[1])
         return old
 
@@ -735,7 +751,7 @@ class Context:
         """Firmware counters: totals and per DPA thread."""
         n = lib.host_num_threads(self._handle())
         raw = ffi.new("uint64_t[]", n * _STAT_WORDS)
-        lib.host_stats(self._ptr, raw, n)
+        self._check(lib.host_stats(self._ptr, raw, n), "stats")
         per_thread = [
             {f: int(raw[t * _STAT_WORDS + i]) for i, f in enumerate(_STAT_FIELDS)}
             for t in range(n)

@@ -130,6 +130,9 @@ def check_rc(rc: int, what: str) -> None:
         raise OffloadError(f"{what}: out of registration slots; free buffers or requests")
     if err == errno.EPROTO:
         raise OffloadError(f"{what}: the job segment belongs to another job or the ranks disagree on its size")
+    if err == errno.ESHUTDOWN:
+        raise OffloadError(f"{what}: the context closed (ctx.close() was called while this "
+                           "call was inside it)")
     if err == errno.EADDRINUSE:
         raise OffloadError(f"{what}: another live process already holds this rank")
     raise OffloadError(f"{what}: {os.strerror(err)}")

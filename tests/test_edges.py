@@ -136,3 +136,87 @@ def test_create_team_and_other_integers_must_be_integers(ctx):
             req.wait(timeout=timeout)
     req.wait(timeout=10)
     assert ctx.create_team(np.array([0])) is not None  # numpy integers are integers
+
+
+# Rank 0 closes its context while its other threads wait on ops that cannot complete (rank
+# 1 never posts them) and post in a loop: every thread must get OffloadError naming the
+# closed context, nothing may crash, and requests, persistent requests and teams that
+# outlive the context must keep raising. Before the fix a waiter touched the freed ring
+# (3 of 3 runs segfaulted).
+CLOSE_FROM_ANOTHER_THREAD = r'''
+import threading
+import gc
+
+ctx = ol.init()
+w = ctx.world
+w.barrier().wait(timeout=20)
+if rank == 0:
+    src = np.arange(4096, dtype=np.int64)
+    dst = np.zeros_like(src)
+    errors, started = [], threading.Barrier(7)
+    p = w.alltoall_init(src, dst)
+    p.post()
+
+    def waiter(req):
+        started.wait()
+        try:
+            req.wait()
+        except ol.OffloadError as e:
+            errors.append(str(e))
+        else:
+            errors.append("completed")
+
+    def poster():
+        started.wait()
+        try:
+            while True:
+                w.alltoall(src, np.zeros_like(src))
+                w.barrier()
+        except ol.OffloadError as e:
+            errors.append(str(e))
+
+    threads = [threading.Thread(target=waiter, args=(w.alltoall(src, dst),)) for _ in range(3)]
+    threads += [threading.Thread(target=poster) for _ in range(3)]
+    for t in threads:
+        t.start()
+    started.wait()
+    time.sleep(0.3)  # all of them inside the library
+    t0 = time.monotonic()
+    ctx.close()
+    for t in threads:
+        t.join(timeout=10)
+        assert not t.is_alive(), "a thread still waits after close()"
+    took = time.monotonic() - t0
+    assert took < 1.0, f"close() and the threads' wake-up took {took:.2f} s"
+    assert len(errors) == 6 and all("context closed" in e for e in errors), errors
+    for call in (lambda: p.wait(timeout=1), lambda: p.post(), lambda: w.barrier(),
+                 lambda: ctx.failed_ranks(), lambda: ctx.create_team([0, 1])):
+        try:
+            call()
+        except ol.OffloadError as e:
+            assert "closed" in str(e), e
+        else:
+            raise AssertionError("a call on a closed context returned")
+    p.free()
+    req = w.alltoall  # a bound method of a team of a closed context
+    del req, p, threads
+    gc.collect()
+    open(os.path.join(os.environ["FLAG_DIR"], "closed"), "w").close()
+else:
+    flag = os.path.join(os.environ["FLAG_DIR"], "closed")
+    deadline = time.monotonic() + 30
+    while not os.path.exists(flag):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    ctx.close()
+print("ok")
+'''
+
+
+@pytest.mark.timeout(90)
+def test_close_from_another_thread_while_others_wait_and_post(tmp_path):
+    for attempt in range(3):
+        out = run_ranks(2, CLOSE_FROM_ANOTHER_THREAD, timeout=60, env={"FLAG_DIR": str(tmp_path)})
+        assert "ok" in out[0], out
+        for f in tmp_path.iterdir():
+            f.unlink()

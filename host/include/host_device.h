@@ -79,6 +79,9 @@ struct host_device_ops {
 	/* Sleep until *word != seen, a wake, or the timeout (ns); spurious returns are fine. */
 	int (*wait_completion)(struct host_device *dev, uint32_t *word, uint32_t seen,
 			       int64_t timeout_ns);
+	/* Appended: wake every thread asleep in wait_completion on word (the context is
+	 * closing). NULL: their sleep ends within its slice anyway. */
+	void (*wake_waiters)(struct host_device *dev, uint32_t *word);
 };
 
 extern const struct host_device_ops emu_device_ops;

@@ -72,13 +72,20 @@ struct host_completion {
 /* -ENODEV: unknown backend; -ENOENT / -ENOEXEC: its library did not load / lacks the
  * entry point dpaoffload_flexio_ops. */
 int host_ctx_open(const struct host_ctx_params *params, struct host_ctx **out);
+/* Safe from any thread while others are inside: calls from then on return -ESHUTDOWN,
+ * threads asleep in host_wait or in a post waiting for ring space wake with -ESHUTDOWN,
+ * and the device and rings are released once no thread is inside any call. The struct
+ * stays valid (every call answers -ESHUTDOWN) until host_ctx_close. Twice is harmless. */
+void host_ctx_shutdown(struct host_ctx *ctx);
+/* host_ctx_shutdown, then free ctx: no thread may use the pointer afterwards. */
 void host_ctx_close(struct host_ctx *ctx);
 uint32_t host_num_threads(const struct host_ctx *ctx);
 
 int host_team_create(struct host_ctx *ctx, uint32_t team_id, uint32_t nmembers,
 		     const uint32_t *world_ranks, int64_t timeout_ns);
 
-/* Post: 0 and *tag, -EAGAIN if the ring stays full past timeout_ns (0 = don't block),
+/* Every call below returns -ESHUTDOWN (host_failed_ranks: 0) once host_ctx_shutdown began.
+ * Post: 0 and *tag, -EAGAIN if the ring stays full past timeout_ns (0 = don't block),
  * -EBUSY if too many requests completed without being waited for. A zero src_key/dst_key/
  * aux_key with a non-zero src_len/dst_len/aux_len asks host_post to register that buffer
  * for this op alone (released when the op completes): one call per one-shot op. The
