@@ -167,17 +167,9 @@ static void *progress_thread(void *arg)
 
 	while (!off_read_once(&dev->stop)) {
 		uint32_t snap = event_snapshot(dev);
-		uint64_t unreachable = off_read_once(&dev->hdr->unreachable) &
-				       ~(1ull << dev->attr.rank);
 		int work;
 
-		/* Peers the fabric lost behave like dead ones for the firmware. */
-		if (unreachable & ~off_read_once(&dev->unreachable_seen)) {
-			struct offload_ring_hdr *ring = dev->win.ring;
-
-			__atomic_fetch_or(&ring->failed_ranks, unreachable, __ATOMIC_SEQ_CST);
-			__atomic_fetch_or(&dev->unreachable_seen, unreachable, __ATOMIC_SEQ_CST);
-		}
+		emu_sync_peers(dev);
 		work = dpa_progress(dev->fw_state, hal);
 		enum dpa_engine_load load = dpa_engine_load(dev->fw_state);
 

@@ -12,6 +12,7 @@
 #define EMU_INTERNAL_H
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "dpa_hal.h"
@@ -60,7 +61,11 @@ struct emu_job_hdr {
 	/* Ranks with every port down: unreachable, so peers fail them as if dead. */
 	uint64_t unreachable;
 	uint32_t mtu;         /* multicast slot size: every rank must agree (claimed at join) */
-	uint32_t resv[7];
+	uint32_t resv1;
+	/* Ranks that closed their context cleanly; each peer's NIC passes them on to its
+	 * firmware (emu_sync_peers), with what the closer knew of deaths (dead_seen). */
+	uint64_t closed_mask;
+	uint32_t resv[4];
 };
 
 struct emu_rank {
@@ -69,7 +74,10 @@ struct emu_rank {
 	uint64_t ctrl_addr;   /* the owner's address of its struct offload_ctrl */
 	uint32_t ctrl_key;
 	uint32_t rails_down;  /* this rank's failed ports (bit per rail), set by the rank */
-	uint32_t resv0[10];
+	/* The failed ranks this rank knew of when it closed, written before its state says
+	 * CLOSED: peers that see it closed learn of those deaths at the same moment. */
+	uint64_t dead_seen;
+	uint32_t resv0[8];
 	/* Own line: bumped by doorbells and remote signals, slept on by progress threads. */
 	uint32_t event;
 	uint32_t sleepers;
@@ -133,6 +141,9 @@ struct emu_mcast_slot {
 	uint32_t resv[8];
 };
 
+_Static_assert(sizeof(struct emu_job_hdr) == 64, "job header: one line");
+_Static_assert(offsetof(struct emu_rank, event) == 64, "a rank's event word on its own line");
+_Static_assert(sizeof(struct emu_rank) == 128, "rank entry: two lines");
 _Static_assert(sizeof(struct emu_mcast_member) == 64, "a cursor per cache line");
 _Static_assert(sizeof(struct emu_mcast_group) == 128 + 64 * OFFLOAD_MAX_RANKS, "group layout");
 _Static_assert(sizeof(struct emu_mcast_slot) == 64, "a slot header per cache line");
@@ -203,6 +214,7 @@ struct emu_device {
 	uint32_t stop;
 	uint32_t rail_faults;         /* a rail of this rank is set to fail */
 	uint64_t unreachable_seen;    /* job's unreachable ranks already in failed_ranks */
+	uint64_t closed_seen;         /* job's closed ranks already in closed_ranks */
 	uint64_t rail_sent[HOST_MAX_RAILS];
 	/* peer watch (emu_watch.c) */
 	pthread_t watch;
@@ -267,6 +279,12 @@ void emu_dma_copy(void *dst, const void *src, uint64_t len);
 /* emu_device.c */
 void emu_wake_rank(struct emu_device *dev, uint32_t rank);
 void emu_rail_down(struct emu_device *dev, uint32_t rail);
+/* What the NIC tells its firmware about a peer it lost (a refused or failed access): the
+ * peer closed its context (OFFLOAD_ERR_PEER_CLOSED, and the deaths it knew of are passed
+ * on) or died (OFFLOAD_ERR_PEER, and it goes into failed_ranks at once). */
+int32_t emu_peer_lost(struct emu_device *dev, uint32_t rank);
+/* Pass newly closed and unreachable peers on to the firmware's ring header. */
+void emu_sync_peers(struct emu_device *dev);
 /* emu_watch.c: fail peers that exit without closing (see there). */
 int emu_watch_start(struct emu_device *dev);
 void emu_watch_stop(struct emu_device *dev);

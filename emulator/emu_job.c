@@ -207,7 +207,18 @@ void emu_job_close(struct emu_device *dev)
 	emu_unmap_peers(dev);
 	/* The last rank to leave removes the job segment (the launcher sweeps it too). */
 	if (dev->joined) {
+		struct offload_ring_hdr *ring = dev->win.ring;
+		uint64_t me = 1ull << dev->attr.rank;
+
+		/* Peers see us closed (not failed), knowing what we knew of deaths: release
+		 * stores, in this order (emu_watch.c reads them back to front). */
+		off_store_release(&dev->ranks[dev->attr.rank].dead_seen,
+				  ring ? off_load_acquire(&ring->failed_ranks) & ~me : 0);
 		off_store_release(&dev->ranks[dev->attr.rank].state, EMU_RANK_CLOSED);
+		__atomic_fetch_or(&dev->hdr->closed_mask, me, __ATOMIC_SEQ_CST);
+		for (uint32_t r = 0; r < dev->attr.size; r++)  /* their waits on us end now */
+			if (r != dev->attr.rank)
+				emu_wake_rank(dev, r);
 		dev->joined = 0;
 		if (off_fetch_add(&dev->hdr->closed, 1) + 1 == dev->attr.size) {
 			snprintf(name, sizeof(name), "/%s", dev->job);
@@ -350,7 +361,7 @@ int32_t emu_mr_resolve(struct emu_device *dev, uint32_t rank, uint32_t key, uint
 	if (rank >= dev->attr.size)
 		return OFFLOAD_ERR_REMOTE_ACCESS;
 	if (off_load_acquire(&dev->ranks[rank].state) != EMU_RANK_ALIVE)
-		return OFFLOAD_ERR_PEER;
+		return emu_peer_lost(dev, rank);
 	mr = &dev->mrs[(uint64_t)rank * EMU_MAX_MRS + (key & (EMU_MAX_MRS - 1))];
 	if (!key || off_load_acquire(&mr->key) != key)
 		return OFFLOAD_ERR_REMOTE_ACCESS;

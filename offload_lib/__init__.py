@@ -14,6 +14,7 @@ from offload_lib.errors import (
     ConfigError,
     InvalidArgument,
     OffloadError,
+    PeerClosed,
     PeerFailure,
     RemoteAccessError,
     Timeout,
@@ -25,7 +26,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "init", "Context", "Team", "Request", "PersistentRequest", "McastStats", "moe",
-    "OffloadError", "InvalidArgument", "PeerFailure", "Timeout", "RemoteAccessError", "ConfigError",
+    "OffloadError", "InvalidArgument", "PeerFailure", "PeerClosed", "Timeout",
+    "RemoteAccessError", "ConfigError",
     "Canceled", "Unsupported",
 ]
 

@@ -7,6 +7,7 @@ import os
 import threading
 import warnings
 import weakref
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ OP_ALLTOALL = 3
 OP_ALLTOALLV = 4
 OP_BROADCAST = 6
 OP_ALLGATHER = 7
+OP_AGREE = 8
 F_EXPECT = 1  # OFFLOAD_CMD_F_EXPECT
 F_ROWS = 2  # OFFLOAD_CMD_F_ROWS
 F_SLOTS = 4  # OFFLOAD_CMD_F_SLOTS
@@ -202,6 +204,11 @@ def _dtype(dtype: Any) -> np.dtype:
         raise InvalidArgument(f"dtype {dt} holds Python objects: shared buffers hold plain "
                               "numbers or bytes")
     return dt
+
+
+def _list_fp(ranks: Sequence[int]) -> int:
+    """A member list's fingerprint, order included (create_team's agreement compares it)."""
+    return zlib.crc32(np.asarray(ranks, np.uint32).tobytes()) or 1
 
 
 def _counts(counts: Any, n: int, name: str) -> np.ndarray:
@@ -456,6 +463,21 @@ class Team:
                                  lambda g: _staging.allgather(g, self, s, d),
                                  keep=(words,), result=result, nbytes=d.nbytes)
 
+    # -- shrink -----------------------------------------------------------------------------
+    def shrink(self) -> Team:
+        """This team without its members that failed or closed (ULFM's MPI_Comm_shrink):
+        collective over the live members, which all get the same new team (same members,
+        same order, same id) whatever each one knew of the failures and whenever it calls;
+        a member that fails during the call changes nothing. Works on a team whose ops fail
+        since a member died."""
+        ctx = self._ctx
+        ctx._check_open()
+        mine = sum(1 << r for r in self.ranks)
+        failed, team_id, _ = ctx._agree(self, ctx._gone_mask() & mine, ctx._next_team,
+                                        _list_fp(self.ranks), "shrink")
+        survivors = [r for r in self.ranks if not failed >> r & 1]
+        return ctx._make_team(ctx._new_team_id(team_id), survivors)
+
     # -- barrier ----------------------------------------------------------------------------
     def barrier(self) -> Request:
         self._ctx._check_open()
@@ -591,12 +613,41 @@ class Context:
     def _make_team(self, team_id: int, ranks: list[int]) -> Team:
         arr = ffi.new("uint32_t[]", ranks)
         self._check(lib.host_team_create(self._handle(), team_id, len(ranks), arr,
-                                      int(self.config.post_timeout * 1e9)),
-                 f"creating team {team_id}")
+                                         int(self.config.post_timeout * 1e9)),
+                    f"creating team {team_id}")
         return Team(self, team_id, ranks)
 
+    def _gone_mask(self) -> int:
+        """World ranks known to have failed or closed, one bit each."""
+        h = self._handle()
+        return int(lib.host_failed_ranks(h)) | int(lib.host_closed_ranks(h))
+
+    def _agree(self, team: Team, failed: int, value: int, fp: int, what: str
+               ) -> tuple[int, int, int]:
+        """Fault-tolerant agreement among team's live members (OFFLOAD_OP_AGREE): every one
+        gets the same (failed ranks: the union of what each knew, and who was gone; value:
+        the largest proposed; a member whose fp differed, or -1)."""
+        args = np.zeros(4, np.uint64)  # struct offload_agree_args
+        args[0], args[1] = failed, value
+        args.view(np.uint32)[4] = fp
+        op = ffi.new("struct host_op *")
+        op.opcode = OP_AGREE
+        op.team = team.id
+        op.aux_addr, op.aux_len = args.ctypes.data, args.nbytes
+        self._post(op, what, (args,)).wait()
+        differs = int(args.view(np.uint32)[5])
+        return int(args[0]), int(args[1]), differs - 1
+
+    def _new_team_id(self, team_id: int) -> int:
+        if team_id >= MAX_TEAMS:
+            raise OffloadError(f"at most {MAX_TEAMS} teams (world included) can exist in a job")
+        self._next_team = max(self._next_team, team_id + 1)
+        return team_id
+
     def create_team(self, ranks: Sequence[int]) -> Team | None:
-        """Collective over all ranks (same list everywhere); members get a Team, others None."""
+        """Collective over all live ranks (same list everywhere, in the same order); members
+        get a Team, others None. The ranks agree on it first: a rank that passed another
+        list makes it fail on every rank (InvalidArgument naming it)."""
         self._check_open()
         if isinstance(ranks, (str, bytes)) or not hasattr(ranks, "__iter__"):
             raise InvalidArgument(f"team ranks must be a sequence of world ranks, got {ranks!r}")
@@ -606,11 +657,21 @@ class Context:
         bad = [r for r in members if not 0 <= r < self.size]
         if bad:
             raise InvalidArgument(f"team ranks {bad} are outside the world (size {self.size})")
-        if self._next_team >= MAX_TEAMS:
-            raise OffloadError(f"at most {MAX_TEAMS} teams (world included) can exist")
-        team_id = self._next_team
-        self._next_team += 1
+        _, team_id, differs = self._agree(self.world, self._gone_mask(), self._next_team,
+                                          _list_fp(members), "create_team")
+        if differs >= 0:
+            raise InvalidArgument(
+                f"create_team({members}): rank {differs} passed another member list (or the "
+                "same members in another order); every rank must pass the same list")
+        team_id = self._new_team_id(team_id)
         return self._make_team(team_id, members) if self.rank in members else None
+
+    def shrink(self) -> Team:
+        """The world without the ranks that failed or closed (ULFM's MPI_Comm_shrink): call
+        it on every live rank after a PeerFailure; every one gets the same team, whatever
+        each one knew of the failures and whenever it calls, and further failures during
+        the call do not change that. Equivalent to ``ctx.world.shrink()``."""
+        return self.world.shrink()
 
     # -- memory -----------------------------------------------------------------------------
     def _register(self, buf: Buffer, access: int) -> tuple[int, bool]:
@@ -745,6 +806,12 @@ class Context:
         """World ranks known to have died. Teams that hold one fail every op with
         PeerFailure; ``create_team`` over the survivors gives a working team again."""
         mask = int(lib.host_failed_ranks(self._handle()))
+        return [r for r in range(self.size) if mask >> r & 1]
+
+    def closed_ranks(self) -> list[int]:
+        """World ranks that closed their context (left the job cleanly). Ops that needed
+        one fail with PeerClosed; ``shrink()`` leaves them out."""
+        mask = int(lib.host_closed_ranks(self._handle()))
         return [r for r in range(self.size) if mask >> r & 1]
 
     def stats(self) -> dict[str, Any]:

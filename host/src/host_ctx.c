@@ -271,6 +271,14 @@ static void reap_locked(struct host_ctx *ctx)
 		const struct offload_cqe *c = &ctx->cq[head & (ctx->cq_entries - 1)];
 		struct host_tag *t = &ctx->tags[c->tag % HOST_TAGS];
 
+		/* An op that failed because a peer died or became unreachable names it: from now
+		 * on failed_ranks lists it too, whatever told the firmware first (the watch, or the
+		 * peer's memory refusing a write), so a caller that reads failed_ranks after the
+		 * error finds the rank it names, and every later op of its teams fails at intake. */
+		if ((c->status == OFFLOAD_ERR_PEER || c->status == OFFLOAD_ERR_LINK_DOWN) &&
+		    c->detail < OFFLOAD_MAX_RANKS && c->detail != ctx->rank)
+			__atomic_fetch_or(&ctx->ring->failed_ranks, 1ull << c->detail,
+					  __ATOMIC_SEQ_CST);
 		if (t->tag == c->tag && (t->state == TAG_PENDING || t->state == TAG_ABANDONED)) {
 			for (int i = 0; i < 3; i++)
 				if (t->release_keys[i])
@@ -542,6 +550,17 @@ static int mcast_faults_in(struct host_ctx *ctx, uint32_t loss_ppm, uint32_t reo
 	if (loss_ppm > 1000000u || reorder_ppm > 1000000u)
 		return -EINVAL;
 	return ctx->ops->set_mcast_faults(ctx->dev, loss_ppm, reorder_ppm);
+}
+
+uint64_t host_closed_ranks(struct host_ctx *ctx)
+{
+	uint64_t mask;
+
+	if (enter(ctx))
+		return 0;
+	mask = __atomic_load_n(&ctx->ring->closed_ranks, __ATOMIC_ACQUIRE);
+	leave(ctx);
+	return mask;
 }
 
 int host_set_mcast_faults(struct host_ctx *ctx, uint32_t loss_ppm, uint32_t reorder_ppm)
