@@ -65,7 +65,10 @@ struct emu_job_hdr {
 	/* Ranks that closed their context cleanly; each peer's NIC passes them on to its
 	 * firmware (emu_sync_peers), with what the closer knew of deaths (dead_seen). */
 	uint64_t closed_mask;
-	uint32_t resv[4];
+	/* The job's secret (OFFLOAD_JOB_KEY from its launcher), claimed by the first rank:
+	 * a rank of another job given the same name finds another key and stays out. */
+	uint64_t key;
+	uint32_t resv[2];
 };
 
 struct emu_rank {
@@ -93,7 +96,8 @@ struct emu_mr {
 	uint32_t kind;        /* enum emu_mr_kind */
 	uint32_t serial;      /* EMU_MR_SHARED: segment serial */
 	uint64_t shm_offset;  /* EMU_MR_JOB: offset in the job segment */
-	uint64_t resv[3];
+	uint64_t nonce;       /* EMU_MR_SHARED: the random part of the segment's name */
+	uint64_t resv[2];
 };
 
 /* A peer's ctx.empty() segment mapped here. Slots never move (users hold pointers to
@@ -187,6 +191,7 @@ struct dpa_hal {
 struct emu_device {
 	struct host_device_attr attr;
 	char job[96];
+	int job_fd;                   /* the job segment, flock'ed shared while we live */
 	uint8_t *job_map;
 	uint64_t job_len;
 	struct emu_job_hdr *hdr;
@@ -232,9 +237,13 @@ static inline struct emu_device *to_emu(struct host_device *dev)
 /* emu_job.c */
 int emu_job_open(struct emu_device *dev);
 void emu_job_close(struct emu_device *dev);
+/* Close the job segment's descriptor (and with it our flock), last. */
+void emu_job_release(struct emu_device *dev);
 int emu_job_barrier(struct emu_device *dev, int64_t timeout_ns);
 int emu_mr_reg(struct emu_device *dev, uint64_t addr, uint64_t len, uint32_t access,
-	       uint32_t kind, uint32_t serial, uint64_t shm_offset, uint32_t *key);
+	       uint32_t kind, uint32_t serial, uint64_t shm_offset, uint64_t nonce, uint32_t *key);
+/* A random 64-bit value (rkeys, segment names): unguessable, not cryptographic. */
+uint64_t emu_random64(struct emu_device *dev);
 int emu_mr_dereg(struct emu_device *dev, uint32_t key);
 /* Resolve [addr, addr+len) of rank's key for `access`: *ptr set if this process can copy
  * directly, else *pid for process_vm_*; *held is the peer mapping in use, to release after
@@ -244,8 +253,13 @@ int32_t emu_mr_resolve(struct emu_device *dev, uint32_t rank, uint32_t key, uint
 		       struct emu_map **held);
 /* Ends the copy that emu_mr_resolve() allowed into a mapped peer segment (held may be NULL). */
 void emu_map_release(struct emu_map *held);
+/* A ctx.empty() segment's name: the job's, the owner's rank and serial, and a random
+ * part published only in the (private) job segment, so nobody can plant it beforehand. */
 void emu_shared_name(const struct emu_device *dev, uint32_t rank, uint32_t serial,
-		     char *out, uint64_t outlen);
+		     uint64_t nonce, char *out, uint64_t outlen);
+/* Open a peer's (or our) segment by name, refusing anything but this user's private file
+ * of at least len bytes; a descriptor, or -errno. */
+int emu_open_private(const char *name, uint64_t len);
 void emu_unmap_peers(struct emu_device *dev);
 
 /* Completions of this thread's posts; the thread is the CQ's only producer and consumer. */

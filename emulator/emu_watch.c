@@ -50,7 +50,7 @@ static void reap_dead_rank(struct emu_device *dev, uint32_t rank)
 		if (!off_load_acquire(&mrs[i].key))
 			continue;
 		if (mrs[i].kind == EMU_MR_SHARED) {
-			emu_shared_name(dev, rank, mrs[i].serial, name, sizeof(name));
+			emu_shared_name(dev, rank, mrs[i].serial, mrs[i].nonce, name, sizeof(name));
 			shm_unlink(name);
 		}
 		off_store_release(&mrs[i].key, 0);  /* nothing of the dead rank stays reachable */

@@ -39,11 +39,13 @@ def init(config: str | os.PathLike[str] | Mapping[str, Any] | None = None) -> "C
     from offload_lib.config import load_config
     from offload_lib.context import Context
     from offload_lib.discovery import select_backend
-    from offload_lib.launcher import cleanup_stale_segments
+    from offload_lib.launcher import cleanup_stale_segments, watch_launcher
 
     cfg = load_config(config)
     backend, _reason = select_backend(cfg)
     world = discover(one_host=backend == "emulator")
+    if world.launcher == "dpa-offload":
+        watch_launcher()  # die with the launcher, also when it is not our parent
     if world.rank == 0:
         cleanup_stale_segments()
     return Context(cfg, world, backend)

@@ -545,6 +545,7 @@ class Context:
         params.mcast_loss_ppm = int(round(config.mcast_loss * 1e6))
         params.mcast_reorder_ppm = int(round(config.mcast_reorder * 1e6))
         params.mcast_seed = config.mcast_seed
+        params.job_key = world.key64
         for r, after in enumerate(_rail_thresholds(config, world.rank)):
             params.rail_down_after[r] = after
         self._post_timeout_ns = int(config.post_timeout * 1e9)
@@ -553,6 +554,13 @@ class Context:
         what = f"opening the {backend} device for rank {world.rank}/{world.size} (job {world.job})"
         if rc in (-errno.ENOENT, -errno.ENOEXEC) and backend != "emulator":
             raise OffloadError(f"{what}: {_backend_load_error(ffi.string(lib_c).decode())}")
+        if rc == -errno.EEXIST:
+            raise OffloadError(f"{what}: job name in use: another job runs under "
+                               f"OFFLOAD_JOB={world.job} (every job needs a name of its own: "
+                               "dpa-offload run and mpirun make one)")
+        if rc == -errno.EACCES:
+            raise OffloadError(f"{what}: /dev/shm/{world.job} is not a private file of this "
+                               "user (made by someone else?): refusing to use it")
         check_rc(rc, what)
         self._ptr = ffi.gc(out[0], lib.host_ctx_close)
         self._closed = False

@@ -73,9 +73,14 @@ uint64_t dpa_peer_ctrl_addr(const struct dpa_team *team, uint32_t peer, uint64_t
 
 void dpa_op_fail(struct dpa_op *op, int32_t status, uint32_t world_rank)
 {
-	uint64_t none = 0;
+	uint64_t cur = 0, why = ((uint64_t)world_rank << 32) | (uint32_t)status;
 
-	off_cas(&op->fail, &none, ((uint64_t)world_rank << 32) | (uint32_t)status);
+	/* The first error wins, but a peer that closed is the weakest reason: it often closed
+	 * because of a failure this rank learns of a moment later (a death, its own rails). */
+	while (!off_cas(&op->fail, &cur, why))
+		if ((int32_t)(uint32_t)cur != OFFLOAD_ERR_PEER_CLOSED ||
+		    (status != OFFLOAD_ERR_PEER && status != OFFLOAD_ERR_LINK_DOWN))
+			return;
 }
 
 int dpa_signal_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,

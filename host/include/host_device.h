@@ -42,6 +42,9 @@ struct host_device_attr {
 	/* Appended (a backend built against the older layout still reads the fields above):
 	 * multicast received into staging slots, as on UD, instead of placed by chunk id. */
 	uint32_t mcast_staged;
+	/* Appended: the job's secret (from its launcher): ranks of another job given the same
+	 * name must not join ours (the emulator's job segment keeps it). Never 0. */
+	uint64_t job_key;
 };
 
 /* Host memory the firmware reaches through windows. */

@@ -42,6 +42,7 @@ struct host_ctx_params {
 	uint64_t rail_down_after[8];/* fault injection: rail r fails after this many bytes
 				     * sent on it (UINT64_MAX: never) */
 	uint32_t mcast_staged;      /* emulator: receive multicast into staging slots, as on UD */
+	uint64_t job_key;           /* the job's secret, the same on every rank, not 0 */
 };
 
 /* One command as the host builds it; translated into the 64-byte ABI slot at post. */

@@ -167,7 +167,7 @@ int host_ctx_open(const struct host_ctx_params *p, struct host_ctx **out)
 		.allgather = p->allgather, .allgather_arg = p->allgather_arg,
 		.mtu = p->mtu, .mcast_rq_depth = p->mcast_rq_depth, .mcast_staged = p->mcast_staged,
 		.mcast_loss_ppm = p->mcast_loss_ppm, .mcast_reorder_ppm = p->mcast_reorder_ppm,
-		.mcast_seed = p->mcast_seed,
+		.mcast_seed = p->mcast_seed, .job_key = p->job_key,
 	};
 	struct dpa_engine_params params = {
 		.abi_version = OFFLOAD_ABI_VERSION, .world_rank = p->rank, .world_size = p->size,
