@@ -66,12 +66,14 @@ def _address(obj: Any) -> int:
 
 
 def _refuse_objects(dtype: np.dtype, name: str) -> None:
-    """Elements that are Python object references (or hold one) are pointers into this
-    process: sent to a peer they are garbage, and reading them crashes it."""
+    """Elements that are Python object references (or hold one; numpy's variable-width
+    StringDType too) are pointers into this process: sent to a peer they are garbage, and
+    reading them crashes it."""
     if dtype.hasobject:
         raise InvalidArgument(
-            f"{name} holds Python objects (dtype {dtype}): collectives move plain numbers or "
-            f"bytes; convert it first, e.g. np.asarray({name}, dtype=np.float64)")
+            f"{name} holds Python objects or other references (dtype {dtype}): collectives "
+            f"move plain numbers or bytes; convert it first, e.g. np.asarray({name}, "
+            "dtype=np.float64)")
 
 
 # PEP 3118 field names (":name:") may contain any letter; the type codes are outside them.

@@ -70,7 +70,8 @@ ERR_MISMATCH = -13
 
 # enum offload_mismatch, and the names of what a signature's op field holds
 _MISMATCH_OP, _MISMATCH_ROOT, _MISMATCH_SIZE, _MISMATCH_TEAM = 1, 2, 3, 4
-_OP_NAMES = {2: "barrier", 3: "all-to-all", 4: "all-to-all-v", 6: "broadcast", 7: "all-gather"}
+_OP_NAMES = {2: "barrier", 3: "all-to-all", 4: "all-to-all-v", 6: "broadcast", 7: "all-gather",
+             8: "create_team or shrink (an agreement)"}
 _F_SLOTS, _F_PLACE = 4, 8
 
 

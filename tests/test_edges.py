@@ -41,6 +41,7 @@ def with_object_field(count):
 
 bad_sources = {
     "object array": lambda c: objects(c),
+    "variable-width strings": lambda c: np.array(["x" * 40] * c, dtype=np.dtypes.StringDType()),
     "structured with an object field": lambda c: with_object_field(c),
     "memoryview of an object array": lambda c: memoryview(objects(c)),
     "ctypes py_object array": lambda c: memoryview((ctypes.py_object * c)()),
@@ -153,7 +154,7 @@ w.barrier().wait(timeout=20)
 if rank == 0:
     src = np.arange(4096, dtype=np.int64)
     dst = np.zeros_like(src)
-    errors, started = [], threading.Barrier(7)
+    errors, started = [], threading.Barrier(8)
     p = w.alltoall_init(src, dst)
     p.post()
 
@@ -175,20 +176,31 @@ if rank == 0:
         except ol.OffloadError as e:
             errors.append(str(e))
 
+    def creator():  # an agreement rank 1 never joins
+        started.wait()
+        try:
+            ctx.create_team([0, 1])
+        except ol.OffloadError as e:
+            errors.append(str(e))
+
     threads = [threading.Thread(target=waiter, args=(w.alltoall(src, dst),)) for _ in range(3)]
     threads += [threading.Thread(target=poster) for _ in range(3)]
+    threads.append(threading.Thread(target=creator))
     for t in threads:
         t.start()
     started.wait()
     time.sleep(0.3)  # all of them inside the library
     t0 = time.monotonic()
+    closer = threading.Thread(target=ctx.close)  # two closes at once: both return, once
+    closer.start()
     ctx.close()
+    closer.join(timeout=10)
     for t in threads:
         t.join(timeout=10)
         assert not t.is_alive(), "a thread still waits after close()"
     took = time.monotonic() - t0
     assert took < 1.0, f"close() and the threads' wake-up took {took:.2f} s"
-    assert len(errors) == 6 and all("context closed" in e for e in errors), errors
+    assert len(errors) == 7 and all("context closed" in e for e in errors), errors
     for call in (lambda: p.wait(timeout=1), lambda: p.post(), lambda: w.barrier(),
                  lambda: ctx.failed_ranks(), lambda: ctx.create_team([0, 1])):
         try:

@@ -291,3 +291,31 @@ def test_shrink_gives_every_survivor_the_same_team(case):
     for r in range(5):
         if r not in dead:
             assert f"shrunk {case}" in ranks[r] and DONE_MARK in ranks[r], report
+
+
+# Rank 0 calls create_team while the others run a barrier at that point: every rank fails
+# within 1 s naming it, instead of waiting for op_timeout (the agreement and the op wait for
+# each other). The team is out of step afterwards; this job just ends.
+AGREE_VS_OP = POST + r'''
+ctx = ol.init()
+w = ctx.world
+w.barrier().wait(timeout=20)
+t0 = time.monotonic()
+try:
+    if rank == 0:
+        ctx.create_team([0, 1, 2])
+    else:
+        post(w, "barrier").wait(timeout=5)
+except ol.InvalidArgument as e:
+    took = time.monotonic() - t0
+    assert took < 1.0, f"after {took:.2f} s: {e}"
+    assert "runs" in str(e) and "create_team" in str(e), e
+else:
+    raise AssertionError("completed beside a rank that ran another thing")
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(60)
+def test_create_team_against_a_collective_fails_on_every_rank():
+    run_ranks(3, AGREE_VS_OP, timeout=45, env=SLOW_TIMEOUT)

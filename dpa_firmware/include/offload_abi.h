@@ -205,7 +205,9 @@ struct offload_agree_word {
 	uint64_t failed;
 	uint64_t value;
 	uint32_t fp;
-	uint32_t differs;
+	/* A proposal: the writer's team sequence (its next collective), so that a member
+	 * running a collective instead knows it is not in step; a decision: differs. */
+	uint32_t extra;
 	uint64_t epoch;
 };
 

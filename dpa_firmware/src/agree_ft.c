@@ -109,12 +109,25 @@ int dpa_agree_intake(struct dpa_engine *eng, struct dpa_hal *hal, const struct o
 	ag->sent = ag->told = 0;
 	ag->mine = (struct offload_agree_word){
 		.failed = args->failed & team->world_mask, .value = args->value, .fp = args->fp,
-		.epoch = ag->epoch,
+		.extra = team->next_seq, .epoch = ag->epoch,
 	};
 	ag->deadline_ns = eng->params.op_timeout_ms ?
 		dpa_hal_time_ns(hal) + (uint64_t)eng->params.op_timeout_ms * 1000000u : UINT64_MAX;
 	__atomic_store_n(&ag->active, 1, __ATOMIC_RELEASE);  /* publishes the fields above */
 	dpa_hal_notify(hal);  /* its thread may be parked */
+	return 1;
+}
+
+/* Member q took our next collective instead of joining this agreement (its signature for
+ * that seq is in): the members are not in step. 1 and *their_op if so. */
+static int runs_collective(const struct dpa_team *team, const struct offload_ctrl_team *ctrl,
+			   uint32_t q, uint32_t *their_op)
+{
+	const struct offload_sig *sig = &ctrl->sig[team->next_seq % OFFLOAD_SIG_WINDOW][q];
+
+	if (off_load_acquire(&sig->seq) != team->next_seq)
+		return 0;
+	*their_op = sig->op;
 	return 1;
 }
 
@@ -124,7 +137,7 @@ static int decide(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa_agree 
 {
 	struct offload_agree_word d = ag->mine;
 
-	d.differs = 0;
+	d.extra = 0;  /* a decision's: differs */
 	for (uint32_t q = 0; q < team->size; q++) {
 		const struct offload_agree_word *w = &ctrl->agree_prop[q];
 
@@ -134,8 +147,8 @@ static int decide(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa_agree 
 		if (off_load_acquire(&w->epoch) == ag->epoch) {
 			d.failed |= w->failed & team->world_mask;
 			d.value = w->value > d.value ? w->value : d.value;
-			if (w->fp != ag->mine.fp && !d.differs)
-				d.differs = team->peers[q].world_rank + 1;
+			if (w->fp != ag->mine.fp && !d.extra)
+				d.extra = team->peers[q].world_rank + 1;
 		} else if (!gone(eng, hal, team, q)) {
 			return 0;
 		}
@@ -158,6 +171,20 @@ static int step(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t t)
 	if (!post_all(eng, hal, t, ag, &ag->sent, &ag->mine,
 		      offsetof(struct offload_ctrl_team, agree_prop)))
 		return 0;
+	for (uint32_t q = 0; q < team->size; q++) {
+		uint32_t their_op;
+
+		if (q == team->my_rank || off_load_acquire(&ctrl->agree_prop[q].epoch) == ag->epoch ||
+		    !runs_collective(team, ctrl, q, &their_op))
+			continue;
+		/* Out of step: fail at once, naming it (OFFLOAD_ERR_MISMATCH, as for ops). */
+		if (!dpa_complete_cmd(eng, hal, &ag->cmd, OFFLOAD_ERR_MISMATCH,
+				      team->peers[q].world_rank,
+				      (uint64_t)OFFLOAD_MISMATCH_OP << 56 | OFFLOAD_OP_AGREE, their_op))
+			return work;
+		__atomic_store_n(&ag->active, 0, __ATOMIC_RELEASE);
+		return work + 1;
+	}
 	while (ag->round < team->size) {
 		uint32_t c = ag->round;
 
@@ -192,9 +219,9 @@ static int step(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t t)
 		if (args) {
 			args->failed = ag->est.failed;
 			args->value = ag->est.value;
-			args->differs = ag->est.differs;
+			args->differs = ag->est.extra;
 		}
-		if (!dpa_complete_cmd(eng, hal, &ag->cmd, OFFLOAD_OK, ag->est.differs,
+		if (!dpa_complete_cmd(eng, hal, &ag->cmd, OFFLOAD_OK, ag->est.extra,
 				      ag->est.failed, ag->est.value))
 			return work;
 	}

@@ -119,6 +119,26 @@ static int judge(struct dpa_engine *eng, struct dpa_op *op, const struct offload
 	return 0;
 }
 
+/* Peer p started an agreement (create_team, shrink) that we have not, before it took this
+ * op: the op fails naming it (the sibling check is in agree_ft.c). Its proposal carries
+ * its team sequence when it started, so no ordering between queues is assumed. */
+static int in_agreement(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+			uint32_t p)
+{
+	const struct offload_agree_word *w = &dpa_my_ctrl(hal, op->team_id)->agree_prop[p];
+	uint64_t none = 0;
+
+	if (off_load_acquire(&w->epoch) != off_read_once(&eng->agree[op->team_id].epoch) + 1 ||
+	    w->extra > op->seq)
+		return 0;
+	if (off_cas(&op->fail, &none, ((uint64_t)eng->teams[op->team_id].peers[p].world_rank << 32) |
+		    (uint32_t)OFFLOAD_ERR_MISMATCH)) {
+		op->result0 = (uint64_t)OFFLOAD_MISMATCH_OP << 56 | op->sig.op;
+		op->result1 = OFFLOAD_OP_AGREE;
+	}
+	return 1;
+}
+
 int dpa_sig_step(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal, uint32_t i)
 {
 	const struct dpa_team *team = &eng->teams[op->team_id];
@@ -138,6 +158,8 @@ int dpa_sig_step(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 	if (off_load_acquire(&theirs->seq) == op->seq) {
 		if (!judge(eng, op, theirs, world))
 			__atomic_store_n(&op->gate_fail, 1, __ATOMIC_SEQ_CST);
+	} else if (in_agreement(eng, op, hal, p)) {
+		__atomic_store_n(&op->gate_fail, 1, __ATOMIC_SEQ_CST);
 	} else if (dpa_peer_gone(eng, op, hal, world)) {
 		/* It never joined this op (dead, closed), or our signature did not reach it. */
 		__atomic_store_n(&op->gate_fail, 1, __ATOMIC_SEQ_CST);
