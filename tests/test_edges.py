@@ -114,6 +114,7 @@ def test_create_team_and_other_integers_must_be_integers(ctx):
     of rank 0)."""
     import numpy as np
 
+    import offload_lib as ol
     from offload_lib import InvalidArgument
 
     for ranks in (["a"], [0.7], [True], [None], None, 5, "0", [[0]]):
@@ -136,6 +137,9 @@ def test_create_team_and_other_integers_must_be_integers(ctx):
         with pytest.raises(InvalidArgument):
             req.wait(timeout=timeout)
     req.wait(timeout=10)
+    for team in (None, "world", 0):
+        with pytest.raises(InvalidArgument):
+            ol.moe.Dispatcher(team, 2, 4, 8, np.float32)
     assert ctx.create_team(np.array([0])) is not None  # numpy integers are integers
 
 

@@ -118,6 +118,13 @@ int dpa_agree_intake(struct dpa_engine *eng, struct dpa_hal *hal, const struct o
 	return 1;
 }
 
+int dpa_team_in_step(const struct dpa_engine *eng, struct dpa_hal *hal,
+		     const struct dpa_team *team)
+{
+	return !((off_read_once(&eng->failed_ranks) | dpa_closed_ranks(eng, hal)) &
+		 team->world_mask) && !off_load_acquire(&team->poisoned);
+}
+
 /* Member q took our next collective instead of joining this agreement (its signature for
  * that seq is in): the members are not in step. 1 and *their_op if so. */
 static int runs_collective(const struct dpa_team *team, const struct offload_ctrl_team *ctrl,
@@ -171,7 +178,9 @@ static int step(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t t)
 	if (!post_all(eng, hal, t, ag, &ag->sent, &ag->mine,
 		      offsetof(struct offload_ctrl_team, agree_prop)))
 		return 0;
-	for (uint32_t q = 0; q < team->size; q++) {
+	/* Out of step: only where the members' sequences pair up (no member lost, no op
+	 * aborted): after a failure they legitimately differ by the ops some took. */
+	for (uint32_t q = 0; q < team->size && dpa_team_in_step(eng, hal, team); q++) {
 		uint32_t their_op;
 
 		if (q == team->my_rank || off_load_acquire(&ctrl->agree_prop[q].epoch) == ag->epoch ||

@@ -362,6 +362,10 @@ int dpa_exchange_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, str
  * (the team's previous agreement still runs); progress: the calling thread's teams. */
 int dpa_agree_intake(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd);
 int dpa_agree_progress(struct dpa_engine *eng, struct dpa_hal *hal);
+/* The members' op sequences pair up: none is gone and no op of the team aborted. Only then
+ * can an agreement and a collective at the same point be told out of step. */
+int dpa_team_in_step(const struct dpa_engine *eng, struct dpa_hal *hal,
+		     const struct dpa_team *team);
 
 /* engine.c: a completion for a command that holds no op slot (agreement); 0: the ring is
  * full, try again. */

@@ -129,7 +129,7 @@ static int in_agreement(struct dpa_engine *eng, struct dpa_op *op, struct dpa_ha
 	uint64_t none = 0;
 
 	if (off_load_acquire(&w->epoch) != off_read_once(&eng->agree[op->team_id].epoch) + 1 ||
-	    w->extra > op->seq)
+	    w->extra > op->seq || !dpa_team_in_step(eng, hal, &eng->teams[op->team_id]))
 		return 0;
 	if (off_cas(&op->fail, &none, ((uint64_t)eng->teams[op->team_id].peers[p].world_rank << 32) |
 		    (uint32_t)OFFLOAD_ERR_MISMATCH)) {
