@@ -106,7 +106,7 @@ int dpa_agree_intake(struct dpa_engine *eng, struct dpa_hal *hal, const struct o
 	ag->epoch++;
 	ag->round = 0;
 	ag->decided = 0;
-	ag->sent = ag->told = 0;
+	ag->sent = ag->told = ag->oos_since = 0;
 	ag->mine = (struct offload_agree_word){
 		.failed = args->failed & team->world_mask, .value = args->value, .fp = args->fp,
 		.extra = team->next_seq, .epoch = ag->epoch,
@@ -118,11 +118,31 @@ int dpa_agree_intake(struct dpa_engine *eng, struct dpa_hal *hal, const struct o
 	return 1;
 }
 
-int dpa_team_in_step(const struct dpa_engine *eng, struct dpa_hal *hal,
-		     const struct dpa_team *team)
+int dpa_out_of_step(struct dpa_engine *eng, struct dpa_hal *hal, const struct dpa_team *team,
+		    uint64_t *since)
 {
-	return !((off_read_once(&eng->failed_ranks) | dpa_closed_ranks(eng, hal)) &
-		 team->world_mask) && !off_load_acquire(&team->poisoned);
+	uint64_t now = dpa_hal_time_ns(hal);
+
+	/* Where a member died or an op aborted, the sequences legitimately differ by the ops
+	 * some ranks took. A death this rank has not heard of yet looks the same for a moment:
+	 * give it DPA_OOS_SETTLE_NS to show. (A member that closed changes nothing: the ops
+	 * that needed it fail and poison the team.) */
+	(void)hal;
+	if ((off_read_once(&eng->failed_ranks) & team->world_mask) ||
+	    off_load_acquire(&team->poisoned)) {
+		*since = 0;
+		return 0;
+	}
+	if (!*since) {
+		*since = now ? now : 1;
+		dpa_wake_at(eng, hal, now + DPA_OOS_SETTLE_NS);
+		return 0;
+	}
+	if (now - *since < DPA_OOS_SETTLE_NS) {
+		dpa_wake_at(eng, hal, *since + DPA_OOS_SETTLE_NS);
+		return 0;
+	}
+	return 1;
 }
 
 /* Member q took our next collective instead of joining this agreement (its signature for
@@ -178,15 +198,21 @@ static int step(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t t)
 	if (!post_all(eng, hal, t, ag, &ag->sent, &ag->mine,
 		      offsetof(struct offload_ctrl_team, agree_prop)))
 		return 0;
-	/* Out of step: only where the members' sequences pair up (no member lost, no op
-	 * aborted): after a failure they legitimately differ by the ops some took. */
-	for (uint32_t q = 0; q < team->size && dpa_team_in_step(eng, hal, team); q++) {
+	/* A member that runs a collective instead: fail naming it (OFFLOAD_ERR_MISMATCH, as
+	 * for ops) once that is not the echo of a failure (dpa_out_of_step). */
+	for (uint32_t q = 0; q < team->size; q++) {
 		uint32_t their_op;
 
 		if (q == team->my_rank || off_load_acquire(&ctrl->agree_prop[q].epoch) == ag->epoch ||
 		    !runs_collective(team, ctrl, q, &their_op))
 			continue;
-		/* Out of step: fail at once, naming it (OFFLOAD_ERR_MISMATCH, as for ops). */
+		/* Not before it is settled: q must not count as gone in the rounds meanwhile
+		 * (it may close once it failed its op for the same reason). */
+		if (!dpa_out_of_step(eng, hal, team, &ag->oos_since)) {
+			if (ag->oos_since)
+				return work;
+			continue;
+		}
 		if (!dpa_complete_cmd(eng, hal, &ag->cmd, OFFLOAD_ERR_MISMATCH,
 				      team->peers[q].world_rank,
 				      (uint64_t)OFFLOAD_MISMATCH_OP << 56 | OFFLOAD_OP_AGREE, their_op))

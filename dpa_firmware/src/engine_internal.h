@@ -27,6 +27,7 @@ struct dpa_item {
 	uint32_t expect_lo;    /* done-counter value that means "src finished" */
 	uint32_t errs_seen;    /* done-counter error count before this op */
 	uint32_t round;        /* barrier round */
+	uint64_t oos_since;    /* when the gate first saw its peer in an agreement instead */
 };
 
 #define DPA_ITEM_STARTED   (1u << 0)
@@ -219,6 +220,7 @@ struct dpa_agree {
 	uint64_t sent;         /* team ranks our proposal was posted to */
 	uint64_t told;         /* team ranks our decision was posted to (our round) */
 	uint64_t deadline_ns;
+	uint64_t oos_since;    /* see dpa_out_of_step() */
 	struct offload_agree_word mine;
 	struct offload_agree_word est;
 	struct offload_cmd cmd;
@@ -362,10 +364,12 @@ int dpa_exchange_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, str
  * (the team's previous agreement still runs); progress: the calling thread's teams. */
 int dpa_agree_intake(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd);
 int dpa_agree_progress(struct dpa_engine *eng, struct dpa_hal *hal);
-/* The members' op sequences pair up: none is gone and no op of the team aborted. Only then
- * can an agreement and a collective at the same point be told out of step. */
-int dpa_team_in_step(const struct dpa_engine *eng, struct dpa_hal *hal,
-		     const struct dpa_team *team);
+/* One rank runs an agreement where another runs a collective: 1 once that has held for
+ * DPA_OOS_SETTLE_NS on a team whose sequences pair up (no member gone, no op aborted:
+ * after a failure they legitimately differ). *since: the caller's first sighting. */
+#define DPA_OOS_SETTLE_NS 200000000ull
+int dpa_out_of_step(struct dpa_engine *eng, struct dpa_hal *hal, const struct dpa_team *team,
+		    uint64_t *since);
 
 /* engine.c: a completion for a command that holds no op slot (agreement); 0: the ring is
  * full, try again. */

@@ -119,19 +119,22 @@ static int judge(struct dpa_engine *eng, struct dpa_op *op, const struct offload
 	return 0;
 }
 
-/* Peer p started an agreement (create_team, shrink) that we have not, before it took this
- * op: the op fails naming it (the sibling check is in agree_ft.c). Its proposal carries
- * its team sequence when it started, so no ordering between queues is assumed. */
+/* Peer p (item i's) started an agreement (create_team, shrink) that we have not, before
+ * it took this op: the op fails naming it, unless a failure explains it (dpa_out_of_step;
+ * the sibling check is in agree_ft.c). p's proposal carries its team sequence when it
+ * started, so no ordering between queues is assumed. */
 static int in_agreement(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
-			uint32_t p)
+			uint32_t i, uint32_t p)
 {
 	const struct offload_agree_word *w = &dpa_my_ctrl(hal, op->team_id)->agree_prop[p];
 	uint64_t none = 0;
 
+	const struct dpa_team *team = &eng->teams[op->team_id];
+
 	if (off_load_acquire(&w->epoch) != off_read_once(&eng->agree[op->team_id].epoch) + 1 ||
-	    w->extra > op->seq || !dpa_team_in_step(eng, hal, &eng->teams[op->team_id]))
+	    w->extra > op->seq || !dpa_out_of_step(eng, hal, team, &op->items[i].oos_since))
 		return 0;
-	if (off_cas(&op->fail, &none, ((uint64_t)eng->teams[op->team_id].peers[p].world_rank << 32) |
+	if (off_cas(&op->fail, &none, ((uint64_t)team->peers[p].world_rank << 32) |
 		    (uint32_t)OFFLOAD_ERR_MISMATCH)) {
 		op->result0 = (uint64_t)OFFLOAD_MISMATCH_OP << 56 | op->sig.op;
 		op->result1 = OFFLOAD_OP_AGREE;
@@ -158,8 +161,10 @@ int dpa_sig_step(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 	if (off_load_acquire(&theirs->seq) == op->seq) {
 		if (!judge(eng, op, theirs, world))
 			__atomic_store_n(&op->gate_fail, 1, __ATOMIC_SEQ_CST);
-	} else if (in_agreement(eng, op, hal, p)) {
+	} else if (in_agreement(eng, op, hal, i, p)) {
 		__atomic_store_n(&op->gate_fail, 1, __ATOMIC_SEQ_CST);
+	} else if (it->oos_since) {
+		return work;  /* p ran an agreement instead: settle that first (it may close) */
 	} else if (dpa_peer_gone(eng, op, hal, world)) {
 		/* It never joined this op (dead, closed), or our signature did not reach it. */
 		__atomic_store_n(&op->gate_fail, 1, __ATOMIC_SEQ_CST);
