@@ -167,17 +167,9 @@ static void *progress_thread(void *arg)
 
 	while (!off_read_once(&dev->stop)) {
 		uint32_t snap = event_snapshot(dev);
-		uint64_t unreachable = off_read_once(&dev->hdr->unreachable) &
-				       ~(1ull << dev->attr.rank);
 		int work;
 
-		/* Peers the fabric lost behave like dead ones for the firmware. */
-		if (unreachable & ~off_read_once(&dev->unreachable_seen)) {
-			struct offload_ring_hdr *ring = dev->win.ring;
-
-			__atomic_fetch_or(&ring->failed_ranks, unreachable, __ATOMIC_SEQ_CST);
-			__atomic_fetch_or(&dev->unreachable_seen, unreachable, __ATOMIC_SEQ_CST);
-		}
+		emu_sync_peers(dev);
 		work = dpa_progress(dev->fw_state, hal);
 		enum dpa_engine_load load = dpa_engine_load(dev->fw_state);
 
@@ -207,6 +199,7 @@ static void emu_close(struct host_device *hd)
 
 	stop_threads(dev);
 	emu_job_close(dev);
+	emu_job_release(dev);
 	free(dev->threads);
 	free(dev->hals);
 	free(dev->fw_state);
@@ -233,12 +226,14 @@ static int emu_open(const struct host_device_attr *attr, struct host_device **ou
 	if (!attr->job || strlen(attr->job) >= sizeof(dev->job) - 1 || strchr(attr->job, '/') ||
 	    attr->size == 0 || attr->size > OFFLOAD_MAX_RANKS || attr->rank >= attr->size ||
 	    attr->num_threads == 0 || attr->num_threads > OFFLOAD_MAX_THREADS ||
-	    attr->rails == 0 || attr->rails > HOST_MAX_RAILS || !mcast_attr_valid(attr))
+	    attr->rails == 0 || attr->rails > HOST_MAX_RAILS || !mcast_attr_valid(attr) ||
+	    !attr->job_key)
 		return -EINVAL;
 	dev = calloc(1, sizeof(*dev));
 	if (!dev)
 		return -ENOMEM;
 	dev->attr = *attr;
+	dev->job_fd = -1;
 	strcpy(dev->job, attr->job);
 	dev->attr.job = dev->job;
 	for (uint32_t r = 0; r < attr->rails; r++)
@@ -331,7 +326,7 @@ static int emu_reg(struct host_device *hd, const void *addr, uint64_t len, uint3
 
 	if (access & OFFLOAD_ACCESS_REMOTE_WRITE)
 		advise_huge(dev, (uint64_t)(uintptr_t)addr, len);
-	return emu_mr_reg(dev, (uint64_t)(uintptr_t)addr, len, access, EMU_MR_PRIVATE, 0, 0, key);
+	return emu_mr_reg(dev, (uint64_t)(uintptr_t)addr, len, access, EMU_MR_PRIVATE, 0, 0, 0, key);
 }
 
 static int emu_dereg(struct host_device *hd, uint32_t key)
@@ -342,7 +337,7 @@ static int emu_dereg(struct host_device *hd, uint32_t key)
 static int emu_alloc_shared(struct host_device *hd, uint64_t len, void **addr, uint32_t *key)
 {
 	struct emu_device *dev = to_emu(hd);
-	uint64_t maplen = (len + 4095) & ~4095ull;
+	uint64_t maplen = (len + 4095) & ~4095ull, nonce;
 	uint32_t serial;
 	char name[160];
 	void *ptr;
@@ -353,8 +348,9 @@ static int emu_alloc_shared(struct host_device *hd, uint64_t len, void **addr, u
 	pthread_mutex_lock(&dev->mr_lock);
 	serial = ++dev->next_serial;
 	pthread_mutex_unlock(&dev->mr_lock);
-	emu_shared_name(dev, dev->attr.rank, serial, name, sizeof(name));
-	fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL, 0600);
+	nonce = emu_random64(dev);
+	emu_shared_name(dev, dev->attr.rank, serial, nonce, name, sizeof(name));
+	fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
 	if (fd < 0)
 		return -errno;
 	if (ftruncate(fd, (off_t)maplen) < 0) {
@@ -369,7 +365,7 @@ static int emu_alloc_shared(struct host_device *hd, uint64_t len, void **addr, u
 	rc = emu_mr_reg(dev, (uint64_t)(uintptr_t)ptr, maplen,
 			OFFLOAD_ACCESS_LOCAL_READ | OFFLOAD_ACCESS_LOCAL_WRITE |
 			OFFLOAD_ACCESS_REMOTE_READ | OFFLOAD_ACCESS_REMOTE_WRITE,
-			EMU_MR_SHARED, serial, 0, key);
+			EMU_MR_SHARED, serial, 0, nonce, key);
 	if (rc) {
 		munmap(ptr, maplen);
 		goto err_unlink;
@@ -398,7 +394,8 @@ static int emu_free_shared(struct host_device *hd, void *addr, uint64_t len)
 
 		if (!k || table[i].kind != EMU_MR_SHARED || table[i].addr != (uintptr_t)addr)
 			continue;
-		emu_shared_name(dev, dev->attr.rank, table[i].serial, name, sizeof(name));
+		emu_shared_name(dev, dev->attr.rank, table[i].serial, table[i].nonce, name,
+				sizeof(name));
 		key = k;
 	}
 	pthread_mutex_unlock(&dev->mr_lock);
@@ -456,6 +453,12 @@ static int emu_wait_completion(struct host_device *hd, uint32_t *word, uint32_t 
 	return 0;
 }
 
+static void emu_wake_waiters(struct host_device *hd, uint32_t *word)
+{
+	(void)hd;
+	futex(word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL);
+}
+
 const struct host_device_ops emu_device_ops = {
 	.name = "emulator",
 	.alloc_shared = emu_alloc_shared,
@@ -471,4 +474,5 @@ const struct host_device_ops emu_device_ops = {
 	.set_mcast_faults = emu_set_mcast_faults,
 	.start = emu_start,
 	.wait_completion = emu_wait_completion,
+	.wake_waiters = emu_wake_waiters,
 };

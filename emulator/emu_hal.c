@@ -133,8 +133,10 @@ static int32_t do_write(struct emu_device *dev, uint32_t peer, const void *src, 
 			    &held);
 	if (st)
 		return st;
-	if (!ptr)
-		return vm_copy(pid, 1, (void *)(uintptr_t)src, raddr, len);
+	if (!ptr) {
+		st = vm_copy(pid, 1, (void *)(uintptr_t)src, raddr, len);
+		return st == OFFLOAD_ERR_PEER ? emu_peer_lost(dev, peer) : st;
+	}
 	if (len == sizeof(uint64_t) && !((uintptr_t)ptr & 7)) {
 		/* Aligned 8-byte writes land atomically: flags and sequence words are read
 		 * with load-acquire on the other side. */
@@ -259,6 +261,8 @@ int dpa_hal_rdma_write_sg(struct dpa_hal *hal, uint32_t peer, const struct dpa_h
 			__atomic_thread_fence(__ATOMIC_RELEASE);
 		} else {
 			st = vm_write_sg(pid, iov, nsge, raddr, total);
+			if (st == OFFLOAD_ERR_PEER)
+				st = emu_peer_lost(dev, peer);
 		}
 		emu_map_release(held);
 	}
@@ -305,6 +309,8 @@ int dpa_hal_rdma_read(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint32
 			emu_dma_copy((void *)(uintptr_t)laddr, ptr, len);
 		else
 			st = vm_copy(pid, 0, (void *)(uintptr_t)laddr, raddr, len);
+		if (st == OFFLOAD_ERR_PEER)
+			st = emu_peer_lost(dev, peer);
 		emu_map_release(held);
 	}
 	return emu_push_cqe(hal, wr_id, st, st ? 0 : len, rail);

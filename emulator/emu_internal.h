@@ -12,6 +12,7 @@
 #define EMU_INTERNAL_H
 
 #include <pthread.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "dpa_hal.h"
@@ -60,7 +61,14 @@ struct emu_job_hdr {
 	/* Ranks with every port down: unreachable, so peers fail them as if dead. */
 	uint64_t unreachable;
 	uint32_t mtu;         /* multicast slot size: every rank must agree (claimed at join) */
-	uint32_t resv[7];
+	uint32_t resv1;
+	/* Ranks that closed their context cleanly; each peer's NIC passes them on to its
+	 * firmware (emu_sync_peers), with what the closer knew of deaths (dead_seen). */
+	uint64_t closed_mask;
+	/* The job's secret (OFFLOAD_JOB_KEY from its launcher), claimed by the first rank:
+	 * a rank of another job given the same name finds another key and stays out. */
+	uint64_t key;
+	uint32_t resv[2];
 };
 
 struct emu_rank {
@@ -69,7 +77,10 @@ struct emu_rank {
 	uint64_t ctrl_addr;   /* the owner's address of its struct offload_ctrl */
 	uint32_t ctrl_key;
 	uint32_t rails_down;  /* this rank's failed ports (bit per rail), set by the rank */
-	uint32_t resv0[10];
+	/* The failed ranks this rank knew of when it closed, written before its state says
+	 * CLOSED: peers that see it closed learn of those deaths at the same moment. */
+	uint64_t dead_seen;
+	uint32_t resv0[8];
 	/* Own line: bumped by doorbells and remote signals, slept on by progress threads. */
 	uint32_t event;
 	uint32_t sleepers;
@@ -85,7 +96,8 @@ struct emu_mr {
 	uint32_t kind;        /* enum emu_mr_kind */
 	uint32_t serial;      /* EMU_MR_SHARED: segment serial */
 	uint64_t shm_offset;  /* EMU_MR_JOB: offset in the job segment */
-	uint64_t resv[3];
+	uint64_t nonce;       /* EMU_MR_SHARED: the random part of the segment's name */
+	uint64_t resv[2];
 };
 
 /* A peer's ctx.empty() segment mapped here. Slots never move (users hold pointers to
@@ -133,6 +145,9 @@ struct emu_mcast_slot {
 	uint32_t resv[8];
 };
 
+_Static_assert(sizeof(struct emu_job_hdr) == 64, "job header: one line");
+_Static_assert(offsetof(struct emu_rank, event) == 64, "a rank's event word on its own line");
+_Static_assert(sizeof(struct emu_rank) == 128, "rank entry: two lines");
 _Static_assert(sizeof(struct emu_mcast_member) == 64, "a cursor per cache line");
 _Static_assert(sizeof(struct emu_mcast_group) == 128 + 64 * OFFLOAD_MAX_RANKS, "group layout");
 _Static_assert(sizeof(struct emu_mcast_slot) == 64, "a slot header per cache line");
@@ -176,6 +191,7 @@ struct dpa_hal {
 struct emu_device {
 	struct host_device_attr attr;
 	char job[96];
+	int job_fd;                   /* the job segment, flock'ed shared while we live */
 	uint8_t *job_map;
 	uint64_t job_len;
 	struct emu_job_hdr *hdr;
@@ -203,6 +219,7 @@ struct emu_device {
 	uint32_t stop;
 	uint32_t rail_faults;         /* a rail of this rank is set to fail */
 	uint64_t unreachable_seen;    /* job's unreachable ranks already in failed_ranks */
+	uint64_t closed_seen;         /* job's closed ranks already in closed_ranks */
 	uint64_t rail_sent[HOST_MAX_RAILS];
 	/* peer watch (emu_watch.c) */
 	pthread_t watch;
@@ -220,9 +237,13 @@ static inline struct emu_device *to_emu(struct host_device *dev)
 /* emu_job.c */
 int emu_job_open(struct emu_device *dev);
 void emu_job_close(struct emu_device *dev);
+/* Close the job segment's descriptor (and with it our flock), last. */
+void emu_job_release(struct emu_device *dev);
 int emu_job_barrier(struct emu_device *dev, int64_t timeout_ns);
 int emu_mr_reg(struct emu_device *dev, uint64_t addr, uint64_t len, uint32_t access,
-	       uint32_t kind, uint32_t serial, uint64_t shm_offset, uint32_t *key);
+	       uint32_t kind, uint32_t serial, uint64_t shm_offset, uint64_t nonce, uint32_t *key);
+/* A random 64-bit value (rkeys, segment names): unguessable, not cryptographic. */
+uint64_t emu_random64(struct emu_device *dev);
 int emu_mr_dereg(struct emu_device *dev, uint32_t key);
 /* Resolve [addr, addr+len) of rank's key for `access`: *ptr set if this process can copy
  * directly, else *pid for process_vm_*; *held is the peer mapping in use, to release after
@@ -232,8 +253,13 @@ int32_t emu_mr_resolve(struct emu_device *dev, uint32_t rank, uint32_t key, uint
 		       struct emu_map **held);
 /* Ends the copy that emu_mr_resolve() allowed into a mapped peer segment (held may be NULL). */
 void emu_map_release(struct emu_map *held);
+/* A ctx.empty() segment's name: the job's, the owner's rank and serial, and a random
+ * part published only in the (private) job segment, so nobody can plant it beforehand. */
 void emu_shared_name(const struct emu_device *dev, uint32_t rank, uint32_t serial,
-		     char *out, uint64_t outlen);
+		     uint64_t nonce, char *out, uint64_t outlen);
+/* Open a peer's (or our) segment by name, refusing anything but this user's private file
+ * of at least len bytes; a descriptor, or -errno. */
+int emu_open_private(const char *name, uint64_t len);
 void emu_unmap_peers(struct emu_device *dev);
 
 /* Completions of this thread's posts; the thread is the CQ's only producer and consumer. */
@@ -267,6 +293,12 @@ void emu_dma_copy(void *dst, const void *src, uint64_t len);
 /* emu_device.c */
 void emu_wake_rank(struct emu_device *dev, uint32_t rank);
 void emu_rail_down(struct emu_device *dev, uint32_t rail);
+/* What the NIC tells its firmware about a peer it lost (a refused or failed access): the
+ * peer closed its context (OFFLOAD_ERR_PEER_CLOSED, and the deaths it knew of are passed
+ * on) or died (OFFLOAD_ERR_PEER, and it goes into failed_ranks at once). */
+int32_t emu_peer_lost(struct emu_device *dev, uint32_t rank);
+/* Pass newly closed and unreachable peers on to the firmware's ring header. */
+void emu_sync_peers(struct emu_device *dev);
 /* emu_watch.c: fail peers that exit without closing (see there). */
 int emu_watch_start(struct emu_device *dev);
 void emu_watch_stop(struct emu_device *dev);

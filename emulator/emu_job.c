@@ -12,6 +12,7 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/stat.h>
@@ -82,6 +83,61 @@ static int pid_alive(int32_t pid)
 	return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM);
 }
 
+/* A /dev/shm object must be ours alone: a regular file of this user that nobody else may
+ * open. One planted by another user (or left open to others) is refused, not used. */
+static int private_file(int fd, struct stat *st)
+{
+	if (fstat(fd, st) < 0)
+		return -errno;
+	if (!S_ISREG(st->st_mode) || st->st_uid != geteuid() || (st->st_mode & 077))
+		return -EACCES;
+	return 0;
+}
+
+static int claim_u64(uint64_t *word, uint64_t want)
+{
+	uint64_t zero = 0;
+
+	if (off_cas(word, &zero, want))
+		return 0;
+	return zero == want ? 0 : -EEXIST;
+}
+
+/* Open (or, first, create) the job segment; every rank holds a shared flock on it while
+ * it lives, which is how a stale sweep tells a live job from a dead one. */
+static int open_job_segment(struct emu_device *dev, const char *name, struct stat *st)
+{
+	int fd = shm_open(name, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600), rc;
+
+	if (fd < 0 && errno == EEXIST)
+		fd = shm_open(name, O_RDWR | O_CLOEXEC, 0);
+	if (fd < 0)
+		return -errno;
+	rc = private_file(fd, st);
+	if (!rc && flock(fd, LOCK_SH) < 0)
+		rc = -errno;
+	if (rc) {
+		close(fd);
+		return rc;
+	}
+	dev->job_fd = fd;
+	return 0;
+}
+
+/* Another job under our name (OFFLOAD_JOB forced alike): its key is not ours. Read from
+ * the segment's first page, whatever size the other job gave it. */
+static int key_of_other_job(int fd, uint64_t key)
+{
+	struct emu_job_hdr *hdr = mmap(NULL, 4096, PROT_READ, MAP_SHARED, fd, 0);
+	uint64_t theirs;
+
+	if (hdr == MAP_FAILED)
+		return 0;
+	theirs = off_load_acquire(&hdr->key);
+	munmap(hdr, 4096);
+	return theirs && theirs != key;
+}
+
 int emu_job_open(struct emu_device *dev)
 {
 	uint32_t n = dev->attr.size, me = dev->attr.rank;
@@ -90,30 +146,28 @@ int emu_job_open(struct emu_device *dev)
 	int32_t pid = getpid(), old = 0;
 	uint32_t ctrl_key;
 	struct stat st;
-	int fd, rc;
+	int rc;
 
 	snprintf(name, sizeof(name), "/%s", dev->job);
-	fd = shm_open(name, O_RDWR | O_CREAT, 0600);
-	if (fd < 0)
-		return -errno;
+	rc = open_job_segment(dev, name, &st);
+	if (rc)
+		return rc;
 	dev->job_len = job_len(n, dev->attr.mtu);
 	/* The first rank sizes the segment (fresh pages read as zero); a rank that finds
 	 * another size belongs elsewhere and must not resize it under the live ranks. */
-	if (fstat(fd, &st) < 0 || (st.st_size == 0 && ftruncate(fd, (off_t)dev->job_len) < 0)) {
-		rc = -errno;
-		close(fd);
-		return rc;
-	}
-	if (st.st_size != 0 && (uint64_t)st.st_size != dev->job_len) {
-		close(fd);
-		return -EPROTO;
-	}
-	dev->job_map = mmap(NULL, dev->job_len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	close(fd);
+	if (st.st_size == 0 && ftruncate(dev->job_fd, (off_t)dev->job_len) < 0)
+		return -errno;
+	if (st.st_size != 0 && (uint64_t)st.st_size != dev->job_len)
+		return key_of_other_job(dev->job_fd, dev->attr.job_key) ? -EEXIST : -EPROTO;
+	dev->job_map = mmap(NULL, dev->job_len, PROT_READ | PROT_WRITE, MAP_SHARED, dev->job_fd, 0);
 	if (dev->job_map == MAP_FAILED) {
 		dev->job_map = NULL;
 		return -errno;
 	}
+	/* The job's key first: a rank of another job that was given our name touches nothing
+	 * else, and fails with "job name in use" (the first key claimed keeps the name). */
+	if (claim_u64(&((struct emu_job_hdr *)dev->job_map)->key, dev->attr.job_key))
+		return -EEXIST;
 	dev->hdr = (struct emu_job_hdr *)dev->job_map;
 	dev->ranks = (struct emu_rank *)(dev->job_map + ranks_off());
 	dev->mrs = (struct emu_mr *)(dev->job_map + mrs_off(n));
@@ -141,7 +195,7 @@ int emu_job_open(struct emu_device *dev)
 	rc = emu_mr_reg(dev, (uint64_t)(uintptr_t)&dev->ctrls[me], sizeof(struct offload_ctrl),
 			OFFLOAD_ACCESS_REMOTE_WRITE | OFFLOAD_ACCESS_REMOTE_ATOMIC |
 			OFFLOAD_ACCESS_LOCAL_READ | OFFLOAD_ACCESS_LOCAL_WRITE,
-			EMU_MR_JOB, 0, ctrls_off(n) + me * sizeof(struct offload_ctrl),
+			EMU_MR_JOB, 0, ctrls_off(n) + me * sizeof(struct offload_ctrl), 0,
 			&ctrl_key);
 	if (rc)
 		return rc;
@@ -167,9 +221,27 @@ int emu_job_barrier(struct emu_device *dev, int64_t timeout_ns)
 }
 
 void emu_shared_name(const struct emu_device *dev, uint32_t rank, uint32_t serial,
-		     char *out, uint64_t outlen)
+		     uint64_t nonce, char *out, uint64_t outlen)
 {
-	snprintf(out, outlen, "/%s-r%u-s%u", dev->job, rank, serial);
+	snprintf(out, outlen, "/%s-r%u-s%u-%016llx", dev->job, rank, serial,
+		 (unsigned long long)nonce);
+}
+
+int emu_open_private(const char *name, uint64_t len)
+{
+	int fd = shm_open(name, O_RDWR | O_CLOEXEC, 0), rc;
+	struct stat st;
+
+	if (fd < 0)
+		return -errno;
+	rc = private_file(fd, &st);
+	if (!rc && (uint64_t)st.st_size < len)
+		rc = -EINVAL;
+	if (rc) {
+		close(fd);
+		return rc;
+	}
+	return fd;
 }
 
 void emu_unmap_peers(struct emu_device *dev)
@@ -199,7 +271,8 @@ void emu_job_close(struct emu_device *dev)
 		if (!key)
 			continue;
 		if (mine[i].kind == EMU_MR_SHARED) {
-			emu_shared_name(dev, dev->attr.rank, mine[i].serial, name, sizeof(name));
+			emu_shared_name(dev, dev->attr.rank, mine[i].serial, mine[i].nonce, name,
+					sizeof(name));
 			shm_unlink(name);
 		}
 		off_store_release(&mine[i].key, 0);
@@ -207,7 +280,18 @@ void emu_job_close(struct emu_device *dev)
 	emu_unmap_peers(dev);
 	/* The last rank to leave removes the job segment (the launcher sweeps it too). */
 	if (dev->joined) {
+		struct offload_ring_hdr *ring = dev->win.ring;
+		uint64_t me = 1ull << dev->attr.rank;
+
+		/* Peers see us closed (not failed), knowing what we knew of deaths: release
+		 * stores, in this order (emu_watch.c reads them back to front). */
+		off_store_release(&dev->ranks[dev->attr.rank].dead_seen,
+				  ring ? off_load_acquire(&ring->failed_ranks) & ~me : 0);
 		off_store_release(&dev->ranks[dev->attr.rank].state, EMU_RANK_CLOSED);
+		__atomic_fetch_or(&dev->hdr->closed_mask, me, __ATOMIC_SEQ_CST);
+		for (uint32_t r = 0; r < dev->attr.size; r++)  /* their waits on us end now */
+			if (r != dev->attr.rank)
+				emu_wake_rank(dev, r);
 		dev->joined = 0;
 		if (off_fetch_add(&dev->hdr->closed, 1) + 1 == dev->attr.size) {
 			snprintf(name, sizeof(name), "/%s", dev->job);
@@ -216,6 +300,13 @@ void emu_job_close(struct emu_device *dev)
 	}
 	munmap(dev->job_map, dev->job_len);
 	dev->job_map = NULL;
+}
+
+void emu_job_release(struct emu_device *dev)
+{
+	if (dev->job_fd >= 0)
+		close(dev->job_fd);  /* drops our flock: the sweep may take what is left */
+	dev->job_fd = -1;
 }
 
 static uint32_t next_random(struct emu_device *dev)
@@ -230,8 +321,20 @@ static uint32_t next_random(struct emu_device *dev)
 	return (uint32_t)((x * 0x2545f4914f6cdd1dull) >> 32);
 }
 
+uint64_t emu_random64(struct emu_device *dev)
+{
+	uint64_t v;
+
+	if (getrandom(&v, sizeof(v), 0) == sizeof(v))
+		return v;
+	pthread_mutex_lock(&dev->mr_lock);
+	v = (uint64_t)next_random(dev) << 32 | next_random(dev);
+	pthread_mutex_unlock(&dev->mr_lock);
+	return v;
+}
+
 int emu_mr_reg(struct emu_device *dev, uint64_t addr, uint64_t len, uint32_t access,
-	       uint32_t kind, uint32_t serial, uint64_t shm_offset, uint32_t *key)
+	       uint32_t kind, uint32_t serial, uint64_t shm_offset, uint64_t nonce, uint32_t *key)
 {
 	struct emu_mr *table = &dev->mrs[(uint64_t)dev->attr.rank * EMU_MAX_MRS];
 	uint32_t k;
@@ -253,6 +356,7 @@ int emu_mr_reg(struct emu_device *dev, uint64_t addr, uint64_t len, uint32_t acc
 		mr->kind = kind;
 		mr->serial = serial;
 		mr->shm_offset = shm_offset;
+		mr->nonce = nonce;
 		off_store_release(&mr->key, k);  /* publishes the fields above to peers */
 		pthread_mutex_unlock(&dev->mr_lock);
 		*key = k;
@@ -295,7 +399,7 @@ static void sweep_maps(struct emu_device *dev)
 }
 
 static struct emu_map *map_shared(struct emu_device *dev, uint32_t rank, uint32_t serial,
-				  uint32_t key, uint64_t len)
+				  uint64_t nonce, uint32_t key, uint64_t len)
 {
 	struct emu_map *found = NULL, *slot = NULL;
 	char name[160];
@@ -316,8 +420,8 @@ static struct emu_map *map_shared(struct emu_device *dev, uint32_t rank, uint32_
 		}
 	}
 	if (!found && slot) {
-		emu_shared_name(dev, rank, serial, name, sizeof(name));
-		fd = shm_open(name, O_RDWR, 0600);
+		emu_shared_name(dev, rank, serial, nonce, name, sizeof(name));
+		fd = emu_open_private(name, len);
 		if (fd >= 0) {
 			ptr = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 			close(fd);
@@ -350,7 +454,7 @@ int32_t emu_mr_resolve(struct emu_device *dev, uint32_t rank, uint32_t key, uint
 	if (rank >= dev->attr.size)
 		return OFFLOAD_ERR_REMOTE_ACCESS;
 	if (off_load_acquire(&dev->ranks[rank].state) != EMU_RANK_ALIVE)
-		return OFFLOAD_ERR_PEER;
+		return emu_peer_lost(dev, rank);
 	mr = &dev->mrs[(uint64_t)rank * EMU_MAX_MRS + (key & (EMU_MAX_MRS - 1))];
 	if (!key || off_load_acquire(&mr->key) != key)
 		return OFFLOAD_ERR_REMOTE_ACCESS;
@@ -376,7 +480,7 @@ int32_t emu_mr_resolve(struct emu_device *dev, uint32_t rank, uint32_t key, uint
 			*ptr = (uint8_t *)(uintptr_t)addr;
 			break;
 		}
-		map = map_shared(dev, rank, snap.serial, key, snap.len);
+		map = map_shared(dev, rank, snap.serial, snap.nonce, key, snap.len);
 		if (!map)
 			return OFFLOAD_ERR_REMOTE_ACCESS;
 		*ptr = map->ptr + (addr - snap.addr);

@@ -50,12 +50,67 @@ static void reap_dead_rank(struct emu_device *dev, uint32_t rank)
 		if (!off_load_acquire(&mrs[i].key))
 			continue;
 		if (mrs[i].kind == EMU_MR_SHARED) {
-			emu_shared_name(dev, rank, mrs[i].serial, name, sizeof(name));
+			emu_shared_name(dev, rank, mrs[i].serial, mrs[i].nonce, name, sizeof(name));
 			shm_unlink(name);
 		}
 		off_store_release(&mrs[i].key, 0);  /* nothing of the dead rank stays reachable */
 	}
 	off_fetch_add(&dev->hdr->closed, 1);
+}
+
+/* A peer that closed: its firmware learns it, and learns the deaths the closer knew of
+ * at the same moment (it may have closed because of one: the op that fails here must
+ * name that death, not the clean close that followed it). */
+static void peer_closed(struct emu_device *dev, uint32_t rank)
+{
+	struct offload_ring_hdr *ring = dev->win.ring;
+	/* Pairs with emu_job_close(): dead_seen is written before the CLOSED state. */
+	uint64_t dead = off_load_acquire(&dev->ranks[rank].dead_seen) & ~(1ull << dev->attr.rank);
+
+	if (!ring)
+		return;
+	if (dead)
+		__atomic_fetch_or(&ring->failed_ranks, dead, __ATOMIC_SEQ_CST);
+	__atomic_fetch_or(&ring->closed_ranks, 1ull << rank, __ATOMIC_SEQ_CST);
+}
+
+void emu_sync_peers(struct emu_device *dev)
+{
+	struct offload_ring_hdr *ring = dev->win.ring;
+	uint64_t me = 1ull << dev->attr.rank;
+	uint64_t unreachable = off_read_once(&dev->hdr->unreachable) & ~me;
+	uint64_t closed = off_load_acquire(&dev->hdr->closed_mask) & ~me;
+	uint64_t fresh;
+
+	/* Peers the fabric lost behave like dead ones for the firmware. */
+	if (unreachable & ~off_read_once(&dev->unreachable_seen)) {
+		__atomic_fetch_or(&ring->failed_ranks, unreachable, __ATOMIC_SEQ_CST);
+		__atomic_fetch_or(&dev->unreachable_seen, unreachable, __ATOMIC_SEQ_CST);
+	}
+	fresh = closed & ~off_read_once(&dev->closed_seen);
+	if (!fresh)
+		return;
+	for (uint32_t r = 0; r < dev->attr.size; r++)
+		if (fresh & (1ull << r))
+			peer_closed(dev, r);
+	__atomic_fetch_or(&dev->closed_seen, fresh, __ATOMIC_SEQ_CST);
+}
+
+int32_t emu_peer_lost(struct emu_device *dev, uint32_t rank)
+{
+	struct offload_ring_hdr *ring = dev->win.ring;
+	uint32_t state = off_load_acquire(&dev->ranks[rank].state);
+
+	if (state == EMU_RANK_CLOSED) {
+		peer_closed(dev, rank);
+		return OFFLOAD_ERR_PEER_CLOSED;
+	}
+	/* Dead (a survivor reaped it), or its process is gone while its state still says
+	 * alive: it exited without closing. The firmware hears of it now, not when our watch
+	 * wakes, so that the error it reports and failed_ranks agree. */
+	if (ring && rank != dev->attr.rank)
+		__atomic_fetch_or(&ring->failed_ranks, 1ull << rank, __ATOMIC_SEQ_CST);
+	return OFFLOAD_ERR_PEER;
 }
 
 static void peer_failed(struct emu_device *dev, uint32_t rank)

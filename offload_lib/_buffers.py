@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import re
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -64,7 +65,23 @@ def _address(obj: Any) -> int:
     return int(ffi.cast("uintptr_t", ffi.from_buffer(obj)))
 
 
+def _refuse_objects(dtype: np.dtype, name: str) -> None:
+    """Elements that are Python object references (or hold one; numpy's variable-width
+    StringDType too) are pointers into this process: sent to a peer they are garbage, and
+    reading them crashes it."""
+    if dtype.hasobject:
+        raise InvalidArgument(
+            f"{name} holds Python objects or other references (dtype {dtype}): collectives "
+            f"move plain numbers or bytes; convert it first, e.g. np.asarray({name}, "
+            "dtype=np.float64)")
+
+
+# PEP 3118 field names (":name:") may contain any letter; the type codes are outside them.
+_FIELD_NAME = re.compile(r":[^:]*:")
+
+
 def _from_ndarray(a: np.ndarray, writable: bool, name: str) -> Buffer:
+    _refuse_objects(a.dtype, name)
     if not a.flags.c_contiguous:
         raise InvalidArgument(f"{name} is not C-contiguous: pass np.ascontiguousarray({name})")
     if writable and not a.flags.writeable:
@@ -101,6 +118,10 @@ def _from_buffer_protocol(obj: Any, writable: bool, name: str) -> Buffer:
             f"{name} ({type(obj).__name__}) does not expose memory: pass a numpy array, "
             "a torch CPU tensor or an object with the buffer protocol"
         ) from None
+    if "O" in _FIELD_NAME.sub("", view.format):  # "O": a PyObject pointer (PEP 3118)
+        raise InvalidArgument(
+            f"{name} holds Python objects (buffer format {view.format!r}): collectives move "
+            "plain numbers or bytes")
     if not view.c_contiguous:
         raise InvalidArgument(f"{name} is not C-contiguous")
     if writable and view.readonly:
@@ -146,6 +167,7 @@ def _from_cai(obj: Any, writable: bool, name: str) -> Buffer:
     cai = obj.__cuda_array_interface__
     shape = tuple(int(d) for d in cai["shape"])
     dt = np.dtype(cai["typestr"])
+    _refuse_objects(dt, name)
     strides = cai.get("strides")
     if strides is not None and math.prod(shape) > 1 and \
             tuple(strides) != _contiguous_strides(shape, dt.itemsize):

@@ -7,6 +7,7 @@ import os
 import threading
 import warnings
 import weakref
+import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -26,6 +27,7 @@ OP_ALLTOALL = 3
 OP_ALLTOALLV = 4
 OP_BROADCAST = 6
 OP_ALLGATHER = 7
+OP_AGREE = 8
 F_EXPECT = 1  # OFFLOAD_CMD_F_EXPECT
 F_ROWS = 2  # OFFLOAD_CMD_F_ROWS
 F_SLOTS = 4  # OFFLOAD_CMD_F_SLOTS
@@ -202,6 +204,30 @@ def _row_index(obj: Any, name: str, size: int, bound: int | None, what: str) -> 
     return index
 
 
+def _integer(value: Any, name: str) -> int:
+    """``value`` as an int, if it is one (numpy integers too; not bool, float or str)."""
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidArgument(f"{name} must be an integer, got {value!r}")
+    return int(value)
+
+
+def _dtype(dtype: Any) -> np.dtype:
+    """A numpy dtype of plain numbers or bytes, or InvalidArgument saying why not."""
+    try:
+        dt = np.dtype(dtype)
+    except (TypeError, ValueError) as e:
+        raise InvalidArgument(f"dtype {dtype!r} is not a numpy dtype: {e}") from None
+    if dt.hasobject:
+        raise InvalidArgument(f"dtype {dt} holds Python objects: shared buffers hold plain "
+                              "numbers or bytes")
+    return dt
+
+
+def _list_fp(ranks: Sequence[int]) -> int:
+    """A member list's fingerprint, order included (create_team's agreement compares it)."""
+    return zlib.crc32(np.asarray(ranks, np.uint32).tobytes()) or 1
+
+
 def _counts(counts: Any, n: int, name: str) -> np.ndarray:
     """Per-rank element counts as int64, checked: n of them, integers, none negative."""
     try:
@@ -311,7 +337,7 @@ class Team:
         if slot is not None:
             if recv_counts is not None:
                 raise InvalidArgument("recv_counts cannot be checked in slot mode: pass one or the other")
-            slot = int(slot)
+            slot = _integer(slot, "slot")
             if slot < 0 or n * slot > d.count:
                 raise InvalidArgument(
                     f"slot={slot} needs dst to hold {n} x {slot} elements; it holds {d.count}"
@@ -454,6 +480,21 @@ class Team:
                                  lambda g: _staging.allgather(g, self, s, d),
                                  keep=(words,), result=result, nbytes=d.nbytes)
 
+    # -- shrink -----------------------------------------------------------------------------
+    def shrink(self) -> Team:
+        """This team without its members that failed or closed (ULFM's MPI_Comm_shrink):
+        collective over the live members, which all get the same new team (same members,
+        same order, same id) whatever each one knew of the failures and whenever it calls;
+        a member that fails during the call changes nothing. Works on a team whose ops fail
+        since a member died."""
+        ctx = self._ctx
+        ctx._check_open()
+        mine = sum(1 << r for r in self.ranks)
+        failed, team_id, _ = ctx._agree(self, ctx._gone_mask() & mine, ctx._next_team,
+                                        _list_fp(self.ranks), "shrink")
+        survivors = [r for r in self.ranks if not failed >> r & 1]
+        return ctx._make_team(ctx._new_team_id(team_id), survivors)
+
     # -- barrier ----------------------------------------------------------------------------
     def barrier(self) -> Request:
         self._ctx._check_open()
@@ -480,7 +521,13 @@ class Context:
         self._stager: _staging.Stager | None = None  # made when a GPU buffer first shows up
         # multicast faults this rank's NIC injects now (set_mcast_faults changes them)
         self._mcast_faults = (config.mcast_loss, config.mcast_reorder)
+        # The host context. It stays valid after close() (every call into it then answers
+        # -ESHUTDOWN) and is freed with this object, so that threads that read it before a
+        # close() from another thread never touch freed memory (host_ctx_shutdown).
         self._ptr: Any = None
+        self._closed = True  # until the device is open
+        self._close_lock = threading.Lock()
+        self._shut = threading.Event()  # set once the device stopped (close() returned)
         params = ffi.new("struct host_ctx_params *")
         job_c = ffi.new("char[]", world.job.encode())
         backend_c = ffi.new("char[]", backend.encode())
@@ -513,6 +560,7 @@ class Context:
         params.mcast_loss_ppm = int(round(config.mcast_loss * 1e6))
         params.mcast_reorder_ppm = int(round(config.mcast_reorder * 1e6))
         params.mcast_seed = config.mcast_seed
+        params.job_key = world.key64
         for r, after in enumerate(_rail_thresholds(config, world.rank)):
             params.rail_down_after[r] = after
         self._post_timeout_ns = int(config.post_timeout * 1e9)
@@ -525,37 +573,53 @@ class Context:
             raise OffloadError(f"{what}: the backend library {ffi.string(lib_c).decode()} was "
                                "built from other headers (another OFFLOAD_ABI_VERSION): rebuild "
                                "it with scripts/build_flexio.sh")
+        if rc == -errno.EEXIST:
+            raise OffloadError(f"{what}: job name in use: another job runs under "
+                               f"OFFLOAD_JOB={world.job} (every job needs a name of its own: "
+                               "dpa-offload run and mpirun make one)")
+        if rc == -errno.EACCES:
+            raise OffloadError(f"{what}: /dev/shm/{world.job} is not a private file of this "
+                               "user (made by someone else?): refusing to use it")
         check_rc(rc, what)
-        self._ptr = out[0]
+        self._ptr = ffi.gc(out[0], lib.host_ctx_close)
+        self._closed = False
         self.world = self._make_team(0, list(range(self.size)))
 
     # -- lifecycle --------------------------------------------------------------------------
     @property
     def closed(self) -> bool:
-        return self._ptr is None
+        return self._closed
 
     def _check_open(self) -> None:
-        if self._ptr is None:
-            raise OffloadError("the context is closed")
+        if self._closed:
+            raise OffloadError("the context closed: open a new one with ol.init()")
 
     def _handle(self) -> Any:
-        if self._ptr is None:
-            raise OffloadError("the context is closed")
+        self._check_open()
         return self._ptr
 
+    def _check(self, rc: int, what: str) -> None:
+        """check_rc for calls on this context: one that ended because another thread
+        closed it raises once the device stopped, so that the caller may free its buffers."""
+        if rc == -errno.ESHUTDOWN:
+            self._shut.wait(timeout=30)
+        check_rc(rc, what)
+
     def close(self) -> None:
-        """Stop the DPA threads and release everything; safe to call twice."""
-        stager, self._stager = self._stager, None
-        if stager is not None and self._ptr is not None:
-            stager.close()  # finishes the staged ops while the device is still open
-        with self._lock:
-            ptr, self._ptr = self._ptr, None
-        if ptr is None:
-            return
-        for p in list(self._persistents):  # children first: they hold registrations
-            p._freed = True
-        lib.host_ctx_close(ptr)
-        self._orphans.clear()
+        """Stop the DPA threads and release everything; safe to call twice, and from any
+        thread: calls waiting or posting in other threads raise OffloadError."""
+        with self._close_lock:  # a second close() returns once the first is done
+            if self._closed:
+                return
+            stager, self._stager = self._stager, None
+            if stager is not None:
+                stager.close()  # finishes the staged ops while the device is still open
+            self._closed = True  # from here on, calls raise before entering the library
+            for p in list(self._persistents):  # children first: they hold registrations
+                p._freed = True
+            lib.host_ctx_shutdown(self._ptr)  # wakes the threads inside, waits for them
+            self._orphans.clear()
+            self._shut.set()
 
     def __enter__(self) -> Context:
         return self
@@ -564,36 +628,77 @@ class Context:
         self.close()
 
     def __del__(self) -> None:
-        if getattr(self, "_ptr", None) is not None:
+        if not getattr(self, "_closed", True):
             warnings.warn(f"{self!r} was not closed", ResourceWarning, stacklevel=2)
             self.close()
 
     def __repr__(self) -> str:
-        state = "closed" if self._ptr is None else "open"
+        state = "closed" if self._closed else "open"
         return f"<Context rank={self.rank}/{self.size} backend={self.backend} {state}>"
 
     # -- teams ------------------------------------------------------------------------------
     def _make_team(self, team_id: int, ranks: list[int]) -> Team:
         arr = ffi.new("uint32_t[]", ranks)
-        check_rc(lib.host_team_create(self._handle(), team_id, len(ranks), arr,
-                                      int(self.config.post_timeout * 1e9)),
-                 f"creating team {team_id}")
+        self._check(lib.host_team_create(self._handle(), team_id, len(ranks), arr,
+                                         int(self.config.post_timeout * 1e9)),
+                    f"creating team {team_id}")
         return Team(self, team_id, ranks)
 
+    def _gone_mask(self) -> int:
+        """World ranks known to have failed or closed, one bit each."""
+        h = self._handle()
+        return int(lib.host_failed_ranks(h)) | int(lib.host_closed_ranks(h))
+
+    def _agree(self, team: Team, failed: int, value: int, fp: int, what: str
+               ) -> tuple[int, int, int]:
+        """Fault-tolerant agreement among team's live members (OFFLOAD_OP_AGREE): every one
+        gets the same (failed ranks: the union of what each knew, and who was gone; value:
+        the largest proposed; a member whose fp differed, or -1)."""
+        args = np.zeros(4, np.uint64)  # struct offload_agree_args
+        args[0], args[1] = failed, value
+        args.view(np.uint32)[4] = fp
+        op = ffi.new("struct host_op *")
+        op.opcode = OP_AGREE
+        op.team = team.id
+        op.aux_addr, op.aux_len = args.ctypes.data, args.nbytes
+        self._post(op, what, (args,)).wait()
+        differs = int(args.view(np.uint32)[5])
+        return int(args[0]), int(args[1]), differs - 1
+
+    def _new_team_id(self, team_id: int) -> int:
+        if team_id >= MAX_TEAMS:
+            raise OffloadError(f"at most {MAX_TEAMS} teams (world included) can exist in a job")
+        self._next_team = max(self._next_team, team_id + 1)
+        return team_id
+
     def create_team(self, ranks: Sequence[int]) -> Team | None:
-        """Collective over all ranks (same list everywhere); members get a Team, others None."""
+        """Collective over all live ranks (same list everywhere, in the same order); members
+        get a Team, others None. The ranks agree on it first: a rank that passed another
+        list makes it fail on every rank (InvalidArgument naming it)."""
         self._check_open()
-        members = [int(r) for r in ranks]
+        if isinstance(ranks, (str, bytes)) or not hasattr(ranks, "__iter__"):
+            raise InvalidArgument(f"team ranks must be a sequence of world ranks, got {ranks!r}")
+        members = [_integer(r, "a team rank") for r in ranks]
         if not members or len(set(members)) != len(members):
             raise InvalidArgument(f"team ranks {members} must be non-empty and distinct")
         bad = [r for r in members if not 0 <= r < self.size]
         if bad:
             raise InvalidArgument(f"team ranks {bad} are outside the world (size {self.size})")
-        if self._next_team >= MAX_TEAMS:
-            raise OffloadError(f"at most {MAX_TEAMS} teams (world included) can exist")
-        team_id = self._next_team
-        self._next_team += 1
+        _, team_id, differs = self._agree(self.world, self._gone_mask(), self._next_team,
+                                          _list_fp(members), "create_team")
+        if differs >= 0:
+            raise InvalidArgument(
+                f"create_team({members}): rank {differs} passed another member list (or the "
+                "same members in another order); every rank must pass the same list")
+        team_id = self._new_team_id(team_id)
         return self._make_team(team_id, members) if self.rank in members else None
+
+    def shrink(self) -> Team:
+        """The world without the ranks that failed or closed (ULFM's MPI_Comm_shrink): call
+        it on every live rank after a PeerFailure; every one gets the same team, whatever
+        each one knew of the failures and whenever it calls, and further failures during
+        the call do not change that. Equivalent to ``ctx.world.shrink()``."""
+        return self.world.shrink()
 
     # -- memory -----------------------------------------------------------------------------
     def _register(self, buf: Buffer, access: int) -> tuple[int, bool]:
@@ -601,28 +706,36 @@ class Context:
             return 0, False
         key = ffi.new("uint32_t *")
         owned = ffi.new("int *")
-        check_rc(lib.host_mr_acquire(self._handle(), ffi.cast("void *", buf.addr), buf.nbytes,
+        self._check(lib.host_mr_acquire(self._handle(), ffi.cast("void *", buf.addr), buf.nbytes,
                                      access, key, owned), "registering memory")
         return int(key[0]), bool(owned[0])
 
     def _release_key(self, key: int) -> None:
-        if self._ptr is not None:
+        if not self._closed:
             lib.host_mr_release(self._ptr, key)
 
     def empty(self, shape: int | Sequence[int], dtype: Any = np.float64) -> np.ndarray:
         """A numpy array in registered job-shared memory: peers copy into it directly."""
         self._check_open()
-        dt = np.dtype(dtype)
-        count = math.prod(shape) if isinstance(shape, (tuple, list)) else int(shape)
+        dt = _dtype(dtype)
+        dims = [_integer(d, "a dimension of shape") for d in
+                (shape if isinstance(shape, (tuple, list)) else [shape])]
+        if any(d < 0 for d in dims):
+            raise InvalidArgument(f"shape {shape!r} has a negative dimension")
+        count = math.prod(dims)
         nbytes = count * dt.itemsize
+        if nbytes > _MAX_COUNT:
+            raise InvalidArgument(f"shape {shape!r} of {dt} is {nbytes} bytes: more than any "
+                                  "buffer holds")
         addr = ffi.new("void **")
         key = ffi.new("uint32_t *")
-        check_rc(lib.host_alloc_shared(self._handle(), nbytes, addr, key), "allocating shared memory")
+        self._check(lib.host_alloc_shared(self._handle(), nbytes, addr, key),
+                    "allocating shared memory")
         ref = weakref.ref(self)
 
         def release(ptr: Any) -> None:
             ctx = ref()
-            handle = None if ctx is None else ctx._ptr
+            handle = None if ctx is None else ctx._ptr  # closed: it only unmaps
             lib.host_free_shared(handle if handle is not None else ffi.NULL, ptr, nbytes)
 
         owner = ffi.gc(addr[0], release)
@@ -665,7 +778,7 @@ class Context:
         if self._orphans:
             self._reap_orphans()
         rc = lib.host_post(self._handle(), op, self._post_timeout_ns, tag)
-        check_rc(rc, f"posting {what}")
+        self._check(rc, f"posting {what}")
         poll_ns = _POLL_NS if nbytes <= _POLL_MAX_BYTES else 0
         return Request(self, int(tag[0]), what, keep, result, poll_ns, itemsize)
 
@@ -676,7 +789,7 @@ class Context:
         return p
 
     def _adopt(self, tag: int, keep: tuple[Any, ...]) -> None:
-        if self._ptr is None:
+        if self._closed:
             return
         if keep:
             self._orphans[tag] = keep
@@ -686,7 +799,7 @@ class Context:
     def _reap_orphans(self) -> None:
         comp = ffi.new("struct host_completion *")
         for tag in list(self._orphans):
-            if lib.host_test(self._ptr, tag, comp) != 0:
+            if lib.host_test(self._handle(), tag, comp) != 0:
                 self._orphans.pop(tag, None)  # the stager's poster reaps too
 
     # -- fault injection --------------------------------------------------------------------
@@ -711,7 +824,7 @@ class Context:
         if rc == -errno.EOPNOTSUPP:
             raise Unsupported(f"set_mcast_faults: the {self.backend} backend injects no faults "
                               "(a real fabric loses what it loses)")
-        check_rc(rc, "set_mcast_faults")
+        self._check(rc, "set_mcast_faults")
         old, self._mcast_faults = self._mcast_faults, (new[0], new[1])
         return old
 
@@ -722,11 +835,17 @@ class Context:
         mask = int(lib.host_failed_ranks(self._handle()))
         return [r for r in range(self.size) if mask >> r & 1]
 
+    def closed_ranks(self) -> list[int]:
+        """World ranks that closed their context (left the job cleanly). Ops that needed
+        one fail with PeerClosed; ``shrink()`` leaves them out."""
+        mask = int(lib.host_closed_ranks(self._handle()))
+        return [r for r in range(self.size) if mask >> r & 1]
+
     def stats(self) -> dict[str, Any]:
         """Firmware counters: totals and per DPA thread."""
         n = lib.host_num_threads(self._handle())
         raw = ffi.new("uint64_t[]", n * _STAT_WORDS)
-        lib.host_stats(self._ptr, raw, n)
+        self._check(lib.host_stats(self._ptr, raw, n), "stats")
         per_thread = [
             {f: int(raw[t * _STAT_WORDS + i]) for i, f in enumerate(_STAT_FIELDS)}
             for t in range(n)

@@ -25,6 +25,12 @@ class PeerFailure(OffloadError):
         self.rank = rank
 
 
+class PeerClosed(PeerFailure):
+    """A peer rank closed its context (it left the job cleanly) before taking its part;
+    ``rank`` names it. It did not fail: ``ctx.failed_ranks()`` does not list it,
+    ``ctx.closed_ranks()`` does."""
+
+
 class Timeout(OffloadError):
     """An operation did not complete within its time bound."""
 
@@ -59,6 +65,45 @@ ERR_INTERNAL = -8
 ERR_PEER_OP = -9
 ERR_LINK_DOWN = -10
 ERR_COUNT_MISMATCH = -11
+ERR_PEER_CLOSED = -12
+ERR_MISMATCH = -13
+
+# enum offload_mismatch, and the names of what a signature's op field holds
+_MISMATCH_OP, _MISMATCH_ROOT, _MISMATCH_SIZE, _MISMATCH_TEAM = 1, 2, 3, 4
+_OP_NAMES = {2: "barrier", 3: "all-to-all", 4: "all-to-all-v", 6: "broadcast", 7: "all-gather",
+             8: "create_team or shrink (an agreement)"}
+_F_SLOTS, _F_PLACE = 4, 8
+
+
+def _op_name(sig_op: int) -> str:
+    """A signature's op field (opcode | mode << 8) in words."""
+    name = _OP_NAMES.get(sig_op & 0xFF, f"opcode {sig_op & 0xFF}")
+    mode = sig_op >> 8
+    if mode & _F_SLOTS:
+        name += " in slot mode"
+    if mode & _F_PLACE:
+        name = "placed " + name
+    return name
+
+
+def _mismatch_error(what: str, peer: int, result0: int, theirs: int,
+                    itemsize: int | None) -> InvalidArgument:
+    kind, ours = result0 >> 56, result0 & ((1 << 56) - 1)
+    tail = ("; every rank must post the same collectives, in the same order and with the"
+            " same arguments, on a team: nothing was moved and the team goes on")
+    if kind == _MISMATCH_OP:
+        return InvalidArgument(f"{what}: rank {peer} runs {_op_name(theirs)} where this rank"
+                               f" runs {_op_name(ours)}{tail}")
+    if kind == _MISMATCH_ROOT:
+        return InvalidArgument(f"{what}: rank {peer} names root {theirs} where this rank names"
+                               f" root {ours}{tail}")
+    if kind == _MISMATCH_SIZE:
+        unit, size = ("bytes", 1) if itemsize is None else ("elements", itemsize)
+        return InvalidArgument(f"{what}: rank {peer} moves blocks of size {theirs // size}"
+                               f" {unit} where this rank's are {ours // size} {unit}{tail}")
+    return InvalidArgument(f"{what}: rank {peer} built this team from another member list"
+                           f" (or order, or team id: fingerprint {theirs:#x}, ours"
+                           f" {ours:#x}){tail}")
 
 
 def completion_error(what: str, status: int, detail: int, result0: int, result1: int,
@@ -85,6 +130,13 @@ def completion_error(what: str, status: int, detail: int, result0: int, result1:
             f"{what}: rank {detail} failed (its process died or became unreachable); this"
             " team fails every later op: continue on ctx.create_team() over the survivors"
             " (ctx.failed_ranks() lists the dead)", rank=detail)
+    if status == ERR_MISMATCH:
+        return _mismatch_error(what, detail, result0, result1, itemsize)
+    if status == ERR_PEER_CLOSED:
+        return PeerClosed(
+            f"{what}: rank {detail} closed its context (it left the job) before taking its"
+            " part; this team fails every later op: continue on ctx.shrink() (or"
+            " ctx.create_team() without it)", rank=detail)
     if status == ERR_TIMEOUT:
         return Timeout(
             f"{what}: the firmware aborted the op after op_timeout (a rank never posted its"
@@ -130,6 +182,9 @@ def check_rc(rc: int, what: str) -> None:
         raise OffloadError(f"{what}: out of registration slots; free buffers or requests")
     if err == errno.EPROTO:
         raise OffloadError(f"{what}: the job segment belongs to another job or the ranks disagree on its size")
+    if err == errno.ESHUTDOWN:
+        raise OffloadError(f"{what}: the context closed (ctx.close() was called while this "
+                           "call was inside it)")
     if err == errno.EADDRINUSE:
         raise OffloadError(f"{what}: another live process already holds this rank")
     raise OffloadError(f"{what}: {os.strerror(err)}")

@@ -6,10 +6,14 @@ LOCAL_RANK, MASTER_ADDR/PORT for torch.distributed), forwards their output prefi
 """
 from __future__ import annotations
 
+import ctypes
+import fcntl
 import os
 import re
 import secrets
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import threading
@@ -44,18 +48,51 @@ def job_segments(job: str) -> list[str]:
         return []
 
 
+def _job_in_use(job: str) -> bool:
+    """Does a live process use the job? Every rank holds a shared flock on the job segment
+    while it lives (emulator/emu_job.c); a process that died holds nothing."""
+    try:
+        fd = os.open(os.path.join(SHM_DIR, job), os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+    return False
+
+
+def _remove(path: str, uid: int) -> bool:
+    """Remove a file (or a bootstrap directory) of uid's; nothing else."""
+    try:
+        st = os.lstat(path)
+        if st.st_uid != uid:
+            return False
+        if stat.S_ISDIR(st.st_mode):
+            shutil.rmtree(path)
+        elif stat.S_ISREG(st.st_mode):
+            os.unlink(path)
+        else:
+            return False
+    except OSError:
+        return False
+    return True
+
+
 def _remove_job_segments(job: str) -> list[str]:
-    removed = []
-    for name in job_segments(job):
-        try:
-            os.unlink(os.path.join(SHM_DIR, name))
-            removed.append(name)
-        except (FileNotFoundError, IsADirectoryError, PermissionError):
-            pass
-    return removed
+    """The job's names in SHM_DIR, unless a live process still uses the job (another job
+    forced to the same name, say)."""
+    if _job_in_use(job):
+        return []
+    uid = os.getuid()
+    return [name for name in job_segments(job) if _remove(os.path.join(SHM_DIR, name), uid)]
 
 
-_SEGMENT_RE = re.compile(rf"{JOB_PREFIX}-(\d+)-(\d+)-[0-9a-f]{{16}}")
+_SEGMENT_RE = re.compile(rf"({JOB_PREFIX}-(\d+)-(\d+)-[0-9a-f]{{16}})")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -69,10 +106,12 @@ def _pid_alive(pid: int) -> bool:
 
 
 def cleanup_stale_segments(uid: int | None = None) -> list[str]:
-    """Remove SHM_DIR files of ``uid``'s jobs whose owner pid is gone; return the removed names.
+    """Remove SHM_DIR names of ``uid``'s dead jobs; return the removed names.
 
-    Only files named ``dpaoff-<uid>-<pid>-<16 hex>...``, owned by ``uid``, whose ``<pid>`` no
-    longer exists are touched; other users' files and those of live jobs are kept.
+    Only names of jobs ``dpaoff-<uid>-<pid>-<16 hex>`` owned by ``uid`` are looked at. A job
+    is dead when its ``<pid>`` (the launcher, or rank 0 under mpirun) is gone and no live
+    process holds its job segment (every rank flocks it while it lives): ranks that outlive
+    a launcher keep their job. Other users' names and live jobs' are kept.
     """
     uid = os.getuid() if uid is None else uid
     try:
@@ -80,19 +119,16 @@ def cleanup_stale_segments(uid: int | None = None) -> list[str]:
     except FileNotFoundError:
         return []
     removed = []
+    verdict: dict[str, bool] = {}
     for name in names:
         m = _SEGMENT_RE.match(name)
-        if not m or int(m.group(1)) != uid or _pid_alive(int(m.group(2))):
+        if not m or int(m.group(2)) != uid:
             continue
-        path = os.path.join(SHM_DIR, name)
-        try:
-            st = os.lstat(path)
-            if st.st_uid != uid or not os.path.isfile(path) or os.path.islink(path):
-                continue
-            os.unlink(path)
-        except OSError:
-            continue
-        removed.append(name)
+        job = m.group(1)
+        if job not in verdict:
+            verdict[job] = not _pid_alive(int(m.group(3))) and not _job_in_use(job)
+        if verdict[job] and _remove(os.path.join(SHM_DIR, name), uid):
+            removed.append(name)
     return removed
 
 
@@ -227,15 +263,66 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _rank_env(base: Mapping[str, str], rank: int, size: int, job: str,
-              port: int) -> dict[str, str]:
+# Ranks die with their launcher. A rank the launcher starts gets SIGKILL when the launcher
+# dies (PR_SET_PDEATHSIG, kept across exec); a process further down (a shell wrapper's
+# child) has the read end of a pipe whose write end only the launcher holds: once the
+# launcher is gone it reads EOF, and ol.init() watches for that (watch_launcher).
+_LIBC = ctypes.CDLL(None, use_errno=True)
+_PR_SET_PDEATHSIG = 1
+LAUNCHER_PIPE_ENV = "OFFLOAD_LAUNCHER_PIPE"  # "<fd>:<inode>" of the pipe's read end
+
+
+def _die_with(parent: int) -> Callable[[], None]:
+    prctl = _LIBC.prctl  # looked up before fork: the child only calls it
+
+    def arm() -> None:  # runs in the child between fork and exec
+        prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the launcher died before we armed: follow it
+            os.kill(os.getpid(), signal.SIGKILL)
+    return arm
+
+
+def watch_launcher(env: Mapping[str, str] | None = None) -> None:
+    """In a rank: die (SIGKILL) when the launcher that started the job dies, also where
+    the launcher is not our parent. A no-op outside `dpa-offload run`, or when the pipe
+    named in the environment is not ours (a child that inherited only the environment)."""
+    spec = (os.environ if env is None else env).get(LAUNCHER_PIPE_ENV, "")
+    fd_s, _, ino_s = spec.partition(":")
+    try:
+        fd, ino = int(fd_s), int(ino_s)
+        st = os.fstat(fd)
+    except (ValueError, OSError):
+        return
+    if not stat.S_ISFIFO(st.st_mode) or st.st_ino != ino or _watching:
+        return
+    _watching.append(fd)
+
+    def watch() -> None:
+        while True:
+            try:
+                if os.read(fd, 1) == b"":  # EOF: the launcher's end closed with it
+                    os.kill(os.getpid(), signal.SIGKILL)
+            except InterruptedError:
+                continue
+            except OSError:
+                return
+
+    threading.Thread(target=watch, name="dpa-launcher-watch", daemon=True).start()
+
+
+_watching: list[int] = []
+
+
+def _rank_env(base: Mapping[str, str], rank: int, size: int, job: str, key: str,
+              port: int, pipe: str) -> dict[str, str]:
     env = dict(base)
     # Pipes make Python block-buffer; a rank killed at the end of the grace period would lose
     # the very lines that explain the failure.
     env.setdefault("PYTHONUNBUFFERED", "1")
     env.update(
         OFFLOAD_RANK=str(rank), OFFLOAD_SIZE=str(size), OFFLOAD_JOB=job,
-        OFFLOAD_LOCAL_RANK=str(rank),
+        OFFLOAD_JOB_KEY=key,  # the job's secret (bootstrap.World.key)
+        OFFLOAD_LOCAL_RANK=str(rank), **{LAUNCHER_PIPE_ENV: pipe},
         # torchrun's variables, so that dist.init_process_group("dpa") finds its store.
         RANK=str(rank), WORLD_SIZE=str(size), LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(size),
     )
@@ -256,7 +343,8 @@ def launch(
     """Run ``cmd`` as ``nprocs`` ranks of one job; return 0 when all ranks exit 0.
 
     ``env`` is the ranks' base environment (default os.environ); OFFLOAD_RANK, OFFLOAD_SIZE,
-    OFFLOAD_JOB and OFFLOAD_LOCAL_RANK are added. ``stdout``/``stderr`` default to sys.stdout /
+    OFFLOAD_JOB, OFFLOAD_JOB_KEY and OFFLOAD_LOCAL_RANK are added. The ranks die with the
+    launcher (SIGKILL), however it ends. ``stdout``/``stderr`` default to sys.stdout /
     sys.stderr at call time. When a rank fails, the others get ``grace`` seconds to exit on their
     own, then SIGTERM, then SIGKILL 2 s later; the result is the first failing rank's exit code
     (128 + signal number if it was killed). ``timeout`` seconds after the start everything is
@@ -276,19 +364,22 @@ def launch(
         except (OSError, ValueError):
             pass
 
-    job = new_job_name()
+    job, key = new_job_name(), secrets.token_hex(8)
     port = _free_port()
     procs: list[subprocess.Popen[bytes]] = []
     forwarders: list[_Forwarder] = []
     guard = _SignalGuard()
+    life_r, life_w = os.pipe()  # ranks see EOF on life_r once we are gone (watch_launcher)
+    pipe = f"{life_r}:{os.fstat(life_r).st_ino}"
     with guard:
         try:
             for rank in range(nprocs):
                 try:
                     p = subprocess.Popen(
-                        list(cmd), env=_rank_env(base_env, rank, nprocs, job, port),
+                        list(cmd), env=_rank_env(base_env, rank, nprocs, job, key, port, pipe),
                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE, start_new_session=True,
+                        stderr=subprocess.PIPE, start_new_session=True, pass_fds=(life_r,),
+                        preexec_fn=_die_with(os.getpid()),
                     )
                 except OSError as e:
                     say(f"cannot start {cmd[0]!r} for rank {rank}: {e.strerror or e}")
@@ -299,6 +390,8 @@ def launch(
                                _Forwarder(rank, p.stderr, err, lock)]
                 forwarders[-2].start()
                 forwarders[-1].start()
+            os.close(life_r)
+            life_r = -1
             return _supervise(procs, forwarders, grace, timeout, say)
         except _Interrupted as e:
             stopped = _stop(procs)
@@ -318,6 +411,9 @@ def launch(
                     f.join(timeout=max(0.0, deadline - time.monotonic()))
             finally:
                 _remove_job_segments(job)
+                for fd in (life_r, life_w):
+                    if fd >= 0:
+                        os.close(fd)
 
 
 def _ranks(ranks: Sequence[int]) -> str:

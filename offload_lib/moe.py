@@ -275,6 +275,9 @@ class Dispatcher:
 
     def __init__(self, team: Any, num_experts: int, hidden: int, max_tokens_per_rank: int,
                  dtype: Any) -> None:
+        if not all(hasattr(team, a) for a in ("size", "rank", "alltoallv_rows")):
+            raise InvalidArgument(f"team must be a Team (ctx.world, ctx.create_team(...)), "
+                                  f"got {team!r}")
         size, rank = int(team.size), int(team.rank)
         for name, value in (("num_experts", num_experts), ("hidden", hidden),
                             ("max_tokens_per_rank", max_tokens_per_rank)):

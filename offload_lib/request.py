@@ -5,13 +5,14 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
+import numpy as np
+
 from offload_lib._native import ffi, lib
 from offload_lib.errors import (
     ERR_CANCELED,
     InvalidArgument,
     OffloadError,
     Timeout,
-    check_rc,
     completion_error,
 )
 
@@ -95,9 +96,10 @@ class Request:
         bound = self._ctx._post_timeout_ns
         rc = lib.host_cancel(handle, self._tag, bound)
         if rc not in (0, -2):  # -ENOENT: it completed before the cancel arrived
-            check_rc(rc, f"cancelling {self._what}")
+            self._ctx._check(rc, f"cancelling {self._what}")
         comp = ffi.new("struct host_completion *")
-        check_rc(lib.host_wait(handle, self._tag, bound, 0, comp), f"cancelling {self._what}")
+        self._ctx._check(lib.host_wait(handle, self._tag, bound, 0, comp),
+                         f"cancelling {self._what}")
         try:
             self._finish(comp)
         except OffloadError:
@@ -111,7 +113,7 @@ class Request:
             return True
         comp = ffi.new("struct host_completion *")
         rc = lib.host_test(self._ctx._handle(), self._tag, comp)
-        check_rc(rc, self._what)
+        self._ctx._check(rc, self._what)
         if rc == 0:
             return False
         self._finish(comp)
@@ -119,6 +121,9 @@ class Request:
 
     def wait(self, timeout: float | None = None) -> Any:
         """Block until the op completes; raise Timeout after ``timeout`` seconds."""
+        if timeout is not None and (isinstance(timeout, bool) or
+                                    not isinstance(timeout, (int, float, np.integer))):
+            raise InvalidArgument(f"timeout must be a number of seconds or None, got {timeout!r}")
         if self._done:
             return self._outcome()
         comp = ffi.new("struct host_completion *")
@@ -131,7 +136,7 @@ class Request:
                 self._finish(comp)
                 return self._value
             if rc != -110:  # -ETIMEDOUT: this slice ended, the op goes on
-                check_rc(rc, self._what)
+                self._ctx._check(rc, self._what)
             if deadline is not None and time.monotonic() >= deadline:
                 raise Timeout(f"{self._what} did not complete within {timeout} s")
 
@@ -166,6 +171,9 @@ class PersistentRequest:
         return f"<PersistentRequest {self._what} {state}>"
 
     def _check(self) -> None:
+        if self._ctx.closed:
+            raise OffloadError(f"{self._what}: the context closed (persistent requests die "
+                               "with it)")
         if self._freed:
             raise InvalidArgument(f"{self._what}: the persistent request was freed")
 

@@ -15,6 +15,7 @@ for hardware backends, the queue exchange go through the group's c10d store.
 """
 from __future__ import annotations
 
+import secrets
 import socket
 from collections.abc import Sequence
 from datetime import timedelta
@@ -75,8 +76,10 @@ class _Process:
         if rank == 0:
             cleanup_stale_segments()
             store.set(f"{prefix}/job", new_job_name())
+            store.set(f"{prefix}/key", secrets.token_hex(8))
         job = bytes(store.get(f"{prefix}/job")).decode()
-        self.ctx = Context(config, World(rank, size, job, "torch", exchange), backend)
+        key = bytes(store.get(f"{prefix}/key")).decode()
+        self.ctx = Context(config, World(rank, size, job, "torch", exchange, key), backend)
         self.store = store
         return self.ctx
 

@@ -234,7 +234,7 @@ def test_barrier_with_payload_fields_is_invalid(fw, over):
 
 
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("opcode", [0, 8, 9, 255, 0x103])
+@pytest.mark.parametrize("opcode", [0, 9, 10, 255, 0x103])
 def test_host_post_rejects_opcodes_outside_the_abi(fw, opcode):
     _, h, _ = fw
     tag = ffi.new("uint32_t *")
@@ -245,6 +245,18 @@ def test_host_post_rejects_opcodes_outside_the_abi(fw, opcode):
     nxt = post(h, make_op(opcode=OP_BARRIER))
     assert wait(h, nxt).status == OK
     assert nxt == first + 1, "a rejected command consumed a tag"
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("over", [{}, {"count": 1}, {"src_addr": 4096}, {"team": 9},
+                                  {"aux_addr": 4096, "aux_len": 0}])
+def test_malformed_agreement_is_invalid(fw, over):
+    """OFFLOAD_OP_AGREE without its arguments (or with payload fields, or on a team that
+    does not exist) is an error completion; the context goes on."""
+    _, h, _ = fw
+    comp = run_op(h, make_op(**{"opcode": 8, "team": 0, **over}))
+    assert comp.status == ERR_INVALID, (over, comp.status)
+    assert run_op(h, make_op(opcode=OP_BARRIER, team=0)).status == OK
 
 
 def _team_desc(team_id: int, size: int, my_rank: int, world_ranks: list[int]) -> np.ndarray:

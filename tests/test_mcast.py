@@ -324,7 +324,7 @@ import signal
 ctx = ol.init()
 w = ctx.world
 op = os.environ["MC_OP"]
-n = 64 * ctx.config.mtu  # fits the ring: the root injects all of it while rank 1 is stopped
+n = 64 * ctx.config.mtu  # fits the ring: the root injects all of it at once
 posted = os.path.join(os.path.dirname(os.path.abspath(__file__)), "posted")
 pids = np.zeros(size, np.int64)
 w.allgather(np.array([os.getpid()], np.int64), pids).wait(timeout=30)
@@ -340,8 +340,10 @@ def post():
 
 
 if rank == 1:
+    # Rank 1 loses every chunk: it has to read them all from rank 0's buffer once the
+    # loss timeout (~2.6 s at this link rate) ran out.
+    ctx.set_mcast_faults(loss=1.0)
     req = post()
-    time.sleep(1.0)  # our ready goes out; rank 0 stops us before it sends anything
     open(posted, "w").close()
     try:
         req.wait(timeout=30)
@@ -355,17 +357,20 @@ if rank == 1:
 else:
     while not os.path.exists(posted):
         time.sleep(0.01)
-    os.kill(int(pids[1]), signal.SIGSTOP)
-    while open(f"/proc/{int(pids[1])}/stat").read().split(") ")[1][0] != "T":
-        time.sleep(0.001)
     before = ctx.stats()["mcast_chunks_sent"]
     req = post()
     deadline = time.monotonic() + 20
     while ctx.stats()["mcast_chunks_sent"] - before < n // ctx.config.mtu:
         assert time.monotonic() < deadline, "the root did not inject"
         time.sleep(0.01)
+    # Rank 1 still waits out its loss timeout: stop it there, take the buffer back, and
+    # let it run on into reading what it lost from it.
+    os.kill(int(pids[1]), signal.SIGSTOP)
+    while open(f"/proc/{int(pids[1])}/stat").read().split(") ")[1][0] != "T":
+        time.sleep(0.001)
     assert req.cancel()
     src[:] = 0xB2  # ours again: rank 1 must not take this for the broadcast
+    time.sleep(3.0)  # rank 1's loss timeout runs out while it is stopped
     os.kill(int(pids[1]), signal.SIGCONT)
 ctx.close()
 '''
@@ -374,10 +379,10 @@ ctx.close()
 @pytest.mark.timeout(90)
 @pytest.mark.parametrize("op", ["broadcast", "allgather"])
 def test_a_cancelled_owner_withdraws_its_source(op):
-    """The root cancels after injecting, while its receiver is stopped, and rewrites its
-    buffer: the receiver, resumed, fails instead of completing with the new bytes (it reads
-    chunks from the root's buffer, as refetch and the emulator's by-reference chunks do)."""
-    out = run_ranks(2, WITHDRAWN, timeout=60, env={"MC_OP": op})
+    """The root cancels after injecting, while its receiver (which lost every chunk) is
+    stopped before reading them from the root's buffer, and rewrites that buffer: the
+    receiver, resumed, fails instead of completing with the new bytes."""
+    out = run_ranks(2, WITHDRAWN, timeout=60, env={"MC_OP": op, "OFFLOAD_LINK_RATE": "0.0001"})
     assert "WITHDRAWN SEEN" in out[1]
 
 

@@ -21,6 +21,9 @@
 #define OFFLOAD_MAX_RANKS   64u   /* ranks in one job (team members index peer tables) */
 #define OFFLOAD_MAX_TEAMS   16u   /* teams alive at once, world included */
 #define OFFLOAD_OP_WINDOW   8u    /* ops in flight per team; slot = seq % window */
+/* Signatures are kept twice as long (seq % 2 * window): a member can be a window ahead
+ * of another that has not read its signature yet, but no further (signature.c). */
+#define OFFLOAD_SIG_WINDOW  (2u * OFFLOAD_OP_WINDOW)
 #define OFFLOAD_MAX_THREADS 64u   /* DPA progress threads per rank */
 #define OFFLOAD_WORLD_TEAM  0u
 
@@ -39,6 +42,18 @@ enum offload_status {
 	OFFLOAD_ERR_PEER_OP = -9,       /* a peer reported that its part of this op failed */
 	OFFLOAD_ERR_LINK_DOWN = -10,    /* every rail to the peer (detail) is down */
 	OFFLOAD_ERR_COUNT_MISMATCH = -11, /* source (detail) sends result0 bytes, result1 expected */
+	OFFLOAD_ERR_PEER_CLOSED = -12,  /* the peer (detail) closed its context before its part */
+	/* The peer (detail) runs another op at this point of the team's sequence: result0 is
+	 * (enum offload_mismatch << 56) | our value, result1 its value (struct offload_sig). */
+	OFFLOAD_ERR_MISMATCH = -13,
+};
+
+/* What differs between two ranks' signatures of one op (OFFLOAD_ERR_MISMATCH). */
+enum offload_mismatch {
+	OFFLOAD_MISMATCH_OP = 1,    /* offload_sig.op: the collective or its mode */
+	OFFLOAD_MISMATCH_ROOT = 2,
+	OFFLOAD_MISMATCH_SIZE = 3,
+	OFFLOAD_MISMATCH_TEAM = 4,  /* the members, their order, or the team id */
 };
 
 enum offload_opcode {
@@ -50,7 +65,11 @@ enum offload_opcode {
 	OFFLOAD_OP_CANCEL = 5,      /* count: tag of the op to abort (it completes CANCELED) */
 	OFFLOAD_OP_BROADCAST = 6,   /* count: bytes; root; src (root) = dst = the buffer */
 	OFFLOAD_OP_ALLGATHER = 7,   /* count: bytes per rank (src); dst: count * team size */
-	OFFLOAD_OP_MAX = 8,
+	/* ABI 9: fault-tolerant agreement among the team's live members, also on a team that
+	 * lost some (ULFM's agree, the step under shrink); aux_addr: struct offload_agree_args.
+	 * The completion's result0/result1/detail repeat the agreed failed/value/differs. */
+	OFFLOAD_OP_AGREE = 8,
+	OFFLOAD_OP_MAX = 9,
 };
 
 /* Command flags. */
@@ -97,9 +116,13 @@ struct offload_ring_hdr {
 	uint32_t sq_tail;   /* host producer */
 	uint32_t resv0a;
 	/* World ranks known dead (bit per rank), set by the host side (the emulator's process
-	 * watch; on hardware the QP error events). Ops on a team with a dead member abort. */
+	 * watch, a completion that named the rank; on hardware the QP error events). Ops on a
+	 * team with a dead member abort. */
 	uint64_t failed_ranks;
-	uint32_t resv0[12];
+	/* ABI 9: world ranks that closed their context cleanly (left the job; not failed). An
+	 * op waiting for one of them fails with OFFLOAD_ERR_PEER_CLOSED. */
+	uint64_t closed_ranks;
+	uint32_t resv0[10];
 	uint32_t sq_head;   /* DPA consumer */
 	uint32_t resv1[15];
 	uint32_t cq_tail;   /* DPA producer; the host sleeps on it */
@@ -141,13 +164,52 @@ struct offload_ready {
 
 #define OFFLOAD_READY_REFUSED (1u << 0)
 #define OFFLOAD_READY_PLACED  (1u << 1)  /* addr/len is the whole table: land rows by index */
-/* The receiver's mode, which the sender's must match. SLOT and FIXED receivers send no
- * count before they have our ready: a counting rank that sees one refuses, not waits. */
+/* The receiver's mode, which the sender's must match (every member runs the same op once
+ * past the gate, signature.c; a ready of another mode is refused all the same). */
 #define OFFLOAD_READY_SLOT    (1u << 2)  /* all-to-all-v slot mode: a slot to fill up to len */
 #define OFFLOAD_READY_FIXED   (1u << 3)  /* all-to-all: the block, exactly len */
 /* A multicast owner whose op aborted takes its source back: what was read from it after
  * this flag landed may already be the host's next data. */
 #define OFFLOAD_READY_WITHDRAWN (1u << 4)
+
+/*
+ * ABI 9: the signature of one op as one rank runs it, published at intake into every
+ * member's control region (before anything else of the op, on the same queue). No member
+ * moves data for an op before every other member's signature arrived and agreed, so ranks
+ * that post different collectives at the same point all fail at once, and nothing moves.
+ * seq is written last, as in a ready.
+ */
+struct offload_sig {
+	uint32_t op;          /* opcode | (mode flags: OFFLOAD_CMD_F_SLOTS, _PLACE) << 8 */
+	uint32_t root;        /* broadcast: the root's team rank; else 0 */
+	uint64_t size;        /* bytes per block, where every rank must agree (all-to-all,
+			       * broadcast, all-gather); else 0 */
+	uint32_t team_fp;     /* FNV-1a of the team id and its world ranks, in order */
+	uint32_t world_rank;  /* the writer */
+	uint64_t seq;
+};
+
+/* ABI 9: an agreement's arguments (host memory named by aux_addr, read at intake,
+ * written before the completion). Every live member decides the same out values. */
+struct offload_agree_args {
+	uint64_t failed;      /* in: world ranks this rank knows gone; out: the agreed set */
+	uint64_t value;       /* in: a proposal; out: the largest among the merged ones */
+	uint32_t fp;          /* in: what every member must pass alike (a member list's hash) */
+	uint32_t differs;     /* out: 1 + the world rank of a member whose fp differed, or 0 */
+	uint64_t resv;
+};
+
+/* An agreement's word in a member's control region: a proposal, or a coordinator's
+ * decision. epoch (the team's agreement count) is written last. */
+struct offload_agree_word {
+	uint64_t failed;
+	uint64_t value;
+	uint32_t fp;
+	/* A proposal: the writer's team sequence (its next collective), so that a member
+	 * running a collective instead knows it is not in step; a decision: differs. */
+	uint32_t extra;
+	uint64_t epoch;
+};
 
 /* What a sender will send (all-to-all-v), published into the receiver's control region
  * before the receiver lays out its destination. seq is written last. */
@@ -189,6 +251,10 @@ struct offload_ctrl_team {
 	struct offload_ready ready[OFFLOAD_OP_WINDOW][OFFLOAD_MAX_RANKS];
 	uint64_t done[OFFLOAD_OP_WINDOW][OFFLOAD_MAX_RANKS];
 	struct offload_count counts[OFFLOAD_OP_WINDOW][OFFLOAD_MAX_RANKS];
+	struct offload_sig sig[OFFLOAD_SIG_WINDOW][OFFLOAD_MAX_RANKS];  /* ABI 9, seq % window */
+	/* ABI 9: agreement words, by the writer's team rank (agree_ft.c) */
+	struct offload_agree_word agree_prop[OFFLOAD_MAX_RANKS];
+	struct offload_agree_word agree_dec[OFFLOAD_MAX_RANKS];
 };
 
 struct offload_ctrl {
@@ -238,12 +304,22 @@ _Static_assert(sizeof(struct offload_cqe) == 32, "completion record is 32 bytes"
 _Static_assert(sizeof(struct offload_ring_hdr) == 256, "ring header is four cache lines");
 _Static_assert(offsetof(struct offload_ring_hdr, sq_head) == 64, "sq_head on its own line");
 _Static_assert(offsetof(struct offload_ring_hdr, failed_ranks) == 8, "host-written line");
+_Static_assert(offsetof(struct offload_ring_hdr, closed_ranks) == 16, "host-written line");
 _Static_assert(offsetof(struct offload_ring_hdr, cq_tail) == 128, "cq_tail on its own line");
 _Static_assert(offsetof(struct offload_ring_hdr, cq_head) == 192, "cq_head on its own line");
 _Static_assert(sizeof(struct offload_peer) == 16, "peer entry");
 _Static_assert(sizeof(struct offload_team_desc) == 16 + 16 * OFFLOAD_MAX_RANKS, "team desc");
 _Static_assert(sizeof(struct offload_ready) == 32, "ready descriptor");
 _Static_assert(sizeof(struct offload_count) == 16, "count descriptor");
+_Static_assert(sizeof(struct offload_sig) == 32, "op signature");
+_Static_assert(offsetof(struct offload_sig, seq) == 24, "signature seq last");
+_Static_assert(sizeof(struct offload_agree_args) == 32, "agreement arguments");
+_Static_assert(sizeof(struct offload_agree_word) == 32, "agreement word");
+_Static_assert(offsetof(struct offload_agree_word, epoch) == 24, "agreement epoch last");
+_Static_assert(sizeof(struct offload_ctrl_team) ==
+	       OFFLOAD_OP_WINDOW * OFFLOAD_MAX_RANKS * (32 + 8 + 16 + 2 * 32) +
+	       2 * 32 * OFFLOAD_MAX_RANKS,
+	       "team control words");
 _Static_assert(sizeof(struct offload_alltoallv_args) == 24 * OFFLOAD_MAX_RANKS + 32,
 	       "alltoallv args");
 _Static_assert(sizeof(struct offload_thread_stats) == 128, "stats are two cache lines");

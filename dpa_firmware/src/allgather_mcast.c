@@ -43,7 +43,7 @@ static int have_token(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 		return 1;
 	c = &dpa_my_ctrl(hal, op->team_id)->counts[op->slot][me - k];
 	return off_load_acquire(&c->seq) == op->seq ||
-	       dpa_peer_gone(eng, op, team->peers[me - k].world_rank);
+	       dpa_peer_gone(eng, op, hal, team->peers[me - k].world_rank);
 }
 
 static void setup(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,

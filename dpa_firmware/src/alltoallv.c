@@ -137,24 +137,18 @@ static int try_layout(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 	uint64_t total = 0;
 	int32_t st = OFFLOAD_OK;
 	uint32_t mismatch = team->size;  /* the first source whose count recv_counts denies */
-	uint32_t other_mode = team->size;  /* the first source in a mode that sends no count */
 
 	if (off_load_acquire(&op->layout_done))
 		return 1;
 	if (!off_trylock(&op->layout_lock))
 		return 0;
 	for (uint32_t s = 0; s < team->size; s++) {
-		/* Pairs with the sender's seq write, which follows the byte count. A peer in
-		 * slot mode or running an all-to-all sends no count before it has our ready:
-		 * its ready says so. */
-		if (off_load_acquire(&ctrl->counts[op->slot][s].seq) == op->seq)
+		/* Pairs with the sender's seq write, which follows the byte count. Every member
+		 * runs this very op (the gate judged its signature), so the count comes, or its
+		 * sender is gone: then it counts as nothing (the op fails naming it). */
+		if (off_load_acquire(&ctrl->counts[op->slot][s].seq) == op->seq ||
+		    (s != team->my_rank && dpa_peer_gone(eng, op, hal, team->peers[s].world_rank)))
 			continue;
-		if (off_load_acquire(&ctrl->ready[op->slot][s].seq) == op->seq &&
-		    (ctrl->ready[op->slot][s].flags & (OFFLOAD_READY_SLOT | OFFLOAD_READY_FIXED))) {
-			if (other_mode == team->size)
-				other_mode = s;
-			continue;
-		}
 		off_unlock(&op->layout_lock);
 		return 0;
 	}
@@ -179,11 +173,7 @@ static int try_layout(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 		st = OFFLOAD_ERR_NO_SPACE;
 	op->result0 = total;
 	op->result1 = op->cmd.dst_len;
-	if (other_mode < team->size && !op->refuse) {
-		/* Name the peer: the ranks ran different ops, whatever our counts say. */
-		dpa_op_fail(op, OFFLOAD_ERR_INVALID, team->peers[other_mode].world_rank);
-		op->refuse = 1;
-	} else if (!st && mismatch < team->size && !op->refuse) {
+	if (!st && mismatch < team->size && !op->refuse) {
 		/* Name the source and both counts: the user's split sizes disagree with it. */
 		op->result0 = v->recv_len[mismatch];
 		op->result1 = args->expect_bytes[mismatch];

@@ -91,7 +91,7 @@ static int receiver_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_h
 	/* Done when whole, or when the op failed (nothing more will come) and no read is out. */
 	if (it->inflight == 0 &&
 	    ((off_load_acquire(&b->flags) & DPA_BLOCK_COMPLETE) || off_load_acquire(&op->fail) ||
-	     dpa_peer_gone(eng, op, team->peers[root].world_rank))) {
+	     dpa_peer_gone(eng, op, hal, team->peers[root].world_rank))) {
 		off_store_release(&b->flags, b->flags | DPA_BLOCK_COMPLETE);
 		dpa_mc_raise(op, hal, DPA_MC_RECEIVED);
 		it->flags |= DPA_ITEM_FINISHED;

@@ -16,7 +16,7 @@
 #define EINVAL_ 22
 
 static const struct dpa_algo *const dpa_algos[OFFLOAD_OP_MAX] = {
-	[OFFLOAD_OP_BARRIER] = &dpa_algo_barrier_dissemination,
+	[OFFLOAD_OP_BARRIER] = &dpa_algo_barrier,
 	[OFFLOAD_OP_ALLTOALL] = &dpa_algo_alltoall_pairwise,
 	[OFFLOAD_OP_ALLTOALLV] = &dpa_algo_alltoallv,
 	[OFFLOAD_OP_BROADCAST] = &dpa_algo_broadcast_mcast,
@@ -73,9 +73,14 @@ uint64_t dpa_peer_ctrl_addr(const struct dpa_team *team, uint32_t peer, uint64_t
 
 void dpa_op_fail(struct dpa_op *op, int32_t status, uint32_t world_rank)
 {
-	uint64_t none = 0;
+	uint64_t cur = 0, why = ((uint64_t)world_rank << 32) | (uint32_t)status;
 
-	off_cas(&op->fail, &none, ((uint64_t)world_rank << 32) | (uint32_t)status);
+	/* The first error wins, but a peer that closed is the weakest reason: it often closed
+	 * because of a failure this rank learns of a moment later (a death, its own rails). */
+	while (!off_cas(&op->fail, &cur, why))
+		if ((int32_t)(uint32_t)cur != OFFLOAD_ERR_PEER_CLOSED ||
+		    (status != OFFLOAD_ERR_PEER && status != OFFLOAD_ERR_LINK_DOWN))
+			return;
 }
 
 int dpa_signal_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
@@ -101,17 +106,25 @@ int dpa_signal_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *h
 	return rc == DPA_HAL_EAGAIN ? rc : 0;
 }
 
-int dpa_peer_gone(struct dpa_engine *eng, struct dpa_op *op, uint32_t world_rank)
+int dpa_peer_gone(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		  uint32_t world_rank)
 {
-	uint64_t fail = off_load_acquire(&op->fail);
+	uint64_t fail = off_load_acquire(&op->fail), bit = 1ull << world_rank;
 	int32_t st = (int32_t)(uint32_t)fail;
 
-	if (off_read_once(&eng->failed_ranks) & (1ull << world_rank)) {
+	if (off_read_once(&eng->failed_ranks) & bit) {
 		dpa_op_fail(op, OFFLOAD_ERR_PEER, world_rank);
 		return 1;
 	}
+	/* Closed as this thread saw it at the start of its pass: a closing peer's words land
+	 * before its close shows, so the caller's look for the word, made since, was final. */
+	if (dpa_closed_ranks(eng, hal) & bit) {
+		dpa_op_fail(op, OFFLOAD_ERR_PEER_CLOSED, world_rank);
+		return 1;
+	}
 	return fail && (uint32_t)(fail >> 32) == world_rank &&
-	       (st == OFFLOAD_ERR_PEER || st == OFFLOAD_ERR_REMOTE_ACCESS);
+	       (st == OFFLOAD_ERR_PEER || st == OFFLOAD_ERR_REMOTE_ACCESS ||
+		st == OFFLOAD_ERR_PEER_CLOSED);
 }
 
 void dpa_op_refuse(struct dpa_engine *eng, struct dpa_op *op, int32_t status)
@@ -174,12 +187,19 @@ static int write_cqe(struct dpa_engine *eng, struct dpa_hal *hal, const struct o
 	return 1;
 }
 
+int dpa_complete_cmd(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd,
+		     int32_t status, uint32_t detail, uint64_t result0, uint64_t result1)
+{
+	struct offload_cqe cqe = { .tag = cmd->tag, .status = status, .detail = detail,
+				   .result0 = result0, .result1 = result1 };
+
+	return write_cqe(eng, hal, &cqe);
+}
+
 static int complete_now(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd,
 			int32_t status, uint32_t detail)
 {
-	struct offload_cqe cqe = { .tag = cmd->tag, .status = status, .detail = detail };
-
-	return write_cqe(eng, hal, &cqe);
+	return dpa_complete_cmd(eng, hal, cmd, status, detail, 0, 0);
 }
 
 static int commands_waiting(struct dpa_hal *hal)
@@ -247,9 +267,11 @@ static int try_complete_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa
 		return 0;
 	/* A rank lost (dead, or every rail to it down) leaves the team's sequence broken,
 	 * whether or not this rank's watch has seen the death yet: later ops fail at intake
-	 * with the same error. (Errors that keep the ranks in step, a refused command or a
+	 * with the same error; so does a member that closed its context before joining this
+	 * op (it never joins another). (Errors that keep the ranks in step, a refused command or a
 	 * destination too small, leave the team usable.) */
-	if (cqe.status == OFFLOAD_ERR_PEER || cqe.status == OFFLOAD_ERR_LINK_DOWN)
+	if (cqe.status == OFFLOAD_ERR_PEER || cqe.status == OFFLOAD_ERR_LINK_DOWN ||
+	    cqe.status == OFFLOAD_ERR_PEER_CLOSED)
 		poison_team(&eng->teams[op->team_id], cqe.status, cqe.detail);
 	dpa_stats(hal)->ops_completed++;
 	if (cqe.status != OFFLOAD_OK)
@@ -303,6 +325,7 @@ static int32_t team_create(struct dpa_engine *eng, struct dpa_hal *hal, const st
 		team->peers[i] = d->peers[i];
 		team->world_mask |= 1ull << d->peers[i].world_rank;
 	}
+	team->fp = dpa_team_fp(d->team_id, d->size, d->peers);
 	team->active = 1;
 	return OFFLOAD_OK;
 }
@@ -357,6 +380,8 @@ static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct 
 		return complete_now(eng, hal, cmd, team_create(eng, hal, cmd), 0);
 	if (cmd->opcode == OFFLOAD_OP_CANCEL)
 		return complete_now(eng, hal, cmd, cancel_op(eng, hal, cmd->count), 0);
+	if (cmd->opcode == OFFLOAD_OP_AGREE)  /* no op slot, no team sequence: agree_ft.c */
+		return dpa_agree_intake(eng, hal, cmd);
 	st = validate_collective(eng, cmd);
 	if (st)
 		return complete_now(eng, hal, cmd, st, 0);
@@ -397,11 +422,22 @@ static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct 
 	 * the peers' matching ops fail cleanly and the next op pairs up again.
 	 */
 	n = op->algo->start(eng, op, hal);
-	if (n < 0)
+	if (n != (int)team->size)  /* an item per member: the gate judges each one's signature */
 		return complete_now(eng, hal, cmd, OFFLOAD_ERR_INTERNAL, 0);
 	team->next_seq++;
 	op->nitems = (uint32_t)n;
 	op->remaining = (uint32_t)n;
+	/* Our signature to every member now, as far as the control log takes them (the
+	 * items post the rest); the gate opens once every member's agreed (signature.c). */
+	dpa_sig_init(eng, op);
+	op->gate_fail = 0;
+	op->sig_pending = team->size - 1;
+	op->items[0].flags |= DPA_ITEM_SIG_OUT | DPA_ITEM_SIG_IN;
+	for (uint32_t i = 1; i < team->size; i++) {
+		if (dpa_sig_post(eng, op, hal, i) == DPA_HAL_EAGAIN)
+			break;
+		op->items[i].flags |= DPA_ITEM_SIG_OUT;
+	}
 	/* Bytes this rank sends: count per peer, or (all-to-all-v) at most the src size. */
 	op->bulk = (cmd->opcode == OFFLOAD_OP_ALLTOALLV ? cmd->count : cmd->count * team->size) >
 		   DPA_ENGINE_SMALL_BYTES;
@@ -451,8 +487,6 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
 		struct dpa_op *op;
 		struct dpa_team *team;
 
-		if (opi >= OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW || item >= OFFLOAD_MAX_RANKS)
-			continue;
 		if (kind == DPA_WR_REFETCH) {  /* item 0's data, read from team peer `item` */
 			named = item;
 			item = 0;
@@ -461,6 +495,9 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
 		/* Control words are resent from the log even after their op finished. */
 		if (kind != DPA_WR_DATA && dpa_ctrl_completed(eng, hal, &cqes[i]) &&
 		    cqes[i].status == OFFLOAD_ERR_LINK_DOWN)
+			continue;
+		/* Agreement words (DPA_AGREE_OPI + team) belong to no op: the log was all. */
+		if (opi >= OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW || item >= OFFLOAD_MAX_RANKS)
 			continue;
 		op = &eng->ops[opi];
 		team = &eng->teams[op->team_id];
@@ -550,6 +587,9 @@ static void check_abort(struct dpa_engine *eng, struct dpa_op *op, struct dpa_ha
 {
 	const struct dpa_team *team = &eng->teams[op->team_id];
 
+	/* A member that closed is no reason to abort: it closes once its ops completed, and
+	 * every wait on it ends at once (dpa_peer_gone); a peer still busy in a long op
+	 * beside it must not be cut short. */
 	dead &= team->world_mask;
 	if (dead) {
 		/* Waits on the dead rank end at once (dpa_peer_gone); an op still stuck after a
@@ -578,11 +618,16 @@ static void check_abort(struct dpa_engine *eng, struct dpa_op *op, struct dpa_ha
 static int progress_ops(struct dpa_engine *eng, struct dpa_hal *hal)
 {
 	uint32_t me = dpa_hal_thread_index(hal), nthreads = dpa_hal_num_threads(hal);
-	uint64_t dead = failed_ranks(hal), now = 0;
+	struct offload_ring_hdr *ring = dpa_hal_window_ptr(hal, DPA_HAL_WIN_RING, 0, sizeof(*ring));
+	/* Closed first: the host writes a closer's known deaths into failed_ranks before its
+	 * closed bit, so an op failing for the close sees those deaths too (and names them). */
+	uint64_t closed = off_load_acquire(&ring->closed_ranks), dead = failed_ranks(hal), now = 0;
 	int work = 0;
 
 	if (dead != off_read_once(&eng->failed_ranks))
 		off_write_once(&eng->failed_ranks, dead);
+	if (me < OFFLOAD_MAX_THREADS)
+		eng->closed_snap[me] = closed;
 
 	for (uint32_t o = 0; o < OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW; o++) {
 		struct dpa_op *op = &eng->ops[o];
@@ -613,7 +658,14 @@ static int progress_ops(struct dpa_engine *eng, struct dpa_hal *hal)
 					}
 					continue;
 				}
-				work += op->algo->progress(eng, op, i, hal);
+				if (!(it->flags & DPA_ITEM_SIG_IN))
+					work += dpa_sig_step(eng, op, hal, i);
+				if (__atomic_load_n(&op->sig_pending, __ATOMIC_SEQ_CST))
+					continue;  /* not every member's signature is judged yet */
+				if (__atomic_load_n(&op->gate_fail, __ATOMIC_SEQ_CST))
+					it->flags |= DPA_ITEM_FINISHED;  /* nothing of it ran */
+				else
+					work += op->algo->progress(eng, op, i, hal);
 				if (it->flags & DPA_ITEM_FINISHED)
 					off_fetch_sub(&op->remaining, 1);
 			}
@@ -669,6 +721,7 @@ int dpa_progress(void *state, struct dpa_hal *hal)
 		off_unlock(&eng->intake_lock);
 	}
 	work += progress_ops(eng, hal);
+	work += dpa_agree_progress(eng, hal);  /* after progress_ops: its closed snapshot */
 	if (!work)
 		stats->idle_calls++;
 	return work;

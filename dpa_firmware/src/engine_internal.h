@@ -27,6 +27,7 @@ struct dpa_item {
 	uint32_t expect_lo;    /* done-counter value that means "src finished" */
 	uint32_t errs_seen;    /* done-counter error count before this op */
 	uint32_t round;        /* barrier round */
+	uint64_t oos_since;    /* when the gate first saw its peer in an agreement instead */
 };
 
 #define DPA_ITEM_STARTED   (1u << 0)
@@ -41,6 +42,8 @@ struct dpa_item {
 #define DPA_ITEM_COUNT_IN  (1u << 9)  /* slots: the source's announced count was read */
 #define DPA_ITEM_RESEND    (1u << 10) /* a rail dropped a write: rewind to `acked` and resend */
 #define DPA_ITEM_ABORTED   (1u << 11) /* the algorithm's abort step for this item is done */
+#define DPA_ITEM_SIG_OUT   (1u << 12) /* our signature is posted to peer me + i */
+#define DPA_ITEM_SIG_IN    (1u << 13) /* peer me + i's signature agreed (or it is gone) */
 
 struct dpa_team {
 	uint32_t active;
@@ -48,6 +51,8 @@ struct dpa_team {
 	uint32_t my_rank;
 	uint32_t next_seq;     /* sequence of the next op; starts at 1 */
 	uint64_t world_mask;   /* members, by world rank */
+	uint32_t fp;           /* offload_sig.team_fp of this team as we built it */
+	uint32_t resv;
 	/* Set once an op of this team aborted (peer death, op timeout, cancel): the peers'
 	 * sequence no longer pairs with ours, so every later op fails at once with it.
 	 * (detail << 32) | (uint32_t)status, set by CAS from 0. */
@@ -123,6 +128,11 @@ struct dpa_op {
 	uint32_t aborted;      /* items stop where they are and finish once nothing is in flight */
 	uint64_t deadline_ns;  /* op timeout: abort when the clock passes it; UINT64_MAX: never */
 	uint64_t dead_since;   /* when a dead member was first seen (0: none) */
+	/* The gate (signature.c): no item runs the algorithm before every peer's signature
+	 * agreed; one that disagrees, or a member gone before joining, fails the op there. */
+	struct offload_sig sig;   /* ours */
+	uint32_t sig_pending;  /* peers whose signature has not been judged yet */
+	uint32_t gate_fail;    /* the gate failed the op: items finish without running */
 	uint32_t mc_flags;     /* multicast: DPA_MC_* (item 0 sets, other items read) */
 	uint32_t mc_readies;   /* multicast: peers whose ready arrived */
 	uint32_t mc_next;      /* multicast: next chunk to inject */
@@ -200,6 +210,22 @@ struct dpa_ctrl_msg {
 	uint8_t body[32];
 };
 
+/* A team's agreement (agree_ft.c), run by one thread: team id % num_threads. */
+struct dpa_agree {
+	uint32_t active;       /* a command is running; set under intake, cleared by its thread */
+	uint32_t round;        /* the coordinator (team rank) this rank waits for or is */
+	uint32_t decided;      /* est holds a decision: taken from a coordinator, or ours */
+	uint32_t resv;
+	uint64_t epoch;        /* agreements of this team so far, the current one included */
+	uint64_t sent;         /* team ranks our proposal was posted to */
+	uint64_t told;         /* team ranks our decision was posted to (our round) */
+	uint64_t deadline_ns;
+	uint64_t oos_since;    /* see dpa_out_of_step() */
+	struct offload_agree_word mine;
+	struct offload_agree_word est;
+	struct offload_cmd cmd;
+};
+
 struct dpa_engine {
 	struct dpa_engine_params params;
 	uint32_t intake_lock;
@@ -207,6 +233,9 @@ struct dpa_engine {
 	uint32_t inflight;     /* active ops; read by the runtime to choose how to idle */
 	uint32_t inflight_bulk; /* of which move more than DPA_ENGINE_SMALL_BYTES per rank */
 	uint64_t failed_ranks;  /* the ring header's failed_ranks, as last read */
+	/* Per thread: the ring header's closed_ranks as it read it at the start of its pass
+	 * (dpa_peer_gone: a word looked for after that read is final). */
+	uint64_t closed_snap[OFFLOAD_MAX_THREADS];
 	/* Per thread: the earliest time (dpa_hal_time_ns) a pass of that thread must run
 	 * though no event may come (a loss timeout); 0: none. */
 	uint64_t wake_at[OFFLOAD_MAX_THREADS];
@@ -214,6 +243,7 @@ struct dpa_engine {
 	struct dpa_op ops[OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW];
 	struct dpa_vlayout vlayouts[OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW];
 	struct dpa_mcast_state mcast[OFFLOAD_MAX_TEAMS];
+	struct dpa_agree agree[OFFLOAD_MAX_TEAMS];
 	uint32_t rails_down[OFFLOAD_MAX_RANKS];  /* per world peer: rails known to have failed */
 	uint8_t thread_rail[OFFLOAD_MAX_THREADS][OFFLOAD_MAX_RANKS];  /* rail set in the HAL */
 	struct dpa_ctrl_msg ctrl_log[OFFLOAD_MAX_THREADS][DPA_CTRL_LOG];
@@ -254,7 +284,7 @@ static inline void dpa_mc_raise(struct dpa_op *op, struct dpa_hal *hal, uint32_t
 extern const struct dpa_algo dpa_algo_broadcast_mcast;
 extern const struct dpa_algo dpa_algo_allgather_mcast;
 extern const struct dpa_algo dpa_algo_alltoall_pairwise;
-extern const struct dpa_algo dpa_algo_barrier_dissemination;
+extern const struct dpa_algo dpa_algo_barrier;
 extern const struct dpa_algo dpa_algo_alltoallv;
 extern const struct dpa_algo dpa_algo_alltoallv_slots;
 
@@ -300,6 +330,11 @@ int dpa_mcast_withdraw(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal
 		       uint32_t p);
 
 /* p2p.c: the exchange step shared by all-to-all and all-to-all-v. */
+/* A control descriptor into team peer peer_rank's region at off: len bytes of body, then
+ * the op's seq at off + seq_off (same queue: a reader that sees the seq sees the body). */
+int dpa_post_sequenced(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		       uint32_t peer_rank, uint64_t off, const void *body, uint32_t len,
+		       uint32_t seq_off, uint32_t kind);
 int dpa_publish_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 		      uint32_t src, uint64_t addr, uint64_t len, uint32_t flags);
 /* The same descriptor naming any of our regions: multicast owners publish their source
@@ -325,6 +360,30 @@ int dpa_publish_count(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 int dpa_exchange_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal,
 		      const struct dpa_send *send);
 
+/* agree_ft.c: fault-tolerant agreement (OFFLOAD_OP_AGREE). intake: 1 taken, 0 not now
+ * (the team's previous agreement still runs); progress: the calling thread's teams. */
+int dpa_agree_intake(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd);
+int dpa_agree_progress(struct dpa_engine *eng, struct dpa_hal *hal);
+/* One rank runs an agreement where another runs a collective: 1 once that has held for
+ * DPA_OOS_SETTLE_NS on a team whose sequences pair up (no member gone, no op aborted:
+ * after a failure they legitimately differ). *since: the caller's first sighting. */
+#define DPA_OOS_SETTLE_NS 200000000ull
+int dpa_out_of_step(struct dpa_engine *eng, struct dpa_hal *hal, const struct dpa_team *team,
+		    uint64_t *since);
+
+/* engine.c: a completion for a command that holds no op slot (agreement); 0: the ring is
+ * full, try again. */
+int dpa_complete_cmd(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd,
+		     int32_t status, uint32_t detail, uint64_t result0, uint64_t result1);
+
+/* signature.c: every op's signature and the gate before its algorithm (see there). */
+uint32_t dpa_team_fp(uint32_t team_id, uint32_t size, const struct offload_peer *peers);
+void dpa_sig_init(struct dpa_engine *eng, struct dpa_op *op);
+/* Post our signature to peer me + i; DPA_HAL_EAGAIN: the control log is full, later. */
+int dpa_sig_post(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal, uint32_t i);
+/* Item i's part of the gate: our signature out, peer me + i's judged. Returns work done. */
+int dpa_sig_step(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal, uint32_t i);
+
 /* Helpers for algorithms (engine.c). */
 void dpa_op_fail(struct dpa_op *op, int32_t status, uint32_t world_rank);
 /* Abort an op (see engine.c): its items stop, the team fails every later op. */
@@ -340,9 +399,18 @@ int dpa_signal_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *h
 /* Returns 1 if peer's done signal for this item arrived, 0 if not yet; fails the op on error. */
 int dpa_check_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 		   struct dpa_item *it, uint32_t src);
-/* The peer will never answer this op: it died (the op fails naming it), or the op failed
- * reaching it (closed, or it refused our control write). Waits on it end. */
-int dpa_peer_gone(struct dpa_engine *eng, struct dpa_op *op, uint32_t world_rank);
+/* The peer will never answer this op: it died (the op fails naming it), it closed its
+ * context without sending what we wait for (the op fails with OFFLOAD_ERR_PEER_CLOSED),
+ * or the op failed reaching it (it refused our control write). Waits on it end. Callers
+ * look for the peer's word first and call this when it is missing. */
+int dpa_peer_gone(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		  uint32_t world_rank);
+static inline uint64_t dpa_closed_ranks(const struct dpa_engine *eng, struct dpa_hal *hal)
+{
+	uint32_t t = dpa_hal_thread_index(hal);
+
+	return t < OFFLOAD_MAX_THREADS ? eng->closed_snap[t] : 0;
+}
 /* Fail the op on this rank and run it refusing: see intake_one(). */
 void dpa_op_refuse(struct dpa_engine *eng, struct dpa_op *op, int32_t status);
 void dpa_expect_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_item *it, uint32_t src);
@@ -366,6 +434,9 @@ static inline uint64_t dpa_wr_id(const struct dpa_op *op, uint32_t item, uint32_
 /* Item 0's data read from one owner (multicast refetch): wr_id's item is that team peer,
  * so a failed rail is given up for that peer only. */
 #define DPA_WR_REFETCH 6u
+#define DPA_WR_SIG     7u  /* the op's signature (a control word: item is the team peer) */
+#define DPA_WR_AGREE   8u  /* an agreement word: op index DPA_AGREE_OPI + team, seq the epoch */
+#define DPA_AGREE_OPI  (OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW)
 
 /* Offsets of one rank's control words inside struct offload_ctrl. */
 static inline uint64_t dpa_ctrl_team_off(uint32_t team)
@@ -389,6 +460,13 @@ static inline uint64_t dpa_ctrl_done_off(uint32_t team, uint32_t slot, uint32_t 
 {
 	return dpa_ctrl_team_off(team) + offsetof(struct offload_ctrl_team, done) +
 	       ((uint64_t)slot * OFFLOAD_MAX_RANKS + src) * sizeof(uint64_t);
+}
+
+static inline uint64_t dpa_ctrl_sig_off(uint32_t team, uint32_t seq, uint32_t src)
+{
+	return dpa_ctrl_team_off(team) + offsetof(struct offload_ctrl_team, sig) +
+	       ((uint64_t)(seq % OFFLOAD_SIG_WINDOW) * OFFLOAD_MAX_RANKS + src) *
+	       sizeof(struct offload_sig);
 }
 
 #endif /* DPA_ENGINE_INTERNAL_H */

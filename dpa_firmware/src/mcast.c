@@ -456,7 +456,7 @@ int dpa_mcast_peer_word(struct dpa_engine *eng, struct dpa_op *op, struct dpa_ha
 			dpa_op_fail(op, OFFLOAD_ERR_INVALID, world);
 		return 1;
 	}
-	return dpa_peer_gone(eng, op, world);
+	return dpa_peer_gone(eng, op, hal, world);
 }
 
 /*
@@ -523,7 +523,7 @@ int dpa_mcast_take_ack(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 	struct dpa_item *it = &op->items[i];
 	uint32_t world = eng->teams[op->team_id].peers[p].world_rank;
 
-	if (!dpa_check_done(eng, op, hal, it, p) && !dpa_peer_gone(eng, op, world)) {
+	if (!dpa_check_done(eng, op, hal, it, p) && !dpa_peer_gone(eng, op, hal, world)) {
 		/* An all-gather peer that aborted acknowledges nothing: abort now, not at
 		 * op_timeout (a broadcast receiver never withdraws anything). */
 		withdrawn(eng, op, hal, p, world);

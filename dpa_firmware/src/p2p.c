@@ -12,9 +12,9 @@
  * Write a control descriptor into a peer's control region: the body, then its seq word.
  * Writes on one QP land in order, so a reader that sees this op's seq sees the body.
  */
-static int post_sequenced(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
-			  uint32_t peer_rank, uint64_t off, const void *body, uint32_t len,
-			  uint32_t seq_off, uint32_t kind)
+int dpa_post_sequenced(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		       uint32_t peer_rank, uint64_t off, const void *body, uint32_t len,
+		       uint32_t seq_off, uint32_t kind)
 {
 	const struct dpa_team *team = &eng->teams[op->team_id];
 	const struct offload_peer *peer = &team->peers[peer_rank];
@@ -47,9 +47,9 @@ static int post_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 {
 	uint32_t me = eng->teams[op->team_id].my_rank;
 
-	return post_sequenced(eng, op, hal, peer, dpa_ctrl_ready_off(op->team_id, op->slot, me),
-			      ready, offsetof(struct offload_ready, seq),
-			      offsetof(struct offload_ready, seq), kind);
+	return dpa_post_sequenced(eng, op, hal, peer, dpa_ctrl_ready_off(op->team_id, op->slot, me),
+				  ready, offsetof(struct offload_ready, seq),
+				  offsetof(struct offload_ready, seq), kind);
 }
 
 int dpa_publish_region(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
@@ -75,8 +75,9 @@ int dpa_publish_count(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 {
 	uint32_t me = eng->teams[op->team_id].my_rank;
 
-	return post_sequenced(eng, op, hal, dst, dpa_ctrl_count_off(op->team_id, op->slot, me),
-			      &bytes, sizeof(bytes), offsetof(struct offload_count, seq), DPA_WR_COUNT);
+	return dpa_post_sequenced(eng, op, hal, dst, dpa_ctrl_count_off(op->team_id, op->slot, me),
+				  &bytes, sizeof(bytes), offsetof(struct offload_count, seq),
+				  DPA_WR_COUNT);
 }
 
 int dpa_item_begin(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal,
@@ -255,7 +256,7 @@ int dpa_exchange_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, str
 		}
 		work++;
 	} else if (!(it->flags & DPA_ITEM_READY_IN) &&
-		   dpa_peer_gone(eng, op, team->peers[dst].world_rank)) {
+		   dpa_peer_gone(eng, op, hal, team->peers[dst].world_rank)) {
 		it->flags |= DPA_ITEM_READY_IN | DPA_ITEM_FAILED;
 		it->posted = send_len;
 		work++;
@@ -277,7 +278,7 @@ int dpa_exchange_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, str
 		}
 	}
 	if (!(it->flags & DPA_ITEM_RECVD) && (dpa_check_done(eng, op, hal, it, src) ||
-					       dpa_peer_gone(eng, op, team->peers[src].world_rank))) {
+					       dpa_peer_gone(eng, op, hal, team->peers[src].world_rank))) {
 		it->flags |= DPA_ITEM_RECVD;
 		work++;
 	}

@@ -46,6 +46,9 @@ struct host_device_attr {
 	 * open: a device that places them itself (fw_memory) sizes its memory by them. */
 	uint64_t ring_len;
 	uint64_t stats_len;
+	/* Appended: the job's secret (from its launcher): ranks of another job given the same
+	 * name must not join ours (the emulator's job segment keeps it). Never 0. */
+	uint64_t job_key;
 };
 
 /* Host memory the firmware reaches through windows. */
@@ -89,6 +92,9 @@ struct host_device_ops {
 	/* Sleep until *word != seen, a wake, or the timeout (ns); spurious returns are fine. */
 	int (*wait_completion)(struct host_device *dev, uint32_t *word, uint32_t seen,
 			       int64_t timeout_ns);
+	/* Appended: wake every thread asleep in wait_completion on word (the context is
+	 * closing). NULL: their sleep ends within its slice anyway. */
+	void (*wake_waiters)(struct host_device *dev, uint32_t *word);
 };
 
 extern const struct host_device_ops emu_device_ops;

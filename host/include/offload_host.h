@@ -42,6 +42,7 @@ struct host_ctx_params {
 	uint64_t rail_down_after[8];/* fault injection: rail r fails after this many bytes
 				     * sent on it (UINT64_MAX: never) */
 	uint32_t mcast_staged;      /* emulator: receive multicast into staging slots, as on UD */
+	uint64_t job_key;           /* the job's secret, the same on every rank, not 0 */
 };
 
 /* One command as the host builds it; translated into the 64-byte ABI slot at post. */
@@ -73,13 +74,20 @@ struct host_completion {
  * entry point dpaoffload_flexio_ops; -EPROTO: it was built from other headers (its
  * dpaoffload_flexio_abi() is not OFFLOAD_ABI_VERSION). */
 int host_ctx_open(const struct host_ctx_params *params, struct host_ctx **out);
+/* Safe from any thread while others are inside: calls from then on return -ESHUTDOWN,
+ * threads asleep in host_wait or in a post waiting for ring space wake with -ESHUTDOWN,
+ * and the device and rings are released once no thread is inside any call. The struct
+ * stays valid (every call answers -ESHUTDOWN) until host_ctx_close. Twice is harmless. */
+void host_ctx_shutdown(struct host_ctx *ctx);
+/* host_ctx_shutdown, then free ctx: no thread may use the pointer afterwards. */
 void host_ctx_close(struct host_ctx *ctx);
 uint32_t host_num_threads(const struct host_ctx *ctx);
 
 int host_team_create(struct host_ctx *ctx, uint32_t team_id, uint32_t nmembers,
 		     const uint32_t *world_ranks, int64_t timeout_ns);
 
-/* Post: 0 and *tag, -EAGAIN if the ring stays full past timeout_ns (0 = don't block),
+/* Every call below returns -ESHUTDOWN (host_failed_ranks: 0) once host_ctx_shutdown began.
+ * Post: 0 and *tag, -EAGAIN if the ring stays full past timeout_ns (0 = don't block),
  * -EBUSY if too many requests completed without being waited for. A zero src_key/dst_key/
  * aux_key with a non-zero src_len/dst_len/aux_len asks host_post to register that buffer
  * for this op alone (released when the op completes): one call per one-shot op. The
@@ -98,8 +106,11 @@ void host_abandon(struct host_ctx *ctx, uint32_t tag);
  * and its team fails every later op). 0 if the op was in flight, -ENOENT if it had
  * completed already, or a post/wait error. Wait on tag afterwards as usual. */
 int host_cancel(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns);
-/* World ranks known dead, one bit each (see offload_ring_hdr.failed_ranks). */
+/* World ranks known dead, one bit each (see offload_ring_hdr.failed_ranks); it includes
+ * every rank a completion named as dead (OFFLOAD_ERR_PEER) or unreachable once reaped. */
 uint64_t host_failed_ranks(struct host_ctx *ctx);
+/* World ranks that closed their context cleanly (offload_ring_hdr.closed_ranks). */
+uint64_t host_closed_ranks(struct host_ctx *ctx);
 
 /* A key for [addr, addr+len): the covering ctx.empty() allocation's (owned = 0) or a new
  * registration the caller must release (owned = 1). */

@@ -5,6 +5,13 @@
  *
  * Locking: ctx->lock guards posting (sq_tail, tags) and reaping (cq_head, tag table).
  * It is never held while sleeping.
+ *
+ * Closing from any thread: every public call runs between enter() and leave(), which count
+ * the threads inside the library. host_ctx_shutdown() marks the context closing (calls
+ * entering from then on return -ESHUTDOWN), wakes the threads that sleep in it (waiters,
+ * posters waiting for ring space) and releases the device and the rings only once none
+ * is inside; the struct itself lives on until host_ctx_close(), so a thread that read the
+ * pointer before the shutdown gets -ESHUTDOWN, not freed memory.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
@@ -48,6 +55,9 @@ struct host_shared {
 
 struct host_ctx {
 	const struct host_device_ops *ops;
+	uint32_t closing;             /* set once by host_ctx_shutdown(), never cleared */
+	uint32_t users;               /* threads between enter() and leave() */
+	uint32_t shut;                /* the device and rings are released */
 	void *backend_dl;             /* dlopen handle of a run-time loaded backend */
 	struct host_device *dev;
 	uint32_t rank;
@@ -68,6 +78,28 @@ struct host_ctx {
 	struct host_tag tags[HOST_TAGS];
 	struct host_shared shared[HOST_MAX_SHARED];
 };
+
+/* Pairs with host_ctx_shutdown(): it stores closing, then reads users; we add to users,
+ * then read closing. Sequentially consistent, so one of us sees the other. */
+static void leave(struct host_ctx *ctx)
+{
+	__atomic_fetch_sub(&ctx->users, 1, __ATOMIC_SEQ_CST);
+}
+
+static int enter(struct host_ctx *ctx)
+{
+	__atomic_fetch_add(&ctx->users, 1, __ATOMIC_SEQ_CST);
+	if (__atomic_load_n(&ctx->closing, __ATOMIC_SEQ_CST)) {
+		leave(ctx);
+		return -ESHUTDOWN;
+	}
+	return 0;
+}
+
+static int closing(struct host_ctx *ctx)
+{
+	return __atomic_load_n(&ctx->closing, __ATOMIC_SEQ_CST) != 0;
+}
 
 static int64_t now_ns(void)
 {
@@ -163,7 +195,8 @@ int host_ctx_open(const struct host_ctx_params *p, struct host_ctx **out)
 		.allgather = p->allgather, .allgather_arg = p->allgather_arg,
 		.mtu = p->mtu, .mcast_rq_depth = p->mcast_rq_depth, .mcast_staged = p->mcast_staged,
 		.mcast_loss_ppm = p->mcast_loss_ppm, .mcast_reorder_ppm = p->mcast_reorder_ppm,
-		.mcast_seed = p->mcast_seed, .ring_len = ring_bytes(p->ring_entries),
+		.mcast_seed = p->mcast_seed, .job_key = p->job_key,
+		.ring_len = ring_bytes(p->ring_entries),
 		.stats_len = (uint64_t)p->num_threads * sizeof(struct offload_thread_stats),
 	};
 	struct dpa_engine_params params = {
@@ -210,18 +243,43 @@ err:
 	return rc;
 }
 
-void host_ctx_close(struct host_ctx *ctx)
+void host_ctx_shutdown(struct host_ctx *ctx)
 {
-	if (!ctx)
-		return;
+	const struct timespec pause = { 0, 1000000 };
+
+	if (!ctx || __atomic_exchange_n(&ctx->closing, 1, __ATOMIC_SEQ_CST))
+		return;  /* another thread shuts it down: host_ctx_close() waits for it */
+	/* Wake sleepers until they left: a waiter that checked `closing` just before we set it
+	 * may go to sleep after our first wake, so wake again until the count drops. */
+	while (__atomic_load_n(&ctx->users, __ATOMIC_SEQ_CST)) {
+		if (ctx->ring && ctx->ops->wake_waiters)
+			ctx->ops->wake_waiters(ctx->dev, &ctx->ring->cq_tail);
+		nanosleep(&pause, NULL);
+	}
 	/* The device revokes every registration and unlinks ctx.empty() segments; their
-	 * mappings stay until the arrays holding them are freed (host_free_shared(NULL)). */
+	 * mappings stay until the arrays holding them are freed (host_free_shared). */
 	if (ctx->dev)
 		ctx->ops->close(ctx->dev);
+	ctx->dev = NULL;
 	if (ctx->ring_mem && !ctx->fw_mem_of_device)
 		munmap(ctx->ring_mem, ctx->ring_len);
+	ctx->ring_mem = NULL;
+	ctx->ring = NULL;
 	if (!ctx->fw_mem_of_device)
 		free(ctx->stats);
+	ctx->stats = NULL;
+	__atomic_store_n(&ctx->shut, 1, __ATOMIC_SEQ_CST);
+}
+
+void host_ctx_close(struct host_ctx *ctx)
+{
+	const struct timespec pause = { 0, 1000000 };
+
+	if (!ctx)
+		return;
+	host_ctx_shutdown(ctx);
+	while (!__atomic_load_n(&ctx->shut, __ATOMIC_SEQ_CST))  /* a concurrent shutdown */
+		nanosleep(&pause, NULL);
 	if (ctx->backend_dl)
 		dlclose(ctx->backend_dl);
 	pthread_mutex_destroy(&ctx->lock);
@@ -238,6 +296,14 @@ static void reap_locked(struct host_ctx *ctx)
 		const struct offload_cqe *c = &ctx->cq[head & (ctx->cq_entries - 1)];
 		struct host_tag *t = &ctx->tags[c->tag % HOST_TAGS];
 
+		/* An op that failed because a peer died or became unreachable names it: from now
+		 * on failed_ranks lists it too, whatever told the firmware first (the watch, or the
+		 * peer's memory refusing a write), so a caller that reads failed_ranks after the
+		 * error finds the rank it names, and every later op of its teams fails at intake. */
+		if ((c->status == OFFLOAD_ERR_PEER || c->status == OFFLOAD_ERR_LINK_DOWN) &&
+		    c->detail < OFFLOAD_MAX_RANKS && c->detail != ctx->rank)
+			__atomic_fetch_or(&ctx->ring->failed_ranks, 1ull << c->detail,
+					  __ATOMIC_SEQ_CST);
 		if (t->tag == c->tag && (t->state == TAG_PENDING || t->state == TAG_ABANDONED)) {
 			for (int i = 0; i < 3; i++)
 				if (t->release_keys[i])
@@ -319,8 +385,8 @@ static int acquire_op_keys(struct host_ctx *ctx, struct host_op *op, uint32_t re
 	return 0;
 }
 
-int host_post(struct host_ctx *ctx, const struct host_op *user_op, int64_t timeout_ns,
-	      uint32_t *tag)
+static int post_in(struct host_ctx *ctx, const struct host_op *user_op, int64_t timeout_ns,
+		   uint32_t *tag)
 {
 	int64_t deadline = now_ns() + (timeout_ns > 0 ? timeout_ns : 0);
 	struct timespec pause = { 0, 20000 };
@@ -341,6 +407,10 @@ int host_post(struct host_ctx *ctx, const struct host_op *user_op, int64_t timeo
 			break;
 		/* Ring full: the DPA frees slots at intake; wait for it, bounded. */
 		ctx->ops->doorbell(ctx->dev);
+		if (closing(ctx)) {
+			rc = -ESHUTDOWN;
+			break;
+		}
 		if (now_ns() >= deadline)
 			break;
 		nanosleep(&pause, NULL);
@@ -354,6 +424,17 @@ int host_post(struct host_ctx *ctx, const struct host_op *user_op, int64_t timeo
 	}
 	ctx->ops->doorbell(ctx->dev);
 	return 0;
+}
+
+int host_post(struct host_ctx *ctx, const struct host_op *op, int64_t timeout_ns, uint32_t *tag)
+{
+	int rc;
+
+	if (enter(ctx))
+		return -ESHUTDOWN;
+	rc = post_in(ctx, op, timeout_ns, tag);
+	leave(ctx);
+	return rc;
 }
 
 /* 1: done (out filled, tag freed); 0: pending; -ENOENT: unknown tag. */
@@ -371,7 +452,7 @@ static int take_locked(struct host_ctx *ctx, uint32_t tag, struct host_completio
 	return 1;
 }
 
-int host_test(struct host_ctx *ctx, uint32_t tag, struct host_completion *out)
+static int test_in(struct host_ctx *ctx, uint32_t tag, struct host_completion *out)
 {
 	int rc;
 
@@ -381,8 +462,19 @@ int host_test(struct host_ctx *ctx, uint32_t tag, struct host_completion *out)
 	return rc;
 }
 
-int host_wait(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, int64_t poll_ns,
-	      struct host_completion *out)
+int host_test(struct host_ctx *ctx, uint32_t tag, struct host_completion *out)
+{
+	int rc;
+
+	if (enter(ctx))
+		return -ESHUTDOWN;
+	rc = test_in(ctx, tag, out);
+	leave(ctx);
+	return rc;
+}
+
+static int wait_in(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, int64_t poll_ns,
+		   struct host_completion *out)
 {
 	int64_t start = now_ns();
 	int64_t deadline = timeout_ns < 0 ? INT64_MAX : start + timeout_ns;
@@ -392,10 +484,12 @@ int host_wait(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, int64_t po
 	for (;;) {
 		uint32_t seen = off_load_acquire(&ctx->ring->cq_tail);
 		int64_t now, left;
-		int rc = host_test(ctx, tag, out);
+		int rc = test_in(ctx, tag, out);
 
 		if (rc)
 			return rc < 0 ? rc : 0;
+		if (closing(ctx))  /* woken by host_ctx_shutdown(); the op stays pending */
+			return -ESHUTDOWN;
 		now = now_ns();
 		if (now >= deadline)
 			return -ETIMEDOUT;
@@ -407,13 +501,25 @@ int host_wait(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, int64_t po
 		off_fetch_add(&ctx->ring->cq_waiters, 1);
 		/* Pairs with the DPA's fence between publishing cq_tail and reading cq_waiters. */
 		off_fence();
-		if (off_load_acquire(&ctx->ring->cq_tail) == seen)
+		if (off_load_acquire(&ctx->ring->cq_tail) == seen && !closing(ctx))
 			ctx->ops->wait_completion(ctx->dev, &ctx->ring->cq_tail, seen, left);
 		off_fetch_sub(&ctx->ring->cq_waiters, 1);
 	}
 }
 
-void host_abandon(struct host_ctx *ctx, uint32_t tag)
+int host_wait(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, int64_t poll_ns,
+	      struct host_completion *out)
+{
+	int rc;
+
+	if (enter(ctx))
+		return -ESHUTDOWN;
+	rc = wait_in(ctx, tag, timeout_ns, poll_ns, out);
+	leave(ctx);
+	return rc;
+}
+
+static void abandon_in(struct host_ctx *ctx, uint32_t tag)
 {
 	struct host_tag *t = &ctx->tags[tag % HOST_TAGS];
 
@@ -424,6 +530,14 @@ void host_abandon(struct host_ctx *ctx, uint32_t tag)
 	else if (t->tag == tag && t->state == TAG_DONE)
 		t->state = TAG_FREE;
 	pthread_mutex_unlock(&ctx->lock);
+}
+
+void host_abandon(struct host_ctx *ctx, uint32_t tag)
+{
+	if (enter(ctx))
+		return;
+	abandon_in(ctx, tag);
+	leave(ctx);
 }
 
 int host_cancel(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns)
@@ -445,10 +559,16 @@ int host_cancel(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns)
 
 uint64_t host_failed_ranks(struct host_ctx *ctx)
 {
-	return __atomic_load_n(&ctx->ring->failed_ranks, __ATOMIC_ACQUIRE);
+	uint64_t mask;
+
+	if (enter(ctx))
+		return 0;
+	mask = __atomic_load_n(&ctx->ring->failed_ranks, __ATOMIC_ACQUIRE);
+	leave(ctx);
+	return mask;
 }
 
-int host_set_mcast_faults(struct host_ctx *ctx, uint32_t loss_ppm, uint32_t reorder_ppm)
+static int mcast_faults_in(struct host_ctx *ctx, uint32_t loss_ppm, uint32_t reorder_ppm)
 {
 	if (!ctx->ops->set_mcast_faults)
 		return -EOPNOTSUPP;
@@ -457,8 +577,30 @@ int host_set_mcast_faults(struct host_ctx *ctx, uint32_t loss_ppm, uint32_t reor
 	return ctx->ops->set_mcast_faults(ctx->dev, loss_ppm, reorder_ppm);
 }
 
-int host_team_create(struct host_ctx *ctx, uint32_t team_id, uint32_t nmembers,
-		     const uint32_t *world_ranks, int64_t timeout_ns)
+uint64_t host_closed_ranks(struct host_ctx *ctx)
+{
+	uint64_t mask;
+
+	if (enter(ctx))
+		return 0;
+	mask = __atomic_load_n(&ctx->ring->closed_ranks, __ATOMIC_ACQUIRE);
+	leave(ctx);
+	return mask;
+}
+
+int host_set_mcast_faults(struct host_ctx *ctx, uint32_t loss_ppm, uint32_t reorder_ppm)
+{
+	int rc;
+
+	if (enter(ctx))
+		return -ESHUTDOWN;
+	rc = mcast_faults_in(ctx, loss_ppm, reorder_ppm);
+	leave(ctx);
+	return rc;
+}
+
+static int team_create_in(struct host_ctx *ctx, uint32_t team_id, uint32_t nmembers,
+			  const uint32_t *world_ranks, int64_t timeout_ns)
 {
 	struct offload_team_desc *desc;
 	struct host_completion done;
@@ -490,7 +632,7 @@ int host_team_create(struct host_ctx *ctx, uint32_t team_id, uint32_t nmembers,
 	if (rc)
 		goto out;
 	rc = host_wait(ctx, tag, timeout_ns, 0, &done);
-	if (rc == -ETIMEDOUT) {
+	if (rc == -ETIMEDOUT || rc == -ESHUTDOWN) {
 		/* The firmware may still read desc: leak it rather than free under its feet. */
 		host_abandon(ctx, tag);
 		return rc;
@@ -502,8 +644,20 @@ out:
 	return rc;
 }
 
-int host_mr_acquire(struct host_ctx *ctx, const void *addr, uint64_t len, uint32_t access,
-		    uint32_t *key, int *owned)
+int host_team_create(struct host_ctx *ctx, uint32_t team_id, uint32_t nmembers,
+		     const uint32_t *world_ranks, int64_t timeout_ns)
+{
+	int rc;
+
+	if (enter(ctx))
+		return -ESHUTDOWN;
+	rc = team_create_in(ctx, team_id, nmembers, world_ranks, timeout_ns);
+	leave(ctx);
+	return rc;
+}
+
+static int mr_acquire_in(struct host_ctx *ctx, const void *addr, uint64_t len, uint32_t access,
+			 uint32_t *key, int *owned)
 {
 	const uint8_t *p = addr;
 
@@ -523,14 +677,38 @@ int host_mr_acquire(struct host_ctx *ctx, const void *addr, uint64_t len, uint32
 	return ctx->ops->mr_reg(ctx->dev, addr, len ? len : 1, access, key);
 }
 
-int host_mr_acquire_dmabuf(struct host_ctx *ctx, uint64_t addr, uint64_t len, int fd,
-			   uint32_t access, uint32_t *key)
+int host_mr_acquire(struct host_ctx *ctx, const void *addr, uint64_t len, uint32_t access,
+		    uint32_t *key, int *owned)
+{
+	int rc;
+
+	if (enter(ctx))
+		return -ESHUTDOWN;
+	rc = mr_acquire_in(ctx, addr, len, access, key, owned);
+	leave(ctx);
+	return rc;
+}
+
+static int dmabuf_in(struct host_ctx *ctx, uint64_t addr, uint64_t len, int fd, uint32_t access,
+		     uint32_t *key)
 {
 	if (!ctx->ops->mr_reg_dmabuf)
 		return -EOPNOTSUPP;
 	if (!len || fd < 0)
 		return -EINVAL;
 	return ctx->ops->mr_reg_dmabuf(ctx->dev, addr, len, fd, access, key);
+}
+
+int host_mr_acquire_dmabuf(struct host_ctx *ctx, uint64_t addr, uint64_t len, int fd,
+			   uint32_t access, uint32_t *key)
+{
+	int rc;
+
+	if (enter(ctx))
+		return -ESHUTDOWN;
+	rc = dmabuf_in(ctx, addr, len, fd, access, key);
+	leave(ctx);
+	return rc;
 }
 
 /* Is key used by an op the firmware may still be running? Call with ctx->lock held. */
@@ -549,7 +727,7 @@ static int key_busy_locked(struct host_ctx *ctx, uint32_t key)
 	return 0;
 }
 
-int host_mr_release(struct host_ctx *ctx, uint32_t key)
+static int mr_release_in(struct host_ctx *ctx, uint32_t key)
 {
 	int busy;
 
@@ -561,7 +739,18 @@ int host_mr_release(struct host_ctx *ctx, uint32_t key)
 	return busy ? -EBUSY : ctx->ops->mr_dereg(ctx->dev, key);
 }
 
-int host_alloc_shared(struct host_ctx *ctx, uint64_t len, void **addr, uint32_t *key)
+int host_mr_release(struct host_ctx *ctx, uint32_t key)
+{
+	int rc;
+
+	if (enter(ctx))
+		return -ESHUTDOWN;
+	rc = mr_release_in(ctx, key);
+	leave(ctx);
+	return rc;
+}
+
+static int alloc_shared_in(struct host_ctx *ctx, uint64_t len, void **addr, uint32_t *key)
 {
 	int rc;
 
@@ -581,29 +770,57 @@ int host_alloc_shared(struct host_ctx *ctx, uint64_t len, void **addr, uint32_t 
 	return -ENOSPC;
 }
 
+int host_alloc_shared(struct host_ctx *ctx, uint64_t len, void **addr, uint32_t *key)
+{
+	int rc;
+
+	if (enter(ctx))
+		return -ESHUTDOWN;
+	rc = alloc_shared_in(ctx, len, addr, key);
+	leave(ctx);
+	return rc;
+}
+
 int host_free_shared(struct host_ctx *ctx, void *addr, uint64_t len)
 {
-	if (!ctx)  /* the context is closed: its device already revoked and unlinked it */
+	int rc = -EBUSY;
+
+	/* The context is closed (or closing): its device already revoked and unlinked it. */
+	if (!ctx || enter(ctx))
 		return munmap(addr, len ? (len + 4095) & ~4095ull : 4096) ? -errno : 0;
 	pthread_mutex_lock(&ctx->lock);
 	for (uint32_t i = 0; i < HOST_MAX_SHARED; i++) {
 		if (ctx->shared[i].addr != addr)
 			continue;
-		if (key_busy_locked(ctx, ctx->shared[i].key)) {
-			pthread_mutex_unlock(&ctx->lock);
-			return -EBUSY;
-		}
+		if (key_busy_locked(ctx, ctx->shared[i].key))
+			goto out;
 		ctx->shared[i] = (struct host_shared){ 0 };
 	}
+	rc = 0;
+out:
 	pthread_mutex_unlock(&ctx->lock);
-	return ctx->ops->free_shared(ctx->dev, addr, len);
+	if (!rc)
+		rc = ctx->ops->free_shared(ctx->dev, addr, len);
+	leave(ctx);
+	return rc;
 }
 
-int host_stats(struct host_ctx *ctx, uint64_t *out, uint32_t max_threads)
+static int stats_in(struct host_ctx *ctx, uint64_t *out, uint32_t max_threads)
 {
 	uint32_t n = ctx->num_threads < max_threads ? ctx->num_threads : max_threads;
 
 	/* Racy snapshot by design: the counters are monotonic and only for reporting. */
 	memcpy(out, ctx->stats, n * sizeof(*ctx->stats));
 	return (int)ctx->num_threads;
+}
+
+int host_stats(struct host_ctx *ctx, uint64_t *out, uint32_t max_threads)
+{
+	int rc;
+
+	if (enter(ctx))
+		return -ESHUTDOWN;
+	rc = stats_in(ctx, out, max_threads);
+	leave(ctx);
+	return rc;
 }

@@ -159,6 +159,8 @@ static int status_known(int32_t st)
 	case OFFLOAD_ERR_PEER_OP:
 	case OFFLOAD_ERR_LINK_DOWN:
 	case OFFLOAD_ERR_COUNT_MISMATCH:
+	case OFFLOAD_ERR_PEER_CLOSED:
+	case OFFLOAD_ERR_MISMATCH:
 		return 1;
 	}
 	return 0;   /* OFFLOAD_IN_PROGRESS included: it is no completion */

@@ -49,6 +49,7 @@
 struct shared {
 	uint32_t arrived[2 * BARRIER_ROUNDS];
 	uint32_t mcast_staged;  /* -staged: multicast received into staging slots (UD) */
+	uint64_t job_key;
 };
 
 struct rank {
@@ -585,6 +586,7 @@ static int rank_main(uint32_t me, uint32_t n, const char *job, uint32_t threads,
 
 	p.rails = rails;
 	p.mcast_staged = sh->mcast_staged;
+	p.job_key = sh->job_key;  /* the job's secret: the same for every rank, not 0 */
 	for (uint32_t i = 0; i < sizeof(p.rail_down_after) / sizeof(p.rail_down_after[0]); i++)
 		p.rail_down_after[i] = UINT64_MAX;   /* no fault injection */
 	p.rail_down_after[0] = rail0_bytes;
@@ -701,6 +703,7 @@ int main(int argc, char **argv)
 	}
 	memset(sh, 0, sizeof(*sh));
 	sh->mcast_staged = staged;
+	sh->job_key = ((uint64_t)getpid() << 32 | (uint64_t)time(NULL)) | 1;  /* never 0 */
 	printf("multirank: job %s, %u ranks, %u DPA threads and %u rails each, largest all-to-all "
 	       "%u elements per peer%s\n", job, n, threads, rails, big,
 	       rail0_bytes != UINT64_MAX ? ", rail 0 fails" : "");

@@ -488,6 +488,7 @@ static const struct host_device_ops flexio_device_ops = {
 	.set_mcast_faults = NULL,  /* a real fabric loses what it loses */
 	.start = fx_start,
 	.wait_completion = fx_wait_completion,
+	.wake_waiters = NULL,  /* a waiter's poll ends within FX_WAIT_SLICE_MS */
 };
 
 /* What host_ctx looks up after dlopen(): the ops, and the ABI they were built with. */

@@ -1,0 +1,281 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Fault-tolerant agreement (OFFLOAD_OP_AGREE): the live members of a team decide the same
+ * value, whoever dies or closes meanwhile, and whenever each one calls it. Shrink stands
+ * on it (the agreed failed set gives every survivor the same team), and so does team
+ * creation (the agreed id, and whether every member passed the same list).
+ *
+ * Rotating coordinator over a perfect failure detector (a member is gone once it is in
+ * failed_ranks or closed_ranks: the emulator's pidfds and clean closes; QP errors on a
+ * card). Every member posts its proposal to every other. Then for c = 0 .. n-1:
+ *  - c == me: unless a decision was taken already, wait for every member's proposal (or
+ *    its being gone) and merge them: failed = the union, and the gone we see; value = the
+ *    largest; differs = a member whose fp is not ours. Post the decision to every member;
+ *  - else: wait for c's decision (take it) or for c being gone (skip the round).
+ * After the last round, the decision held is the outcome. Why every member ends with the
+ * same one: once a coordinator posted its decision to every member and stayed alive to do
+ * so, every member holds that decision, and every later coordinator posts the decision it
+ * holds: nothing changes it again. A coordinator that dies halfway may leave members with
+ * different decisions, but the next live coordinator overwrites them all, and the last
+ * live member is a coordinator that lives. No round waits for a dead member; a member
+ * that calls late only delays the rounds (op_timeout bounds the wait).
+ *
+ * Words live in each member's control region (agree_prop, agree_dec, by the writer's team
+ * rank), tagged with the team's agreement epoch: a member starts epoch e + 1 only after
+ * every live coordinator read its epoch-e proposal, so no word is overwritten while
+ * someone still needs it. The team's op sequence is not used: it works on a team whose
+ * ops fail at intake since a member died.
+ */
+#include "engine_internal.h"
+
+/* Members gone, as this thread saw them at the start of its pass (see dpa_peer_gone: a
+ * closing member's words land before its close shows, so looks made since are final). */
+static uint64_t gone_mask(const struct dpa_engine *eng, struct dpa_hal *hal)
+{
+	return off_read_once(&eng->failed_ranks) | dpa_closed_ranks(eng, hal);
+}
+
+static int gone(const struct dpa_engine *eng, struct dpa_hal *hal, const struct dpa_team *team,
+		uint32_t p)
+{
+	return !!(gone_mask(eng, hal) & (1ull << team->peers[p].world_rank));
+}
+
+static uint64_t wr_id(uint32_t team_id, uint64_t epoch, uint32_t p)
+{
+	return ((uint64_t)(DPA_AGREE_OPI + team_id) << 32) | ((epoch & 0xffffu) << 16) |
+	       ((uint64_t)p << 8) | DPA_WR_AGREE;
+}
+
+/* Our word (proposal or decision) into member p's region; DPA_HAL_EAGAIN: later. */
+static int post_word(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t team_id,
+		     const struct dpa_agree *ag, uint32_t p, const struct offload_agree_word *w,
+		     size_t field)
+{
+	const struct dpa_team *team = &eng->teams[team_id];
+	uint64_t off = dpa_ctrl_team_off(team_id) + field +
+		       (uint64_t)team->my_rank * sizeof(struct offload_agree_word);
+	struct dpa_ctrl_msg m = {
+		.wr_id = wr_id(team_id, ag->epoch, p),
+		.raddr = dpa_peer_ctrl_addr(team, p, off),
+		.value = ag->epoch, .peer = team->peers[p].world_rank, .rkey = team->peers[p].ctrl_key,
+		.kind = DPA_WR_AGREE, .len = offsetof(struct offload_agree_word, epoch),
+		.seq_off = offsetof(struct offload_agree_word, epoch),
+	};
+	int rc;
+
+	__builtin_memcpy(m.body, w, m.len);
+	rc = dpa_ctrl_post(eng, hal, &m);
+	/* No rail left to p: it is unreachable and will be failed; nothing more to send. */
+	return rc == DPA_HAL_EAGAIN ? rc : 0;
+}
+
+/* Post `w` to every member not yet in *done and not gone; 1 once all went out. */
+static int post_all(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t team_id,
+		    struct dpa_agree *ag, uint64_t *done, const struct offload_agree_word *w,
+		    size_t field)
+{
+	const struct dpa_team *team = &eng->teams[team_id];
+	uint64_t gone_now = gone_mask(eng, hal);
+
+	for (uint32_t p = 0; p < team->size; p++) {
+		if (p == team->my_rank || (*done & (1ull << p)))
+			continue;
+		if (!(gone_now & (1ull << team->peers[p].world_rank)) &&
+		    post_word(eng, hal, team_id, ag, p, w, field) == DPA_HAL_EAGAIN)
+			return 0;
+		*done |= 1ull << p;
+	}
+	return 1;
+}
+
+int dpa_agree_intake(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd)
+{
+	const struct offload_agree_args *args =
+		cmd->aux_addr & 7 ? NULL :  /* misaligned: the DPA's loads would fault */
+		dpa_hal_aux_ptr(hal, cmd->aux_key, cmd->aux_addr, sizeof(*args));
+	struct dpa_agree *ag = &eng->agree[cmd->team % OFFLOAD_MAX_TEAMS];
+	const struct dpa_team *team = &eng->teams[cmd->team % OFFLOAD_MAX_TEAMS];
+
+	if (cmd->team >= OFFLOAD_MAX_TEAMS || !team->active || !args || cmd->count ||
+	    cmd->src_addr || cmd->dst_addr || cmd->flags)
+		return dpa_complete_cmd(eng, hal, cmd, OFFLOAD_ERR_INVALID, 0, 0, 0);
+	if (__atomic_load_n(&ag->active, __ATOMIC_ACQUIRE))
+		return 0;  /* one agreement at a time per team: the next waits in the ring */
+	ag->cmd = *cmd;
+	ag->epoch++;
+	ag->round = 0;
+	ag->decided = 0;
+	ag->sent = ag->told = ag->oos_since = 0;
+	ag->mine = (struct offload_agree_word){
+		.failed = args->failed & team->world_mask, .value = args->value, .fp = args->fp,
+		.extra = team->next_seq, .epoch = ag->epoch,
+	};
+	ag->deadline_ns = eng->params.op_timeout_ms ?
+		dpa_hal_time_ns(hal) + (uint64_t)eng->params.op_timeout_ms * 1000000u : UINT64_MAX;
+	__atomic_store_n(&ag->active, 1, __ATOMIC_RELEASE);  /* publishes the fields above */
+	dpa_hal_notify(hal);  /* its thread may be parked */
+	return 1;
+}
+
+int dpa_out_of_step(struct dpa_engine *eng, struct dpa_hal *hal, const struct dpa_team *team,
+		    uint64_t *since)
+{
+	uint64_t now = dpa_hal_time_ns(hal);
+
+	/* Where a member died or an op aborted, the sequences legitimately differ by the ops
+	 * some ranks took. A death this rank has not heard of yet looks the same for a moment:
+	 * give it DPA_OOS_SETTLE_NS to show. (A member that closed changes nothing: the ops
+	 * that needed it fail and poison the team.) */
+	(void)hal;
+	if ((off_read_once(&eng->failed_ranks) & team->world_mask) ||
+	    off_load_acquire(&team->poisoned)) {
+		*since = 0;
+		return 0;
+	}
+	if (!*since) {
+		*since = now ? now : 1;
+		dpa_wake_at(eng, hal, now + DPA_OOS_SETTLE_NS);
+		return 0;
+	}
+	if (now - *since < DPA_OOS_SETTLE_NS) {
+		dpa_wake_at(eng, hal, *since + DPA_OOS_SETTLE_NS);
+		return 0;
+	}
+	return 1;
+}
+
+/* Member q took our next collective instead of joining this agreement (its signature for
+ * that seq is in): the members are not in step. 1 and *their_op if so. */
+static int runs_collective(const struct dpa_team *team, const struct offload_ctrl_team *ctrl,
+			   uint32_t q, uint32_t *their_op)
+{
+	const struct offload_sig *sig = &ctrl->sig[team->next_seq % OFFLOAD_SIG_WINDOW][q];
+
+	if (off_load_acquire(&sig->seq) != team->next_seq)
+		return 0;
+	*their_op = sig->op;
+	return 1;
+}
+
+/* Our round: every member's proposal (or its being gone), merged into our decision. */
+static int decide(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa_agree *ag,
+		  const struct dpa_team *team, const struct offload_ctrl_team *ctrl)
+{
+	struct offload_agree_word d = ag->mine;
+
+	d.extra = 0;  /* a decision's: differs */
+	for (uint32_t q = 0; q < team->size; q++) {
+		const struct offload_agree_word *w = &ctrl->agree_prop[q];
+
+		if (q == team->my_rank)
+			continue;
+		/* Pairs with the writer's epoch, written after the body on the same queue. */
+		if (off_load_acquire(&w->epoch) == ag->epoch) {
+			d.failed |= w->failed & team->world_mask;
+			d.value = w->value > d.value ? w->value : d.value;
+			if (w->fp != ag->mine.fp && !d.extra)
+				d.extra = team->peers[q].world_rank + 1;
+		} else if (!gone(eng, hal, team, q)) {
+			return 0;
+		}
+	}
+	d.failed |= gone_mask(eng, hal) & team->world_mask & ~(1ull << team->peers[team->my_rank].world_rank);
+	ag->est = d;
+	ag->decided = 1;
+	return 1;
+}
+
+/* Advance the team's agreement; returns work done. */
+static int step(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t t)
+{
+	struct dpa_agree *ag = &eng->agree[t];
+	const struct dpa_team *team = &eng->teams[t];
+	const struct offload_ctrl_team *ctrl = dpa_my_ctrl(hal, t);
+	struct offload_agree_args *args;
+	int work = 0;
+
+	if (!post_all(eng, hal, t, ag, &ag->sent, &ag->mine,
+		      offsetof(struct offload_ctrl_team, agree_prop)))
+		return 0;
+	/* A member that runs a collective instead: fail naming it (OFFLOAD_ERR_MISMATCH, as
+	 * for ops) once that is not the echo of a failure (dpa_out_of_step). */
+	for (uint32_t q = 0; q < team->size; q++) {
+		uint32_t their_op;
+
+		if (q == team->my_rank || off_load_acquire(&ctrl->agree_prop[q].epoch) == ag->epoch ||
+		    !runs_collective(team, ctrl, q, &their_op))
+			continue;
+		/* Not before it is settled: q must not count as gone in the rounds meanwhile
+		 * (it may close once it failed its op for the same reason). */
+		if (!dpa_out_of_step(eng, hal, team, &ag->oos_since)) {
+			if (ag->oos_since)
+				return work;
+			continue;
+		}
+		if (!dpa_complete_cmd(eng, hal, &ag->cmd, OFFLOAD_ERR_MISMATCH,
+				      team->peers[q].world_rank,
+				      (uint64_t)OFFLOAD_MISMATCH_OP << 56 | OFFLOAD_OP_AGREE, their_op))
+			return work;
+		__atomic_store_n(&ag->active, 0, __ATOMIC_RELEASE);
+		return work + 1;
+	}
+	while (ag->round < team->size) {
+		uint32_t c = ag->round;
+
+		if (c == team->my_rank) {
+			if (!ag->decided && !decide(eng, hal, ag, team, ctrl))
+				return work;
+			if (!post_all(eng, hal, t, ag, &ag->told, &ag->est,
+				      offsetof(struct offload_ctrl_team, agree_dec)))
+				return work;
+		} else if (off_load_acquire(&ctrl->agree_dec[c].epoch) == ag->epoch) {
+			ag->est = ctrl->agree_dec[c];  /* adopt: it replaces whatever we held */
+			ag->decided = 1;
+		} else if (!gone(eng, hal, team, c)) {
+			if (dpa_hal_time_ns(hal) > ag->deadline_ns)
+				break;
+			return work;
+		}
+		ag->round++;
+		work++;
+	}
+	/* Our words landed before we report: a member may still wait for our decision. */
+	for (uint32_t p = 0; p < team->size; p++)
+		if (dpa_ctrl_word_pending(eng, wr_id(t, ag->epoch, p)))
+			return work;
+	args = (struct offload_agree_args *)dpa_hal_aux_ptr(hal, ag->cmd.aux_key, ag->cmd.aux_addr,
+							    sizeof(*args));
+	if (ag->round < team->size) {  /* ran past op_timeout: a live member never joined */
+		if (!dpa_complete_cmd(eng, hal, &ag->cmd, OFFLOAD_ERR_TIMEOUT,
+				      team->peers[team->my_rank].world_rank, 0, 0))
+			return work;
+	} else {
+		if (args) {
+			args->failed = ag->est.failed;
+			args->value = ag->est.value;
+			args->differs = ag->est.extra;
+		}
+		if (!dpa_complete_cmd(eng, hal, &ag->cmd, OFFLOAD_OK, ag->est.extra,
+				      ag->est.failed, ag->est.value))
+			return work;
+	}
+	__atomic_store_n(&ag->active, 0, __ATOMIC_RELEASE);
+	return work + 1;
+}
+
+int dpa_agree_progress(struct dpa_engine *eng, struct dpa_hal *hal)
+{
+	uint32_t me = dpa_hal_thread_index(hal), nthreads = dpa_hal_num_threads(hal);
+	int work = 0;
+
+	for (uint32_t t = me; t < OFFLOAD_MAX_TEAMS; t += nthreads)
+		if (__atomic_load_n(&eng->agree[t].active, __ATOMIC_ACQUIRE)) {
+			work += step(eng, hal, t);
+			/* The op timeout is a wait no event ends. */
+			if (__atomic_load_n(&eng->agree[t].active, __ATOMIC_ACQUIRE) &&
+			    eng->agree[t].deadline_ns != UINT64_MAX)
+				dpa_wake_at(eng, hal, eng->agree[t].deadline_ns + 1);
+		}
+	return work;
+}

@@ -1,0 +1,179 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The gate every op passes before its algorithm runs. At intake a rank publishes the op's
+ * signature (struct offload_sig: which collective and mode, root, block size, the team as
+ * it built it) into every member's control region, ahead of any other word of the op on
+ * the same queue. Item i judges member me + i's signature; only once every member's agreed
+ * do the items run the algorithm. Hence:
+ *  - ranks that post different collectives, roots or sizes at the same point of a team's
+ *    sequence all see a signature that differs (each one differs from some other), fail
+ *    the op naming what differs, and move nothing: no ready is trusted, no data written,
+ *    no done signal sent, so the team's words stay in step and its next op pairs up;
+ *  - a member that died or closed its context before joining the op fails it here (it
+ *    never joins: waiting on it would wait for op_timeout);
+ *  - a barrier is nothing more than this gate (barrier.c).
+ * One round of n - 1 control words per op and rank; the readies and counts the algorithm
+ * publishes at intake travel in the same round.
+ *
+ * Nobody acknowledges a signature, so a member must not overwrite one another member has
+ * not read: words are kept per seq % OFFLOAD_SIG_WINDOW (two op windows). To post op
+ * s + 2W, a rank needs its op s + W completed, hence peer q's signature for s + W, which q
+ * posts only once it took op s + W, that is once its op s completed, past its gate, where
+ * it read our signature for s.
+ */
+#include "engine_internal.h"
+
+uint32_t dpa_team_fp(uint32_t team_id, uint32_t size, const struct offload_peer *peers)
+{
+	uint32_t h = 2166136261u;  /* FNV-1a: cheap, order-sensitive */
+	uint32_t words[2] = { team_id, size };
+
+	for (uint32_t i = 0; i < 2 + size; i++) {
+		uint32_t w = i < 2 ? words[i] : peers[i - 2].world_rank;
+
+		for (uint32_t b = 0; b < 4; b++) {
+			h ^= (w >> (8 * b)) & 0xffu;
+			h *= 16777619u;
+		}
+	}
+	return h;
+}
+
+void dpa_sig_init(struct dpa_engine *eng, struct dpa_op *op)
+{
+	const struct dpa_team *team = &eng->teams[op->team_id];
+	const struct offload_cmd *cmd = &op->cmd;
+	uint32_t sized = cmd->opcode == OFFLOAD_OP_ALLTOALL || cmd->opcode == OFFLOAD_OP_BROADCAST ||
+			 cmd->opcode == OFFLOAD_OP_ALLGATHER;
+	/* Modes the receiver's side depends on; rows gathered by index concern the sender only. */
+	uint32_t mode = cmd->opcode == OFFLOAD_OP_ALLTOALLV ?
+			cmd->flags & (OFFLOAD_CMD_F_SLOTS | OFFLOAD_CMD_F_PLACE) : 0;
+
+	op->sig = (struct offload_sig){
+		.op = cmd->opcode | mode << 8,
+		.root = cmd->opcode == OFFLOAD_OP_BROADCAST ? cmd->root : 0,
+		.size = sized ? cmd->count : 0,
+		.team_fp = team->fp,
+		.world_rank = team->peers[team->my_rank].world_rank,
+		.seq = op->seq,
+	};
+}
+
+int dpa_sig_post(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal, uint32_t i)
+{
+	const struct dpa_team *team = &eng->teams[op->team_id];
+	uint32_t me = team->my_rank;
+
+	return dpa_post_sequenced(eng, op, hal, (me + i) % team->size,
+				  dpa_ctrl_sig_off(op->team_id, op->seq, me), &op->sig,
+				  offsetof(struct offload_sig, seq), offsetof(struct offload_sig, seq),
+				  DPA_WR_SIG);
+}
+
+/* The first difference of theirs from ours, as enum offload_mismatch (0: none), with both
+ * values. The team comes first: with another team, nothing else compares. */
+static uint32_t differs(const struct offload_sig *ours, const struct offload_sig *theirs,
+			uint32_t world, uint64_t *mine, uint64_t *other)
+{
+	if (theirs->team_fp != ours->team_fp || theirs->world_rank != world) {
+		*mine = ours->team_fp;
+		*other = theirs->team_fp;
+		return OFFLOAD_MISMATCH_TEAM;
+	}
+	if (theirs->op != ours->op) {
+		*mine = ours->op;
+		*other = theirs->op;
+		return OFFLOAD_MISMATCH_OP;
+	}
+	if (theirs->root != ours->root) {
+		*mine = ours->root;
+		*other = theirs->root;
+		return OFFLOAD_MISMATCH_ROOT;
+	}
+	if (theirs->size != ours->size) {
+		*mine = ours->size;
+		*other = theirs->size;
+		return OFFLOAD_MISMATCH_SIZE;
+	}
+	return 0;
+}
+
+/* Peer p's signature arrived: 1 if it agrees; else the op fails naming p and what differs
+ * (the first such failure wins the op, results included) and 0. */
+static int judge(struct dpa_engine *eng, struct dpa_op *op, const struct offload_sig *theirs,
+		 uint32_t world)
+{
+	uint64_t mine = 0, other = 0, none = 0;
+	/* Copy the body once: the peer may not write it again for this seq, but read it in
+	 * one go all the same (a forged one is judged like any other). */
+	struct offload_sig copy = *theirs;
+	uint32_t what = differs(&op->sig, &copy, world, &mine, &other);
+
+	(void)eng;
+	if (!what)
+		return 1;
+	if (off_cas(&op->fail, &none, ((uint64_t)world << 32) | (uint32_t)OFFLOAD_ERR_MISMATCH)) {
+		op->result0 = ((uint64_t)what << 56) | (mine & ((1ull << 56) - 1));
+		op->result1 = other;
+	}
+	return 0;
+}
+
+/* Peer p (item i's) started an agreement (create_team, shrink) that we have not, before
+ * it took this op: the op fails naming it, unless a failure explains it (dpa_out_of_step;
+ * the sibling check is in agree_ft.c). p's proposal carries its team sequence when it
+ * started, so no ordering between queues is assumed. */
+static int in_agreement(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+			uint32_t i, uint32_t p)
+{
+	const struct offload_agree_word *w = &dpa_my_ctrl(hal, op->team_id)->agree_prop[p];
+	uint64_t none = 0;
+
+	const struct dpa_team *team = &eng->teams[op->team_id];
+
+	if (off_load_acquire(&w->epoch) != off_read_once(&eng->agree[op->team_id].epoch) + 1 ||
+	    w->extra > op->seq || !dpa_out_of_step(eng, hal, team, &op->items[i].oos_since))
+		return 0;
+	if (off_cas(&op->fail, &none, ((uint64_t)team->peers[p].world_rank << 32) |
+		    (uint32_t)OFFLOAD_ERR_MISMATCH)) {
+		op->result0 = (uint64_t)OFFLOAD_MISMATCH_OP << 56 | op->sig.op;
+		op->result1 = OFFLOAD_OP_AGREE;
+	}
+	return 1;
+}
+
+int dpa_sig_step(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal, uint32_t i)
+{
+	const struct dpa_team *team = &eng->teams[op->team_id];
+	struct dpa_item *it = &op->items[i];
+	uint32_t p = (team->my_rank + i) % team->size, world = team->peers[p].world_rank;
+	const struct offload_sig *theirs =
+		&dpa_my_ctrl(hal, op->team_id)->sig[op->seq % OFFLOAD_SIG_WINDOW][p];
+	int work = 0;
+
+	if (!(it->flags & DPA_ITEM_SIG_OUT)) {
+		if (dpa_sig_post(eng, op, hal, i) == DPA_HAL_EAGAIN)
+			return 0;
+		it->flags |= DPA_ITEM_SIG_OUT;
+		work++;
+	}
+	/* Pairs with the writer's seq, written after the body on the same queue. */
+	if (off_load_acquire(&theirs->seq) == op->seq) {
+		if (!judge(eng, op, theirs, world))
+			__atomic_store_n(&op->gate_fail, 1, __ATOMIC_SEQ_CST);
+	} else if (in_agreement(eng, op, hal, i, p)) {
+		__atomic_store_n(&op->gate_fail, 1, __ATOMIC_SEQ_CST);
+	} else if (it->oos_since) {
+		return work;  /* p ran an agreement instead: settle that first (it may close) */
+	} else if (dpa_peer_gone(eng, op, hal, world)) {
+		/* It never joined this op (dead, closed), or our signature did not reach it. */
+		__atomic_store_n(&op->gate_fail, 1, __ATOMIC_SEQ_CST);
+	} else {
+		return work;
+	}
+	it->flags |= DPA_ITEM_SIG_IN;
+	/* The last judgement opens the gate (or fails it) for items on sibling threads. */
+	if (__atomic_sub_fetch(&op->sig_pending, 1, __ATOMIC_SEQ_CST) == 0)
+		dpa_hal_notify(hal);
+	return work + 1;
+}
