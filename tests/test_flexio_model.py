@@ -471,8 +471,6 @@ else:
 
 @pytest.mark.timeout(120)
 @pytest.mark.parametrize("threads", [1, 4])
-@pytest.mark.xfail(reason="a peer that closes cleanly reads as failed on FlexIO: closed_ranks "
-                          "is set only by the emulator's watch", strict=True)
 def test_a_peer_that_closes_is_closed_not_failed(built_model, threads, tmp_path):
     """Rank 2 closes its context (and leaves) while ranks 0 and 1 wait for it in an
     all-to-all: they get PeerClosed naming it within 1 s, closed_ranks() lists it and

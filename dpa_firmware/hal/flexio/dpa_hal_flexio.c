@@ -221,11 +221,30 @@ static void cqe_fill(struct dpa_hal_cqe *c, uint64_t wr_id, int32_t status, uint
 	c->resv = 0;
 }
 
+/*
+ * A QP whose peer closed its context breaks like one whose peer died (the closer's QPs are
+ * gone: retries run out, the rest is flushed), but the peer said it was closing first (the
+ * host puts it in the ring's closed_ranks on its notice): what failed for that reason
+ * reports OFFLOAD_ERR_PEER_CLOSED, not a link down to fail over from or a death.
+ */
+static int32_t peer_status(struct dpa_hal *hal, const struct dpa_flexio_qp *qp, int32_t status)
+{
+	const struct offload_ring_hdr *ring;
+
+	if (status != OFFLOAD_ERR_LINK_DOWN || qp->peer >= OFFLOAD_MAX_RANKS ||
+	    qp->peer == hal->world_rank)
+		return status;
+	ring = dpa_hal_window_ptr(hal, DPA_HAL_WIN_RING, 0, sizeof(*ring));
+	return ring && (off_load_acquire(&ring->closed_ranks) >> qp->peer & 1) ?
+	       OFFLOAD_ERR_PEER_CLOSED : status;
+}
+
 static int soft_complete(struct dpa_hal *hal, const struct dpa_flexio_qp *qp, uint64_t wr_id,
 			 int32_t status, uint32_t bytes)
 {
 	if (hal->outstanding >= hal->max_outstanding)
 		return DPA_HAL_EAGAIN;
+	status = peer_status(hal, qp, status);
 	cqe_fill(&hal->soft[hal->soft_tail++ & (DPA_FLEXIO_SOFT_DEPTH - 1)], wr_id, status, bytes,
 		 qp->rail);
 	hal->outstanding++;
@@ -236,8 +255,8 @@ static int soft_complete(struct dpa_hal *hal, const struct dpa_flexio_qp *qp, ui
 static void soft_push_owed(struct dpa_hal *hal, const struct dpa_flexio_qp *qp, uint64_t wr_id,
 			   int32_t status)
 {
-	cqe_fill(&hal->soft[hal->soft_tail++ & (DPA_FLEXIO_SOFT_DEPTH - 1)], wr_id, status, 0,
-		 qp->rail);
+	cqe_fill(&hal->soft[hal->soft_tail++ & (DPA_FLEXIO_SOFT_DEPTH - 1)], wr_id,
+		 peer_status(hal, qp, status), 0, qp->rail);
 }
 
 static int soft_drain(struct dpa_hal *hal, struct dpa_hal_cqe *out, int max)
@@ -628,6 +647,7 @@ static int sq_fail(struct dpa_hal *hal, struct dpa_flexio_qp *qp, uint16_t wqe_c
 
 	if (qp->broken)
 		return 0;
+	status = peer_status(hal, qp, status);
 	qp->broken = status;
 	while (bb != qp->pi) {
 		struct dpa_flexio_slot *slot = &qp->slots[bb & qp->bb_mask];

@@ -150,6 +150,8 @@ struct fx_device {
 	int dpa_failed_reported;
 	/* peer liveness (flexio_keepalive.c): host QPs [rail][peer], one probe each at a time */
 	struct ibv_cq *ka_cq;
+	struct ibv_comp_channel *ka_chan;  /* wakes the keepalive thread on a close notice */
+	int ka_wake;                       /* eventfd: wakes it to stop */
 	struct ibv_qp **ka_qps;
 	uint8_t *ka_state;
 	uint8_t *ka_buf;
