@@ -13,6 +13,7 @@
 
 #include <pthread.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "dpa_hal.h"
 #include "host_device.h"
@@ -70,11 +71,16 @@ struct emu_rank {
 	uint32_t ctrl_key;
 	uint32_t rails_down;  /* this rank's failed ports (bit per rail), set by the rank */
 	uint32_t resv0[10];
-	/* Own line: bumped by doorbells and remote signals, slept on by progress threads. */
+	/* Own line: bumped by doorbells and remote signals, slept on by progress threads
+	 * (futex bitset EMU_WAKE_DPA) and by a host thread driving the engine (EMU_WAKE_HOST). */
 	uint32_t event;
-	uint32_t sleepers;
-	uint32_t load;        /* enum dpa_engine_load, published when a thread parks */
-	uint32_t resv1[13];
+	uint32_t sleepers;    /* progress threads asleep on event */
+	uint32_t load;        /* enum dpa_engine_load, published after each pass */
+	uint32_t driving;     /* a host thread runs this rank's engine (cooperative progress) */
+	uint32_t drivers;     /* that host thread is asleep on event */
+	uint32_t resv1a;
+	uint64_t wake_ns;     /* when the last futex wake of this rank was issued */
+	uint32_t resv1[8];
 };
 
 struct emu_mr {
@@ -167,6 +173,8 @@ struct emu_device;
 struct dpa_hal {
 	struct emu_device *dev;
 	uint32_t index;
+	uint32_t busy;        /* lock: a pass runs on this thread's queues (its progress thread's,
+			       * or a host thread's: see emu_progress.c) */
 	uint8_t rail[OFFLOAD_MAX_RANKS];  /* per peer: the rail this thread posts on */
 	uint32_t cq_head;     /* consumer and producer are both this thread */
 	uint32_t cq_tail;
@@ -201,6 +209,11 @@ struct emu_device {
 	pthread_t *threads;
 	uint32_t nthreads_started;
 	uint32_t stop;
+	/* cooperative progress (emu_progress.c) */
+	uint32_t drive_lock;          /* one host thread drives at a time */
+	uint64_t wake_cost_ns;        /* measured futex wake-up latency (moving average) */
+	uint64_t host_ops;            /* ops completed by passes host threads ran */
+	uint64_t host_passes;
 	uint32_t rail_faults;         /* a rail of this rank is set to fail */
 	uint64_t unreachable_seen;    /* job's unreachable ranks already in failed_ranks */
 	uint64_t rail_sent[HOST_MAX_RAILS];
@@ -264,8 +277,18 @@ void emu_mcast_forget(struct emu_device *dev);
 /* emu_copy.c: a copy into memory mapped here, as the NIC's DMA would do it */
 void emu_dma_copy(void *dst, const void *src, uint64_t len);
 
-/* emu_device.c */
+/* emu_progress.c: who runs the firmware (progress threads, or a waiting host thread) */
 void emu_wake_rank(struct emu_device *dev, uint32_t rank);
+int emu_threads_start(struct emu_device *dev);
+void emu_threads_stop(struct emu_device *dev);
+int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t timeout_ns);
+void emu_drive_stats(struct host_device *hd, uint64_t *ops, uint64_t *passes);
+/* Is any rank of the job in the middle of a bulk op (long copies hogging cores)? */
+int emu_job_bulk(const struct emu_device *dev);
+long emu_futex(uint32_t *word, int op, uint32_t val, const struct timespec *ts, uint32_t bits);
+struct timespec emu_ns_to_ts(int64_t ns);
+
+/* emu_hal.c: our port `rail` failed (all of them: this rank is unreachable) */
 void emu_rail_down(struct emu_device *dev, uint32_t rail);
 /* emu_watch.c: fail peers that exit without closing (see there). */
 int emu_watch_start(struct emu_device *dev);

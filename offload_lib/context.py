@@ -36,11 +36,11 @@ _LOCAL_READ, _LOCAL_WRITE, _REMOTE_READ, _REMOTE_WRITE = 1, 2, 4, 8
 SRC_ACCESS = _LOCAL_READ | _REMOTE_READ
 DST_ACCESS = _LOCAL_READ | _LOCAL_WRITE | _REMOTE_WRITE
 
-# Waiting polls (yielding the core) for ops this small, and sleeps at once for larger ones:
-# a wake-up costs tens of microseconds here, which only small ops notice, while polling
-# through a long op would take the CPU that offloading is meant to free.
-_POLL_MAX_BYTES = 1024 * 1024
-_POLL_NS = 1_000_000
+# Ops this small are driven by the calling thread (cooperative progress), or else waited
+# for spinning briefly before sleeping: a wake-up costs tens of microseconds here, which
+# only small ops notice, while spinning through a long op would take the CPU that
+# offloading is meant to free.
+_SMALL_MAX_BYTES = 1024 * 1024
 
 _MAX_COUNT = 2**62  # elements; counts*itemsize must stay far from uint64 overflow
 
@@ -476,12 +476,17 @@ class Context:
         params.backend_lib = lib_c
         params.rank, params.size = world.rank, world.size
         params.num_threads = self.dpa_threads = _resolve_threads(config, world.size)
-        # Busy-polling only pays when every emulated thread has a core of its own.
-        oversubscribed = world.size * (self.dpa_threads + 1) > _cores()
+        self.progress = config.progress if backend == "emulator" else "threads"
+        params.coop = self.progress == "cooperative"
+        # Spinning only pays when the threads that wait have a core each: with cooperative
+        # progress that is one host thread per rank (the progress threads sleep while it
+        # drives); otherwise the progress threads and the host threads.
+        waiters = world.size * (1 if params.coop else self.dpa_threads + 1)
+        params.spin_us = 0 if waiters > _cores() else config.spin_us
+        self._poll_ns = params.spin_us * 1000
+        params.eager_max = config.eager_max
         params.ring_entries = config.ring_entries
         params.chunk_size = config.chunk_size
-        params.spin_us = 0 if oversubscribed else config.spin_us
-        params.yield_us = config.yield_us
         params.bootstrap_timeout_ns = int(config.bootstrap_timeout * 1e9)
         params.op_timeout_ms = int(round(config.op_timeout * 1000))
         # Hardware backends connect their queues through the bootstrap (see _allgather).
@@ -645,10 +650,12 @@ class Context:
         tag = ffi.new("uint32_t *")
         if self._orphans:
             self._reap_orphans()
+        small = nbytes <= _SMALL_MAX_BYTES
+        op.small = small
         rc = lib.host_post(self._handle(), op, self._post_timeout_ns, tag)
         check_rc(rc, f"posting {what}")
-        poll_ns = _POLL_NS if nbytes <= _POLL_MAX_BYTES else 0
-        return Request(self, int(tag[0]), what, keep, result, poll_ns, itemsize)
+        return Request(self, int(tag[0]), what, keep, result, self._poll_ns if small else 0,
+                       itemsize)
 
     def _persistent(self, op: Any, what: str, keys: list[int], keep: tuple[Any, ...],
                     result: Result | None = None, nbytes: int = 0) -> PersistentRequest:
@@ -713,6 +720,8 @@ class Context:
             for t in range(n)
         ]
         totals = {f: sum(t[f] for t in per_thread) for f in _STAT_FIELDS}
+        host = ffi.new("uint64_t[2]")
+        lib.host_drive_stats(self._ptr, host, host + 1)
         gpu = {"path": "none", "ops": 0, "pieces": 0, "d2h_bytes": 0, "h2d_bytes": 0}
         if self._stager is not None:
             gpu.update(self._stager.stats)
@@ -723,5 +732,10 @@ class Context:
             "bytes": totals["bytes_written"],
             "chunks": totals["writes"],
             **totals,
+            # cooperative progress: what host threads did of the above (ops whose completion
+            # a host thread's pass wrote, and the passes it ran)
+            "progress": self.progress,
+            "host_ops": int(host[0]),
+            "host_passes": int(host[1]),
             "threads": per_thread,
         }

@@ -472,7 +472,12 @@ if comp is None:
     print("NO_COMPLETION")
     sys.exit(3)
 print("status", comp.status, "detail", comp.detail)
-if rank == 0:
+if os.environ["OFFLOAD_EAGER_MAX"] != "0":
+    # Eager: the key never leaves rank 1, whose own copy out of the slot is refused; rank 0
+    # delivered into the slot and is done.
+    assert (comp.status, comp.detail) == ((OK, 0) if rank == 0 else (ERR_REMOTE_ACCESS, 1)), (
+        comp.status, comp.detail)
+elif rank == 0:
     # rank 0's write into rank 1 was refused by the check, and it names rank 1
     assert comp.status == ERR_REMOTE_ACCESS, comp.status
     assert comp.detail == 1, comp.detail
@@ -483,8 +488,12 @@ ctx.close()
 
 
 @pytest.mark.timeout(60)
-def test_forged_rkey_published_to_a_peer_is_refused():
-    run_ranks(2, FORGED_REMOTE_RKEY, timeout=45)
+@pytest.mark.parametrize("eager_max", ["0", "8K"], ids=["rendezvous", "eager"])
+def test_forged_rkey_published_to_a_peer_is_refused(eager_max):
+    """A destination key that does not cover the destination: with the rendezvous
+    protocol (the receiver publishes it) the sender's write is refused and names the
+    receiver; eagerly, the receiver's own copy out is refused. Nothing arrives either way."""
+    run_ranks(2, FORGED_REMOTE_RKEY, timeout=45, env={"OFFLOAD_EAGER_MAX": eager_max})
 
 
 BLOCK_SIZE_MISMATCH = r'''

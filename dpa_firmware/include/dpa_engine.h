@@ -23,6 +23,8 @@ struct dpa_engine_params {
 	uint32_t op_timeout_ms; /* an op not done this long after intake aborts; 0: never */
 	uint32_t link_mbps;     /* link rate (MB/s): multicast loss shows after size / rate */
 	uint32_t mcast_roots;   /* all-gather: ranks multicasting at once */
+	uint32_t eager_max;     /* all-to-all blocks up to this many bytes go eagerly (0: none;
+				 * at most OFFLOAD_EAGER_BYTES) */
 };
 
 uint64_t dpa_engine_state_size(void);

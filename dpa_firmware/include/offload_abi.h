@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define OFFLOAD_ABI_VERSION 8u
+#define OFFLOAD_ABI_VERSION 9u
 
 #define OFFLOAD_MAX_RANKS   64u   /* ranks in one job (team members index peer tables) */
 #define OFFLOAD_MAX_TEAMS   16u   /* teams alive at once, world included */
@@ -181,18 +181,43 @@ struct offload_alltoallv_args {
 };
 
 /*
+ * Eager all-to-all (blocks of at most OFFLOAD_EAGER_BYTES): a source writes its block
+ * straight into a slot of the receiver's control region (slot = op seq % SLOTS), then the
+ * slot's word behind it on the same queue; the receiver copies the block out and hands
+ * the slot back by writing the word it consumed into the source's eager_credit. A source
+ * reuses a slot only once the word of that slot's previous op came back.
+ */
+#define OFFLOAD_EAGER_SLOTS 2u
+#define OFFLOAD_EAGER_BYTES 8192u
+#define OFFLOAD_EAGER_ERROR (1ull << 63)   /* in the word: the source failed, no block */
+/* seq: the op's team sequence; len: bytes of the block. */
+#define OFFLOAD_EAGER_WORD(seq, len) (((uint64_t)(len) << 32) | (uint32_t)(seq))
+#define OFFLOAD_EAGER_SEQ(word) ((uint32_t)(word))
+#define OFFLOAD_EAGER_LEN(word) ((uint32_t)((word) >> 32) & 0x7fffffffu)
+
+struct offload_eager_slot {
+	uint64_t word;      /* written last: OFFLOAD_EAGER_WORD, maybe | OFFLOAD_EAGER_ERROR */
+	uint64_t resv[7];
+	uint8_t data[OFFLOAD_EAGER_BYTES];
+};
+
+/*
  * Per-team control words of one rank, written remotely by peers. done[slot][src] is a
  * signal counter: low 32 bits count completed signals from src on that slot, high 32
- * bits count those that carried an error.
+ * bits count those that carried an error. eager_credit[slot][dst]: the word of ours that
+ * dst last consumed from that eager slot (see above).
  */
 struct offload_ctrl_team {
 	struct offload_ready ready[OFFLOAD_OP_WINDOW][OFFLOAD_MAX_RANKS];
 	uint64_t done[OFFLOAD_OP_WINDOW][OFFLOAD_MAX_RANKS];
 	struct offload_count counts[OFFLOAD_OP_WINDOW][OFFLOAD_MAX_RANKS];
+	uint64_t eager_credit[OFFLOAD_EAGER_SLOTS][OFFLOAD_MAX_RANKS];
 };
 
+/* The eager slots follow the control words, so that those stay on few pages. */
 struct offload_ctrl {
 	struct offload_ctrl_team teams[OFFLOAD_MAX_TEAMS];
+	struct offload_eager_slot eager[OFFLOAD_MAX_TEAMS][OFFLOAD_MAX_RANKS][OFFLOAD_EAGER_SLOTS];
 };
 
 #define OFFLOAD_SIGNAL_OK    1ull
@@ -248,6 +273,9 @@ _Static_assert(sizeof(struct offload_alltoallv_args) == 24 * OFFLOAD_MAX_RANKS +
 	       "alltoallv args");
 _Static_assert(sizeof(struct offload_thread_stats) == 128, "stats are two cache lines");
 _Static_assert(sizeof(struct offload_mcast_op_stats) == 48, "per-op multicast counters");
+_Static_assert(sizeof(struct offload_eager_slot) == 64 + OFFLOAD_EAGER_BYTES, "eager slot");
+_Static_assert(offsetof(struct offload_ctrl, eager) % 64 == 0, "eager slots on cache lines");
+_Static_assert(OFFLOAD_EAGER_BYTES < (1u << 31), "eager length fits its word");
 
 /*
  * ---- FlexIO hardware binding (dpa_firmware/hal/flexio/, host/src/flexio/) ----

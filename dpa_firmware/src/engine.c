@@ -42,7 +42,7 @@ int dpa_engine_init(void *state, const struct dpa_engine_params *p)
 	    p->world_size > OFFLOAD_MAX_RANKS || p->world_rank >= p->world_size ||
 	    p->num_threads == 0 || p->num_threads > OFFLOAD_MAX_THREADS ||
 	    !is_pow2(p->sq_entries) || !is_pow2(p->cq_entries) || p->chunk_size == 0 ||
-	    p->chunks_per_pass == 0)
+	    p->chunks_per_pass == 0 || p->eager_max > OFFLOAD_EAGER_BYTES)
 		return -EINVAL_;
 	for (uint64_t i = 0; i < sizeof(*eng); i++)
 		bytes[i] = 0;
@@ -341,6 +341,18 @@ static int32_t cancel_op(struct dpa_engine *eng, struct dpa_hal *hal, uint64_t t
 	return OFFLOAD_ERR_INVALID;  /* no such op in flight: it completed already */
 }
 
+/* The algorithm of a collective, from what every rank of the op has alike (opcode, flags,
+ * block size), so that all pick the same. */
+static const struct dpa_algo *pick_algo(const struct dpa_engine *eng, const struct offload_cmd *cmd)
+{
+	if (cmd->opcode == OFFLOAD_OP_ALLTOALLV && (cmd->flags & OFFLOAD_CMD_F_SLOTS))
+		return &dpa_algo_alltoallv_slots;
+	if (cmd->opcode == OFFLOAD_OP_ALLTOALL && eng->params.eager_max &&
+	    cmd->count <= eng->params.eager_max)
+		return &dpa_algo_alltoall_eager;
+	return dpa_algos[cmd->opcode];
+}
+
 /* Returns 1 if the command was consumed, 0 if it must wait for a free op slot. */
 static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd)
 {
@@ -387,8 +399,7 @@ static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct 
 	op->mc_stats = (struct offload_mcast_op_stats){ 0 };
 	op->deadline_ns = eng->params.op_timeout_ms ?
 		dpa_hal_time_ns(hal) + (uint64_t)eng->params.op_timeout_ms * 1000000u : UINT64_MAX;
-	op->algo = cmd->opcode == OFFLOAD_OP_ALLTOALLV && (cmd->flags & OFFLOAD_CMD_F_SLOTS) ?
-		   &dpa_algo_alltoallv_slots : dpa_algos[cmd->opcode];
+	op->algo = pick_algo(eng, cmd);
 	for (uint32_t i = 0; i < team->size; i++)
 		op->items[i] = (struct dpa_item){ 0 };
 	/*
@@ -448,6 +459,8 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
 		uint32_t item = (uint32_t)(cqes[i].wr_id >> 8) & 0xffu;
 		uint32_t kind = (uint32_t)cqes[i].wr_id & 0xffu;
 		uint32_t named = UINT32_MAX;  /* the one team peer a data completion concerns */
+		uint32_t self = kind == DPA_WR_DATA_SELF, refetch = kind == DPA_WR_REFETCH;
+		uint32_t credit = kind == DPA_WR_CREDIT;
 		struct dpa_op *op;
 		struct dpa_team *team;
 
@@ -458,6 +471,8 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
 			item = 0;
 			kind = DPA_WR_DATA;
 		}
+		if (self || credit)
+			kind = DPA_WR_DATA;
 		/* Control words are resent from the log even after their op finished. */
 		if (kind != DPA_WR_DATA && dpa_ctrl_completed(eng, hal, &cqes[i]) &&
 		    cqes[i].status == OFFLOAD_ERR_LINK_DOWN)
@@ -468,19 +483,21 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
 		 * for it and the slot holds a later op now. Nothing of that op's to update. */
 		if (seq16 != (op->seq & 0xffffu))
 			continue;
+		if (self)
+			named = team->my_rank;
 		if (kind == DPA_WR_DATA) {
 			struct dpa_item *it = &op->items[item];
 
 			it->inflight--;
+			if (cqes[i].status == OFFLOAD_OK && credit)
+				continue;
 			if (cqes[i].status == OFFLOAD_OK) {
 				it->acked += cqes[i].bytes;
 				dpa_stats(hal)->writes++;
 				dpa_stats(hal)->bytes_written += cqes[i].bytes;
 			} else if (cqes[i].status == OFFLOAD_ERR_LINK_DOWN &&
 				   !(it->flags & DPA_ITEM_FAILED)) {
-				uint32_t refetch = named != UINT32_MAX;
-
-				if (!refetch && !op->algo->multicast)
+				if (named == UINT32_MAX && !op->algo->multicast)
 					named = (team->my_rank + item) % team->size;
 				for (uint32_t p = 0; p < team->size; p++)
 					if (named == UINT32_MAX || p == named)
@@ -492,8 +509,10 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
 					it->flags |= DPA_ITEM_RESEND;
 				continue;
 			}
-			if (named != UINT32_MAX && cqes[i].status == OFFLOAD_OK)
+			if (refetch && cqes[i].status == OFFLOAD_OK)
 				dpa_mcast_read_completed(eng, op, hal, named, &cqes[i]);
+			if (credit)
+				continue;  /* its peer is gone: it needs its slot no more */
 		}
 		if (cqes[i].status != OFFLOAD_OK) {
 			/* DATA wr_ids carry the item, CTRL and REFETCH ones the team peer. */

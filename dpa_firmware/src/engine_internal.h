@@ -41,6 +41,12 @@ struct dpa_item {
 #define DPA_ITEM_COUNT_IN  (1u << 9)  /* slots: the source's announced count was read */
 #define DPA_ITEM_RESEND    (1u << 10) /* a rail dropped a write: rewind to `acked` and resend */
 #define DPA_ITEM_ABORTED   (1u << 11) /* the algorithm's abort step for this item is done */
+/* Eager all-to-all (alltoall_eager.c): item j exchanges with peer me + j both ways. */
+#define DPA_ITEM_PUT       (1u << 12) /* our block is in the peer's slot (or there is none) */
+#define DPA_ITEM_COPIED    (1u << 13) /* the peer's block is copied out (or dropped) */
+#define DPA_ITEM_FALLBACK  (1u << 14) /* the peer runs another op: answer it as a refusing
+				       * rendezvous peer */
+#define DPA_ITEM_FB_SIGNAL (1u << 15) /* fallback: our error done signal is posted */
 
 struct dpa_team {
 	uint32_t active;
@@ -56,6 +62,11 @@ struct dpa_team {
 	/* Done-counter bookkeeping per slot and source; touched only by the item owning it. */
 	uint32_t expect_lo[OFFLOAD_OP_WINDOW][OFFLOAD_MAX_RANKS];
 	uint32_t errs_seen[OFFLOAD_OP_WINDOW][OFFLOAD_MAX_RANKS];
+	/* Eager all-to-all: the seq of the last eager op started in each slot (intake), and,
+	 * per slot and peer, a seq whose slot the peer will never hand back because it ran
+	 * another op (only that peer's item touches it). */
+	uint32_t eager_last[OFFLOAD_EAGER_SLOTS];
+	uint32_t eager_skip[OFFLOAD_EAGER_SLOTS][OFFLOAD_MAX_RANKS];
 };
 
 struct dpa_engine;
@@ -126,7 +137,7 @@ struct dpa_op {
 	uint32_t mc_flags;     /* multicast: DPA_MC_* (item 0 sets, other items read) */
 	uint32_t mc_readies;   /* multicast: peers whose ready arrived */
 	uint32_t mc_next;      /* multicast: next chunk to inject */
-	uint32_t mc_resv;
+	uint32_t eager_prev;   /* eager: seq of the slot's previous eager op, 0 if none */
 	struct offload_mcast_op_stats mc_stats;  /* multicast: item 0 counts, completion reports */
 	uint64_t result0;      /* completion's result0/result1 */
 	uint64_t result1;
@@ -254,6 +265,7 @@ static inline void dpa_mc_raise(struct dpa_op *op, struct dpa_hal *hal, uint32_t
 extern const struct dpa_algo dpa_algo_broadcast_mcast;
 extern const struct dpa_algo dpa_algo_allgather_mcast;
 extern const struct dpa_algo dpa_algo_alltoall_pairwise;
+extern const struct dpa_algo dpa_algo_alltoall_eager;
 extern const struct dpa_algo dpa_algo_barrier_dissemination;
 extern const struct dpa_algo dpa_algo_alltoallv;
 extern const struct dpa_algo dpa_algo_alltoallv_slots;
@@ -366,6 +378,14 @@ static inline uint64_t dpa_wr_id(const struct dpa_op *op, uint32_t item, uint32_
 /* Item 0's data read from one owner (multicast refetch): wr_id's item is that team peer,
  * so a failed rail is given up for that peer only. */
 #define DPA_WR_REFETCH 6u
+/* Item's data written into this rank's own memory (an eager block copied out of its
+ * slot): counted like DATA, a failed rail is ours. */
+#define DPA_WR_DATA_SELF 7u
+#define DPA_WR_EAGER  8u   /* control word: an eager slot's word (seq, length) */
+/* Item's write handing a peer's eager slot back (the consumed word): counted like DATA,
+ * but a peer that closed or died no longer needs it, so only a failed rail (it goes again)
+ * matters, and it is no payload for the counters. */
+#define DPA_WR_CREDIT 9u
 
 /* Offsets of one rank's control words inside struct offload_ctrl. */
 static inline uint64_t dpa_ctrl_team_off(uint32_t team)
@@ -389,6 +409,20 @@ static inline uint64_t dpa_ctrl_done_off(uint32_t team, uint32_t slot, uint32_t 
 {
 	return dpa_ctrl_team_off(team) + offsetof(struct offload_ctrl_team, done) +
 	       ((uint64_t)slot * OFFLOAD_MAX_RANKS + src) * sizeof(uint64_t);
+}
+
+static inline uint64_t dpa_ctrl_credit_off(uint32_t team, uint32_t slot, uint32_t dst)
+{
+	return dpa_ctrl_team_off(team) + offsetof(struct offload_ctrl_team, eager_credit) +
+	       ((uint64_t)slot * OFFLOAD_MAX_RANKS + dst) * sizeof(uint64_t);
+}
+
+/* Source src's eager slot of this team in a rank's control region. */
+static inline uint64_t dpa_ctrl_eager_off(uint32_t team, uint32_t src, uint32_t slot)
+{
+	return offsetof(struct offload_ctrl, eager) +
+	       (((uint64_t)team * OFFLOAD_MAX_RANKS + src) * OFFLOAD_EAGER_SLOTS + slot) *
+	       sizeof(struct offload_eager_slot);
 }
 
 #endif /* DPA_ENGINE_INTERNAL_H */

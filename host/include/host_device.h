@@ -21,8 +21,9 @@ struct host_device_attr {
 	uint32_t rank;
 	uint32_t size;
 	uint32_t num_threads;     /* DPA progress threads */
-	uint32_t spin_us;         /* adaptive polling: busy-poll, then yield, then sleep */
-	uint32_t yield_us;
+	uint32_t spin_us;         /* waits spin at most this long (and at most a wake-up's
+				   * cost), then sleep */
+	uint32_t resv0;           /* was yield_us: nothing yields any more */
 	int64_t bootstrap_timeout_ns;
 	uint32_t rails;           /* ports per rank, 1..HOST_MAX_RAILS */
 	/* UD multicast: chunk size, this member's receive queue (chunks), and fault injection:
@@ -57,6 +58,14 @@ struct host_device_ops {
 	int (*alloc_shared)(struct host_device *dev, uint64_t len, void **addr, uint32_t *key);
 	void (*close)(struct host_device *dev);
 	void (*doorbell)(struct host_device *dev);
+	/* Cooperative progress: run the rank's firmware on the calling host thread until
+	 * *word != seen (0), the timeout (-ETIMEDOUT), or, with word NULL, until it has nothing
+	 * left to do without an event (0). -EBUSY: not now (another thread drives, or bulk work
+	 * is in flight, which the device's own threads carry): ring the doorbell or sleep.
+	 * NULL: the firmware does not run on the host (hardware). */
+	int (*drive)(struct host_device *dev, uint32_t *word, uint32_t seen, int64_t timeout_ns);
+	/* Ops completed, and passes run, by host threads driving (drive != NULL). */
+	void (*drive_stats)(struct host_device *dev, uint64_t *ops, uint64_t *passes);
 	int (*free_shared)(struct host_device *dev, void *addr, uint64_t len);
 	int (*mr_dereg)(struct host_device *dev, uint32_t key);
 	int (*mr_reg)(struct host_device *dev, const void *addr, uint64_t len, uint32_t access,

@@ -4,13 +4,17 @@
  * table, rings the doorbell, and sleeps on the completion ring while the DPA works.
  *
  * Locking: ctx->lock guards posting (sq_tail, tags) and reaping (cq_head, tag table).
- * It is never held while sleeping.
+ * It is never held while sleeping, nor while driving the firmware.
+ *
+ * Cooperative progress (emulator): a thread that posts, tests or waits for a small op runs
+ * the firmware itself through the device's drive op, instead of ringing the doorbell and
+ * sleeping until a progress thread did the work: no hand-off between threads, and no
+ * wake-up, on the path of a small exchange. Bulk ops stay with the progress threads.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -37,6 +41,7 @@ struct host_tag {
 	uint32_t state;
 	uint32_t release_keys[3];
 	uint32_t keys[3];     /* src, dst, aux: deregistering them is refused while pending */
+	uint32_t small;       /* host_op.small */
 	struct host_completion done;
 };
 
@@ -53,6 +58,7 @@ struct host_ctx {
 	uint32_t rank;
 	uint32_t size;
 	uint32_t num_threads;
+	uint32_t coop;                /* cooperative progress (host_ctx_params.coop) */
 	void *ring_mem;
 	uint64_t ring_len;
 	struct offload_ring_hdr *ring;
@@ -130,7 +136,7 @@ int host_ctx_open(const struct host_ctx_params *p, struct host_ctx **out)
 {
 	struct host_device_attr attr = {
 		.job = p->job, .rank = p->rank, .size = p->size, .num_threads = p->num_threads,
-		.spin_us = p->spin_us, .yield_us = p->yield_us,
+		.spin_us = p->spin_us,
 		.bootstrap_timeout_ns = p->bootstrap_timeout_ns, .rails = p->rails,
 		.allgather = p->allgather, .allgather_arg = p->allgather_arg,
 		.mtu = p->mtu, .mcast_rq_depth = p->mcast_rq_depth, .mcast_staged = p->mcast_staged,
@@ -141,7 +147,7 @@ int host_ctx_open(const struct host_ctx_params *p, struct host_ctx **out)
 		.abi_version = OFFLOAD_ABI_VERSION, .world_rank = p->rank, .world_size = p->size,
 		.num_threads = p->num_threads, .chunk_size = p->chunk_size, .chunks_per_pass = 4,
 		.op_timeout_ms = p->op_timeout_ms, .link_mbps = p->link_mbps,
-		.mcast_roots = p->mcast_roots,
+		.mcast_roots = p->mcast_roots, .eager_max = p->eager_max,
 	};
 	struct host_fw_windows win;
 	struct host_ctx *ctx;
@@ -161,6 +167,7 @@ int host_ctx_open(const struct host_ctx_params *p, struct host_ctx **out)
 	ctx->size = p->size;
 	ctx->num_threads = p->num_threads;
 	ctx->next_tag = 1;
+	ctx->coop = !!p->coop;
 	if (!rc)
 		rc = map_rings(ctx, p->ring_entries);
 	if (rc)
@@ -252,12 +259,18 @@ static int post_locked(struct host_ctx *ctx, const struct host_op *op, const uin
 	};
 	*t = (struct host_tag){ .tag = tag, .state = TAG_PENDING,
 		.release_keys = { release[0], release[1], release[2] },
-		.keys = { op->src_key, op->dst_key, op->aux_key } };
+		.keys = { op->src_key, op->dst_key, op->aux_key }, .small = !!op->small };
 	ctx->inflight++;
 	ctx->next_tag = tag + 1 ? tag + 1 : 1;  /* tag 0 is never used */
 	off_store_release(&ctx->ring->sq_tail, tail + 1);  /* pairs with the DPA's acquire */
 	*tag_out = tag;
 	return 0;
+}
+
+/* Does this thread run the firmware for an op of this size? */
+static int drives(const struct host_ctx *ctx, uint32_t small)
+{
+	return small && ctx->coop && ctx->ops->drive;
 }
 
 static int acquire_op_keys(struct host_ctx *ctx, struct host_op *op, uint32_t release[3])
@@ -328,7 +341,11 @@ int host_post(struct host_ctx *ctx, const struct host_op *user_op, int64_t timeo
 				ctx->ops->mr_dereg(ctx->dev, release[i]);
 		return rc;
 	}
-	ctx->ops->doorbell(ctx->dev);
+	/* A small op starts on this thread: it takes the command, and its first messages
+	 * leave now. What remains waits for peers, whose writes wake whoever runs the
+	 * firmware then; only a drive that could not run needs the doorbell. */
+	if (!drives(ctx, op.small) || ctx->ops->drive(ctx->dev, NULL, 0, 0))
+		ctx->ops->doorbell(ctx->dev);
 	return 0;
 }
 
@@ -347,7 +364,7 @@ static int take_locked(struct host_ctx *ctx, uint32_t tag, struct host_completio
 	return 1;
 }
 
-int host_test(struct host_ctx *ctx, uint32_t tag, struct host_completion *out)
+static int take(struct host_ctx *ctx, uint32_t tag, struct host_completion *out)
 {
 	int rc;
 
@@ -357,29 +374,65 @@ int host_test(struct host_ctx *ctx, uint32_t tag, struct host_completion *out)
 	return rc;
 }
 
+static uint32_t tag_small(struct host_ctx *ctx, uint32_t tag)
+{
+	const struct host_tag *t = &ctx->tags[tag % HOST_TAGS];
+	uint32_t small;
+
+	pthread_mutex_lock(&ctx->lock);
+	small = t->tag == tag && t->small;
+	pthread_mutex_unlock(&ctx->lock);
+	return small;
+}
+
+int host_test(struct host_ctx *ctx, uint32_t tag, struct host_completion *out)
+{
+	int rc = take(ctx, tag, out);
+
+	/* Not done: give the firmware a turn on this thread (cooperative progress). */
+	if (rc == 0 && drives(ctx, tag_small(ctx, tag)) && ctx->ops->drive(ctx->dev, NULL, 0, 0) == 0)
+		rc = take(ctx, tag, out);
+	return rc;
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield");
+#endif
+}
+
 int host_wait(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, int64_t poll_ns,
 	      struct host_completion *out)
 {
 	int64_t start = now_ns();
 	int64_t deadline = timeout_ns < 0 ? INT64_MAX : start + timeout_ns;
+	int drive = drives(ctx, tag_small(ctx, tag));
 
 	if (poll_ns && !ctx->ops->poll_worthwhile(ctx->dev))
 		poll_ns = 0;
 	for (;;) {
 		uint32_t seen = off_load_acquire(&ctx->ring->cq_tail);
 		int64_t now, left;
-		int rc = host_test(ctx, tag, out);
+		int rc = take(ctx, tag, out);
 
 		if (rc)
 			return rc < 0 ? rc : 0;
 		now = now_ns();
 		if (now >= deadline)
 			return -ETIMEDOUT;
+		left = deadline - now < HOST_SLEEP_MAX ? deadline - now : HOST_SLEEP_MAX;
+		/* Run the firmware here until the completion ring moves; -EBUSY (another thread
+		 * drives, or bulk work came in): sleep on the ring below instead. */
+		if (drive && ctx->ops->drive(ctx->dev, &ctx->ring->cq_tail, seen, left) != -EBUSY)
+			continue;
 		if (now - start < poll_ns) {
-			sched_yield();
+			for (int i = 0; i < 64; i++)
+				cpu_relax();
 			continue;
 		}
-		left = deadline - now < HOST_SLEEP_MAX ? deadline - now : HOST_SLEEP_MAX;
 		off_fetch_add(&ctx->ring->cq_waiters, 1);
 		/* Pairs with the DPA's fence between publishing cq_tail and reading cq_waiters. */
 		off_fence();
@@ -573,6 +626,13 @@ int host_free_shared(struct host_ctx *ctx, void *addr, uint64_t len)
 	}
 	pthread_mutex_unlock(&ctx->lock);
 	return ctx->ops->free_shared(ctx->dev, addr, len);
+}
+
+void host_drive_stats(struct host_ctx *ctx, uint64_t *ops, uint64_t *passes)
+{
+	*ops = *passes = 0;
+	if (ctx->ops->drive_stats)
+		ctx->ops->drive_stats(ctx->dev, ops, passes);
 }
 
 int host_stats(struct host_ctx *ctx, uint64_t *out, uint32_t max_threads)
