@@ -23,14 +23,14 @@
 
 void dpa_hal_notify(struct dpa_hal *hal)
 {
-	emu_wake_rank(hal->dev, hal->dev->attr.rank);
+	emu_kick_rank(hal->dev, hal->dev->attr.rank);
 }
 
 void dpa_hal_host_notify(struct dpa_hal *hal)
 {
 	struct offload_ring_hdr *ring = hal->dev->win.ring;
 
-	emu_futex(&ring->cq_tail, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, 0);
+	emu_wake_word(hal->dev, &ring->cq_tail);
 }
 
 uint64_t dpa_hal_time_ns(struct dpa_hal *hal)
@@ -245,7 +245,7 @@ static void emu_doorbell(struct host_device *hd)
 {
 	struct emu_device *dev = to_emu(hd);
 
-	emu_wake_rank(dev, dev->attr.rank);
+	emu_kick_rank(dev, dev->attr.rank);
 }
 
 static int emu_peer_ctrl(struct host_device *hd, uint32_t rank, struct offload_peer *out)
@@ -273,19 +273,13 @@ static int emu_set_mcast_faults(struct host_device *hd, uint32_t loss_ppm, uint3
 
 static int emu_poll_worthwhile(struct host_device *hd)
 {
-	return !emu_job_bulk(to_emu(hd));
+	return emu_spin_worthwhile(to_emu(hd));
 }
 
 static int emu_wait_completion(struct host_device *hd, uint32_t *word, uint32_t seen,
 			       int64_t timeout_ns)
 {
-	struct timespec ts = emu_ns_to_ts(timeout_ns);
-
-	(void)hd;
-	if (emu_futex(word, FUTEX_WAIT_PRIVATE, seen, timeout_ns >= 0 ? &ts : NULL, 0) < 0 &&
-	    errno == ETIMEDOUT)
-		return -ETIMEDOUT;
-	return 0;
+	return emu_wait_word(to_emu(hd), word, seen, timeout_ns);
 }
 
 const struct host_device_ops emu_device_ops = {

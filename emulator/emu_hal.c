@@ -58,7 +58,7 @@ void emu_rail_down(struct emu_device *dev, uint32_t rail)
 		return;
 	__atomic_fetch_or(&dev->hdr->unreachable, 1ull << dev->attr.rank, __ATOMIC_SEQ_CST);
 	for (uint32_t i = 0; i < dev->attr.size; i++)
-		emu_wake_rank(dev, i);
+		emu_kick_rank(dev, i);
 }
 
 uint32_t dpa_hal_num_rails(const struct dpa_hal *hal)
@@ -279,7 +279,7 @@ int dpa_hal_rdma_write_inline(struct dpa_hal *hal, uint32_t peer, const void *da
 	/* Inline writes are control messages (write-with-immediate on hardware): they raise
 	 * a completion event that wakes the target's progress threads. */
 	if (!st)
-		emu_wake_rank(hal->dev, peer);
+		emu_wake_rank(hal->dev, peer, hal);
 	return emu_push_cqe(hal, wr_id, st, st ? 0 : len, rail);
 }
 
@@ -332,7 +332,7 @@ int dpa_hal_rdma_signal_add(struct dpa_hal *hal, uint32_t peer, uint64_t raddr, 
 		/* Pairs with the receiver's load-acquire of the counter: data written
 		 * before the signal is visible once the signal is. */
 		off_fetch_add((uint64_t *)(void *)ptr, value);
-		emu_wake_rank(dev, peer);
+		emu_wake_rank(dev, peer, hal);
 	}
 	emu_map_release(held);
 	return emu_push_cqe(hal, wr_id, st, 0, rail);

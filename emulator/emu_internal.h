@@ -62,6 +62,17 @@ struct emu_job_hdr {
 	uint64_t unreachable;
 	uint32_t mtu;         /* multicast slot size: every rank must agree (claimed at join) */
 	uint32_t resv[7];
+	/* Own line: threads of the job asleep in a wait (progress threads, host threads), so
+	 * that a waiter knows whether spinning would keep another one off its core. A sleeper
+	 * adds itself; whoever wakes it takes it off (FUTEX_WAKE says how many it woke), so a
+	 * thread woken but not yet running already counts as awake. */
+	uint32_t asleep;
+	uint32_t resv1[15];
+	/* Own line: the futex every waiting thread of the job sleeps on, bumped before each
+	 * wake-up, so that one FUTEX_WAKE wakes all the ranks a pass wrote to (bitset: bit
+	 * 2r % 32 for rank r's progress threads, 2r + 1 for its driving host thread). */
+	uint32_t bell;
+	uint32_t resv2[15];
 };
 
 struct emu_rank {
@@ -77,10 +88,11 @@ struct emu_rank {
 	uint32_t sleepers;    /* progress threads asleep on event */
 	uint32_t load;        /* enum dpa_engine_load, published after each pass */
 	uint32_t driving;     /* a host thread runs this rank's engine (cooperative progress) */
-	uint32_t drivers;     /* that host thread is asleep on event */
-	uint32_t resv1a;
+	uint32_t armed;       /* that host thread sleeps: the first waker clears it and wakes it */
+	uint32_t wake_event;  /* ... once event reaches this (peers' writes; kicks ignore it) */
 	uint64_t wake_ns;     /* when the last futex wake of this rank was issued */
-	uint32_t resv1[8];
+	uint64_t waking_ns;   /* a sleeper of this rank was woken then and has not run yet */
+	uint32_t resv1[6];
 };
 
 struct emu_mr {
@@ -175,6 +187,8 @@ struct dpa_hal {
 	uint32_t index;
 	uint32_t busy;        /* lock: a pass runs on this thread's queues (its progress thread's,
 			       * or a host thread's: see emu_progress.c) */
+	uint32_t wake_bits;   /* wake-ups this pass owes (futex bitset on the job's bell) */
+	uint64_t wake_ranks;  /* ... and to which ranks */
 	uint8_t rail[OFFLOAD_MAX_RANKS];  /* per peer: the rail this thread posts on */
 	uint32_t cq_head;     /* consumer and producer are both this thread */
 	uint32_t cq_tail;
@@ -211,6 +225,7 @@ struct emu_device {
 	uint32_t stop;
 	/* cooperative progress (emu_progress.c) */
 	uint32_t drive_lock;          /* one host thread drives at a time */
+	uint32_t ncores;              /* CPUs this process may run on */
 	uint64_t wake_cost_ns;        /* measured futex wake-up latency (moving average) */
 	uint64_t host_ops;            /* ops completed by passes host threads ran */
 	uint64_t host_passes;
@@ -278,15 +293,25 @@ void emu_mcast_forget(struct emu_device *dev);
 void emu_dma_copy(void *dst, const void *src, uint64_t len);
 
 /* emu_progress.c: who runs the firmware (progress threads, or a waiting host thread) */
-void emu_wake_rank(struct emu_device *dev, uint32_t rank);
+/* A peer's write reached rank (an event for its firmware): wake whoever runs it, unless
+ * it has no op to progress, or its driver asked to sleep through more of them. With a
+ * pass's hal, the futex call waits for the end of the pass (one for all its writes). */
+void emu_wake_rank(struct emu_device *dev, uint32_t rank, struct dpa_hal *pass);
+/* The same, unconditionally: doorbells, sibling notifications, failures, stop. */
+void emu_kick_rank(struct emu_device *dev, uint32_t rank);
 int emu_threads_start(struct emu_device *dev);
 void emu_threads_stop(struct emu_device *dev);
 int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t timeout_ns);
 void emu_drive_stats(struct host_device *hd, uint64_t *ops, uint64_t *passes);
-/* Is any rank of the job in the middle of a bulk op (long copies hogging cores)? */
-int emu_job_bulk(const struct emu_device *dev);
+/* Would a waiting host thread's spin help: no rank copies in bulk (it would take the
+ * copiers' core) and every awake thread of the job has a core? */
+int emu_spin_worthwhile(const struct emu_device *dev);
 long emu_futex(uint32_t *word, int op, uint32_t val, const struct timespec *ts, uint32_t bits);
 struct timespec emu_ns_to_ts(int64_t ns);
+/* Sleep on a private futex word while it reads `seen`, counted in the job's asleep (the
+ * completion ring's cq_tail); emu_wake_word() is its waker. */
+int emu_wait_word(struct emu_device *dev, uint32_t *word, uint32_t seen, int64_t timeout_ns);
+void emu_wake_word(struct emu_device *dev, uint32_t *word);
 
 /* emu_hal.c: our port `rail` failed (all of them: this rank is unreachable) */
 void emu_rail_down(struct emu_device *dev, uint32_t rail);

@@ -9,20 +9,26 @@
  * Lock rules: a pass on a dpa_hal runs under its `busy` lock (try-lock: the progress
  * thread and a host thread never wait for each other). One host thread drives at a time
  * (drive_lock); while it does, the rank's `driving` word in the job segment sends every
- * wake-up of the rank to it (futex bitset EMU_WAKE_HOST), and the progress threads sleep
- * until it leaves. It leaves them nothing they would not be woken for: it runs passes
- * until one finds no work and no event came in meanwhile, or else wakes them as it goes.
+ * wake-up of the rank to it, and the progress threads sleep until it leaves. It leaves
+ * them nothing they would not be woken for: it runs passes until one finds no work and no
+ * event came in meanwhile, or else wakes them as it goes.
  *
- * Waiting: spin for at most the measured wake-up cost (where the ranks do not outnumber
- * the cores), then sleep on the rank's event word until a doorbell, a peer's write or a
- * sibling's notify bumps it. Never sched_yield: a yielding thread hands its core to any
- * runnable task for a slice and, not being "woken", does not preempt it when its event
- * arrives.
+ * Waiting: spin at most spin_us (and at most what a wake-up was measured to cost), and
+ * only while every awake thread of the job has a core (the job header counts those
+ * asleep) and no thread woken a while ago still waits for one (then it is queued behind
+ * the spinner); else sleep until a doorbell, a peer's write or a sibling's notify bumps
+ * the rank's event word. Every sleeper of the job waits on one futex, the job's bell,
+ * with a bit of its own, so that one FUTEX_WAKE at the end of a pass wakes every rank the
+ * pass wrote to; a driver asks to sleep through peers' writes until as many came in as
+ * its ops need (dpa_engine_events_needed: an eager all-to-all waits for every block).
+ * Never sched_yield: a yielding thread hands its core to any runnable task for a slice
+ * and, not being "woken", does not preempt it when its event arrives.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <limits.h>
 #include <linux/futex.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/syscall.h>
@@ -37,6 +43,7 @@
 #define EMU_SLEEP_SLICE_NS 50000000ll   /* re-check the stop flag at least this often */
 #define EMU_WAKE_COST_INIT 20000ull     /* ns, until a wake-up has been measured */
 #define EMU_DRIVE_ROUNDS 64             /* passes a post or a test() runs at most */
+#define EMU_WAKING_NS 3000ull           /* a woken thread normally runs within this */
 
 uint64_t emu_now_ns(void)
 {
@@ -79,33 +86,109 @@ static inline void cpu_relax(void)
 #endif
 }
 
-void emu_wake_rank(struct emu_device *dev, uint32_t rank)
+/* FUTEX_WAKE woke n sleepers: they are awake from now on, running or not (job header). */
+static void woke(struct emu_device *dev, long n)
+{
+	if (n > 0)
+		off_fetch_sub(&dev->hdr->asleep, (uint32_t)n);
+}
+
+/* The bell's bits of rank's progress threads (kind EMU_WAKE_DPA) or driver (EMU_WAKE_HOST). */
+static uint32_t bell_bits(uint32_t rank, uint32_t kind)
+{
+	return 1u << ((2 * rank + (kind == EMU_WAKE_HOST)) % 32);
+}
+
+/* Ring the bell for `bits` (one FUTEX_WAKE for every rank in `ranks`, whose sleepers the
+ * caller already took out of the job's asleep: they count as awake from now on). */
+static void ring(struct emu_device *dev, uint32_t bits, uint64_t ranks)
+{
+	uint64_t now = emu_now_ns();
+
+	for (uint64_t m = ranks; m; m &= m - 1) {
+		struct emu_rank *r = &dev->ranks[__builtin_ctzll(m)];
+
+		off_write_once(&r->wake_ns, now);  /* the sleeper measures its wake-up */
+		if (!off_read_once(&r->waking_ns))
+			off_write_once(&r->waking_ns, now);
+	}
+	/* After the events the sleepers compare: one that read the old bell sees them. */
+	off_fetch_add(&dev->hdr->bell, 1);
+	emu_futex(&dev->hdr->bell, FUTEX_WAKE, INT_MAX, NULL, bits);
+}
+
+/*
+ * The rank's event counter moved (its firmware has news): wake whoever runs the firmware.
+ * While a host thread drives, only it (the progress threads would find nothing to do; it
+ * wakes them if it leaves work behind), and once: the first waker to disarm it. Unless
+ * forced (kick), a peer's write wakes no driver before the events it said it needs are in
+ * (an eager all-to-all waits for every block before it can complete) and no progress
+ * thread of a rank with no op in flight (its next post or doorbell looks at everything).
+ * With a pass's hal, the bell rings at the end of the pass, once for all it woke.
+ */
+static void wake(struct emu_device *dev, uint32_t rank, int force, struct dpa_hal *pass)
 {
 	struct emu_rank *r = &dev->ranks[rank];
-	uint32_t bits = 0;
+	uint32_t ev = off_fetch_add(&r->event, 1) + 1, armed = 1, bits;
 
-	off_fetch_add(&r->event, 1);
 	/* Pairs with a sleeper's fence between announcing itself and re-reading event. */
 	off_fence();
-	/* While a host thread drives the rank, its progress threads would find nothing to do:
-	 * only the driver is woken (it wakes them when it leaves work behind). */
-	if (off_read_once(&r->driving))
-		bits = off_read_once(&r->drivers) ? EMU_WAKE_HOST : 0;
-	else if (off_read_once(&r->sleepers))
-		bits = EMU_WAKE_DPA;
-	if (!bits)
+	/* Whoever takes a sleeper's announcement (armed, or one of sleepers) wakes it and
+	 * takes it out of the job's asleep, before the futex call (which a woken thread on
+	 * this core may preempt): spinners must count it awake from now on. */
+	if (off_read_once(&r->driving)) {
+		if (!off_read_once(&r->armed) ||
+		    (!force && (int32_t)(ev - off_read_once(&r->wake_event)) < 0) ||
+		    !off_cas(&r->armed, &armed, 0))
+			return;
+		off_fetch_sub(&dev->hdr->asleep, 1);
+		bits = bell_bits(rank, EMU_WAKE_HOST);
+	} else {
+		uint32_t k;
+
+		if (!off_read_once(&r->sleepers) ||
+		    (!force && off_read_once(&r->load) == DPA_ENGINE_IDLE) ||
+		    !(k = __atomic_exchange_n(&r->sleepers, 0, __ATOMIC_ACQ_REL)))
+			return;
+		off_fetch_sub(&dev->hdr->asleep, k);
+		bits = bell_bits(rank, EMU_WAKE_DPA);
+	}
+	if (!pass) {
+		ring(dev, bits, rank < 64 ? 1ull << rank : 0);
 		return;
-	off_write_once(&r->wake_ns, emu_now_ns());  /* the sleeper measures its wake-up */
-	emu_futex(&r->event, FUTEX_WAKE, INT_MAX, NULL, bits);
+	}
+	pass->wake_bits |= bits;
+	if (rank < 64)
+		pass->wake_ranks |= 1ull << rank;
 }
 
-int emu_job_bulk(const struct emu_device *dev)
+void emu_wake_rank(struct emu_device *dev, uint32_t rank, struct dpa_hal *pass)
 {
-	for (uint32_t i = 0; i < dev->attr.size; i++)
-		if (off_read_once(&dev->ranks[i].load) == DPA_ENGINE_BULK)
-			return 1;
-	return 0;
+	wake(dev, rank, 0, pass);
 }
+
+void emu_kick_rank(struct emu_device *dev, uint32_t rank)
+{
+	wake(dev, rank, 1, NULL);
+}
+
+int emu_wait_word(struct emu_device *dev, uint32_t *word, uint32_t seen, int64_t timeout_ns)
+{
+	struct timespec ts = emu_ns_to_ts(timeout_ns);
+	long rc;
+
+	off_fetch_add(&dev->hdr->asleep, 1);
+	rc = emu_futex(word, FUTEX_WAIT_PRIVATE, seen, timeout_ns >= 0 ? &ts : NULL, 0);
+	if (rc != 0)
+		off_fetch_sub(&dev->hdr->asleep, 1);  /* nobody woke us: we count ourselves out */
+	return rc < 0 && errno == ETIMEDOUT ? -ETIMEDOUT : 0;
+}
+
+void emu_wake_word(struct emu_device *dev, uint32_t *word)
+{
+	woke(dev, emu_futex(word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, 0));
+}
+
 
 static struct emu_rank *self_rank(struct emu_device *dev)
 {
@@ -117,8 +200,8 @@ static uint32_t event_snapshot(struct emu_device *dev)
 	return off_load_acquire(&self_rank(dev)->event);
 }
 
-/* How long a waiter spins before it sleeps: never longer than a wake-up costs, and not
- * at all where spinning would keep another rank of the job off its core (spin_us 0). */
+/* How long a waiter spins before it sleeps: never longer than a wake-up costs (nor
+ * spin_us). */
 static uint64_t spin_budget_ns(const struct emu_device *dev)
 {
 	uint64_t cap = (uint64_t)dev->attr.spin_us * 1000u;
@@ -127,35 +210,109 @@ static uint64_t spin_budget_ns(const struct emu_device *dev)
 	return cost < cap ? cost : cap;
 }
 
+/* Does every awake thread of the job have a core? Else a spinner keeps one of them off
+ * its core: sleep instead. (Every rank has one host thread and num_threads progress
+ * threads; others, like a stager's, are not counted.) */
+static int cores_to_spare(const struct emu_device *dev)
+{
+	int64_t threads = (int64_t)dev->attr.size * (1 + dev->attr.num_threads);
+
+	return threads - (int64_t)off_read_once(&dev->hdr->asleep) <= (int64_t)dev->ncores;
+}
+
+/* Was a sleeper woken more than EMU_WAKING_NS ago and has not run yet? Then it is likely
+ * queued behind us (a woken thread lands on its waker's core): stop spinning for it. */
+static int woken_waiting(const struct emu_device *dev, uint64_t now)
+{
+	for (uint32_t i = 0; i < dev->attr.size; i++) {
+		uint64_t at = off_read_once(&dev->ranks[i].waking_ns);
+
+		if (at && now > at + EMU_WAKING_NS)
+			return 1;
+	}
+	return 0;
+}
+
+/* Is any rank of the job in the middle of a bulk op (long copies hogging cores)? */
+static int job_bulk(const struct emu_device *dev)
+{
+	for (uint32_t i = 0; i < dev->attr.size; i++)
+		if (off_read_once(&dev->ranks[i].load) == DPA_ENGINE_BULK)
+			return 1;
+	return 0;
+}
+
+int emu_spin_worthwhile(const struct emu_device *dev)
+{
+	return !job_bulk(dev) && cores_to_spare(dev);
+}
+
 /*
- * Sleep on the event word (bitset `bits`) while it still reads snap, at most ns. count
- * is the rank's sleepers or drivers word, which wakers read after bumping event: the
- * increment, the fence and the re-read below pair with their bump, fence and read.
+ * Sleep (bits: EMU_WAKE_DPA or EMU_WAKE_HOST) while the rank's event still reads snap,
+ * at most ns, on the job's bell. The caller announced itself where wakers look (sleepers,
+ * or armed) and fenced: that pairs with their bump of event, fence and read. Counted in
+ * the job's asleep meanwhile.
  */
-static void sleep_on_event(struct emu_device *dev, uint32_t snap, uint32_t bits, uint32_t *count,
-			   int64_t ns)
+static void sleep_on_event(struct emu_device *dev, uint32_t snap, uint32_t bits, int64_t ns)
 {
 	struct emu_rank *r = self_rank(dev);
 	struct timespec slice = emu_ns_to_ts(ns > 0 ? ns : 1);
-	uint64_t t0;
+	uint64_t t0 = emu_now_ns();
 	long rc = -1;
 
-	off_fetch_add(count, 1);
-	off_fence();
-	t0 = emu_now_ns();
+	/* Read before event: a waker bumps event, then the bell. */
+	uint32_t bell = off_load_acquire(&dev->hdr->bell);
+
 	if (off_load_acquire(&r->event) == snap && !off_read_once(&dev->stop))
-		rc = emu_futex(&r->event, FUTEX_WAIT, snap, &slice, bits);
-	off_fetch_sub(count, 1);
-	if (rc == 0) {
-		/* Woken: how long since the waker asked (a moving average of 1/8). */
-		uint64_t t1 = emu_now_ns(), at = off_read_once(&r->wake_ns);
+		rc = emu_futex(&dev->hdr->bell, FUTEX_WAIT, bell, &slice,
+			       bell_bits(dev->attr.rank, bits));
+	if (rc != 0)
+		return;
+	off_write_once(&r->waking_ns, 0);  /* running: no spinner need leave its core to us */
+	/* Woken: how long since the waker asked (a moving average of 1/8). */
+	uint64_t t1 = emu_now_ns(), at = off_read_once(&r->wake_ns);
 
-		if (at >= t0 && at <= t1) {
-			uint64_t cost = off_read_once(&dev->wake_cost_ns);
+	if (at >= t0 && at <= t1) {
+		uint64_t cost = off_read_once(&dev->wake_cost_ns);
 
-			off_write_once(&dev->wake_cost_ns, cost - cost / 8 + (t1 - at) / 8);
-		}
+		off_write_once(&dev->wake_cost_ns, cost - cost / 8 + (t1 - at) / 8);
 	}
+}
+
+/* A progress thread's sleep (any event wakes it). */
+static void thread_sleep(struct emu_device *dev, uint32_t snap, int64_t ns)
+{
+	struct emu_rank *r = self_rank(dev);
+
+	uint32_t left;
+
+	off_fetch_add(&dev->hdr->asleep, 1);
+	off_fetch_add(&r->sleepers, 1);
+	off_fence();
+	sleep_on_event(dev, snap, EMU_WAKE_DPA, ns);
+	/* Not taken by a waker (timeout, or event moved before we slept): take ourselves out.
+	 * (Several may sleep: which one a waker took does not matter, only how many.) */
+	left = off_read_once(&r->sleepers);
+	while (left && !off_cas(&r->sleepers, &left, left - 1))
+		;
+	if (left)
+		off_fetch_sub(&dev->hdr->asleep, 1);
+}
+
+/* The driver's sleep: peers' writes wake it once `need` of them came in (kicks at once). */
+static void driver_sleep(struct emu_device *dev, uint32_t snap, uint32_t need, int64_t ns)
+{
+	struct emu_rank *r = self_rank(dev);
+
+	uint32_t armed = 1;
+
+	off_write_once(&r->wake_event, snap + need);
+	off_fetch_add(&dev->hdr->asleep, 1);
+	__atomic_store_n(&r->armed, 1, __ATOMIC_SEQ_CST);
+	off_fence();
+	sleep_on_event(dev, snap, EMU_WAKE_HOST, ns);
+	if (off_cas(&r->armed, &armed, 0))  /* no waker took us: take ourselves out */
+		off_fetch_sub(&dev->hdr->asleep, 1);
 }
 
 /* The earliest firmware timer of any thread, 0 if none; 1 if one is due now. */
@@ -191,6 +348,11 @@ static int run_pass(struct emu_device *dev, struct dpa_hal *hal, int host)
 		__atomic_fetch_or(&dev->unreachable_seen, unreachable, __ATOMIC_SEQ_CST);
 	}
 	work = dpa_progress(dev->fw_state, hal);
+	if (hal->wake_bits) {  /* the peers this pass wrote to, woken at once */
+		ring(dev, hal->wake_bits, hal->wake_ranks);
+		hal->wake_bits = 0;
+		hal->wake_ranks = 0;
+	}
 	enum dpa_engine_load load = dpa_engine_load(dev->fw_state);
 
 	/* Published for every rank's waits (emu_job_bulk()). */
@@ -215,7 +377,7 @@ static void thread_idle(struct emu_device *dev, struct dpa_hal *hal, uint32_t sn
 
 	if (timer && timer <= now)
 		return;  /* a firmware timeout expired: no event will say so */
-	while (now < spin_end) {
+	while (now < spin_end && cores_to_spare(dev) && !woken_waiting(dev, now)) {
 		if (off_load_acquire(&r->event) != snap || off_read_once(&dev->stop) ||
 		    off_read_once(&r->driving) || (timer && now >= timer))
 			return;
@@ -225,7 +387,7 @@ static void thread_idle(struct emu_device *dev, struct dpa_hal *hal, uint32_t sn
 	}
 	if (timer && timer - now < (uint64_t)ns)
 		ns = (int64_t)(timer - now);
-	sleep_on_event(dev, snap, EMU_WAKE_DPA, &r->sleepers, ns);
+	thread_sleep(dev, snap, ns);
 }
 
 static void *progress_thread(void *arg)
@@ -257,6 +419,9 @@ static void *progress_thread(void *arg)
 
 int emu_threads_start(struct emu_device *dev)
 {
+	cpu_set_t cpus;
+
+	dev->ncores = sched_getaffinity(0, sizeof(cpus), &cpus) ? 1 : (uint32_t)CPU_COUNT(&cpus);
 	off_write_once(&dev->wake_cost_ns, EMU_WAKE_COST_INIT);
 	for (uint32_t i = 0; i < dev->attr.num_threads; i++) {
 		int rc;
@@ -277,8 +442,11 @@ void emu_threads_stop(struct emu_device *dev)
 {
 	off_store_release(&dev->stop, 1);
 	if (dev->ranks) {  /* every sleeper: the progress threads and a driving host thread */
+		uint32_t me = dev->attr.rank;
+
 		off_fetch_add(&self_rank(dev)->event, 1);
-		emu_futex(&self_rank(dev)->event, FUTEX_WAKE, INT_MAX, NULL, FUTEX_BITSET_MATCH_ANY);
+		ring(dev, bell_bits(me, EMU_WAKE_DPA) | bell_bits(me, EMU_WAKE_HOST),
+		     me < 64 ? 1ull << me : 0);
 	}
 	for (uint32_t i = 0; i < dev->nthreads_started; i++)
 		pthread_join(dev->threads[i], NULL);
@@ -323,7 +491,7 @@ static void host_idle(struct emu_device *dev, uint32_t snap, uint32_t *word, uin
 
 	if (timer == 1)
 		return;
-	while (now < spin_end) {
+	while (now < spin_end && cores_to_spare(dev) && !woken_waiting(dev, now)) {
 		if (off_load_acquire(&r->event) != snap || off_load_acquire(word) != seen ||
 		    off_read_once(&dev->stop) || now >= deadline || (timer && now >= timer))
 			return;
@@ -336,7 +504,8 @@ static void host_idle(struct emu_device *dev, uint32_t snap, uint32_t *word, uin
 	if (until - now > (uint64_t)EMU_SLEEP_SLICE_NS)
 		until = now + (uint64_t)EMU_SLEEP_SLICE_NS;
 	if (until > now)
-		sleep_on_event(dev, snap, EMU_WAKE_HOST, &r->drivers, (int64_t)(until - now));
+		driver_sleep(dev, snap, dpa_engine_events_needed(dev->fw_state),
+			     (int64_t)(until - now));
 }
 
 /*
@@ -396,7 +565,7 @@ int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t tim
 	off_fence();
 	if (off_read_once(&r->sleepers) &&
 	    (!quiet || off_load_acquire(&r->event) != snap || work_waiting(dev)))
-		emu_wake_rank(dev, dev->attr.rank);
+		emu_kick_rank(dev, dev->attr.rank);
 	off_unlock(&dev->drive_lock);
 	return rc;
 }

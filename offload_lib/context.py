@@ -44,6 +44,10 @@ _SMALL_MAX_BYTES = 1024 * 1024
 
 _MAX_COUNT = 2**62  # elements; counts*itemsize must stay far from uint64 overflow
 
+# cffi types looked up once: a small op's whole call costs a few microseconds
+_OP = ffi.typeof("struct host_op *")
+_TAG = ffi.typeof("uint32_t *")
+
 MAX_TEAMS = 16
 MAX_RANKS = 64
 
@@ -147,7 +151,7 @@ def _alltoallv_op(team: Team, s: Buffer, d: Buffer, send_bytes: np.ndarray,
             args[at:at + nwords].view(np.uint32)[:arr.size] = arr
             args[field] = args.ctypes.data + at * 8
         at += nwords
-    op = ffi.new("struct host_op *")
+    op = ffi.new(_OP)
     op.opcode = OP_ALLTOALLV
     op.team = team.id
     op.src_addr, op.src_len, op.count = s.addr, s.nbytes, s.nbytes
@@ -212,6 +216,7 @@ class Team:
         self.ranks = tuple(ranks)
         self.size = len(self.ranks)
         self.rank = self.ranks.index(ctx.rank)
+        self._barrier_op: Any = None
 
     def __repr__(self) -> str:
         return f"<Team id={self.id} rank={self.rank}/{self.size}>"
@@ -231,7 +236,7 @@ class Team:
         return s, d
 
     def _alltoall_op(self, s: Buffer, d: Buffer) -> Any:
-        op = ffi.new("struct host_op *")
+        op = ffi.new(_OP)
         op.opcode = OP_ALLTOALL
         op.team = self.id
         op.src_addr, op.src_len = s.addr, s.nbytes
@@ -398,7 +403,7 @@ class Team:
             raise InvalidArgument(f"root must be a team rank from 0 to {self.size - 1}, got {root!r}")
         root = int(root)
         b = as_buffer(buf, writable=self.rank != root, name="buf")
-        op = ffi.new("struct host_op *")
+        op = ffi.new(_OP)
         op.opcode = OP_BROADCAST
         op.team = self.id
         op.root = root
@@ -426,7 +431,7 @@ class Team:
                 f"dst has {d.count} elements but all-gather needs src's {s.count} x "
                 f"{self.size} ranks = {s.count * self.size}"
             )
-        op = ffi.new("struct host_op *")
+        op = ffi.new(_OP)
         op.opcode = OP_ALLGATHER
         op.team = self.id
         op.count = s.nbytes
@@ -440,9 +445,11 @@ class Team:
     # -- barrier ----------------------------------------------------------------------------
     def barrier(self) -> Request:
         self._ctx._check_open()
-        op = ffi.new("struct host_op *")
-        op.opcode = OP_BARRIER
-        op.team = self.id
+        op = self._barrier_op
+        if op is None:  # the same command every time (host_post copies it)
+            op = self._barrier_op = ffi.new(_OP)
+            op.opcode = OP_BARRIER
+            op.team = self.id
         return self._ctx._post(op, "barrier", ())
 
 
@@ -478,12 +485,10 @@ class Context:
         params.num_threads = self.dpa_threads = _resolve_threads(config, world.size)
         self.progress = config.progress if backend == "emulator" else "threads"
         params.coop = self.progress == "cooperative"
-        # Spinning only pays when the threads that wait have a core each: with cooperative
-        # progress that is one host thread per rank (the progress threads sleep while it
-        # drives); otherwise the progress threads and the host threads.
-        waiters = world.size * (1 if params.coop else self.dpa_threads + 1)
-        params.spin_us = 0 if waiters > _cores() else config.spin_us
-        self._poll_ns = params.spin_us * 1000
+        # The emulator spins only while every awake thread of the job has a core; a host
+        # thread that waits on the completion ring (threads mode) spins as long, then sleeps.
+        params.spin_us = config.spin_us
+        self._poll_ns = config.spin_us * 1000
         params.eager_max = config.eager_max
         params.ring_entries = config.ring_entries
         params.chunk_size = config.chunk_size
@@ -647,14 +652,15 @@ class Context:
               nbytes: int = 0, itemsize: int | None = None) -> Request:
         if self._stager is not None:
             self._stager.drain()  # staged ops called earlier take their place in line first
-        tag = ffi.new("uint32_t *")
+        tag = ffi.new(_TAG)
         if self._orphans:
             self._reap_orphans()
         small = nbytes <= _SMALL_MAX_BYTES
         op.small = small
         rc = lib.host_post(self._handle(), op, self._post_timeout_ns, tag)
-        check_rc(rc, f"posting {what}")
-        return Request(self, int(tag[0]), what, keep, result, self._poll_ns if small else 0,
+        if rc:
+            check_rc(rc, f"posting {what}")
+        return Request(self, tag[0], what, keep, result, self._poll_ns if small else 0,
                        itemsize)
 
     def _persistent(self, op: Any, what: str, keys: list[int], keep: tuple[Any, ...],

@@ -20,6 +20,8 @@ if TYPE_CHECKING:
 
 # Sleep in slices so Ctrl-C reaches Python while an op runs for a long time.
 _WAIT_SLICE_S = 0.25
+_WAIT_SLICE_NS = int(_WAIT_SLICE_S * 1e9)
+_COMP = ffi.typeof("struct host_completion *")
 
 Result = Callable[[Any], Any]
 
@@ -74,7 +76,8 @@ class Request:
             self._error = completion_error(self._what, comp.status, comp.detail, comp.result0,
                                            comp.result1, self._itemsize)
             raise self._error
-        self._value = self._result(comp) if self._result else None
+        if self._result is not None:
+            self._value = self._result(comp)
         del keep
 
     def _outcome(self) -> Any:
@@ -109,7 +112,7 @@ class Request:
         if self._done:
             self._outcome()
             return True
-        comp = ffi.new("struct host_completion *")
+        comp = ffi.new(_COMP)
         rc = lib.host_test(self._ctx._handle(), self._tag, comp)
         check_rc(rc, self._what)
         if rc == 0:
@@ -121,7 +124,12 @@ class Request:
         """Block until the op completes; raise Timeout after ``timeout`` seconds."""
         if self._done:
             return self._outcome()
-        comp = ffi.new("struct host_completion *")
+        comp = ffi.new(_COMP)
+        if timeout is None:  # the common case, kept short: small ops take microseconds
+            rc = lib.host_wait(self._ctx._handle(), self._tag, _WAIT_SLICE_NS, self._poll_ns, comp)
+            if rc == 0:
+                self._finish(comp)
+                return self._value
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         while True:
             left = _WAIT_SLICE_S if deadline is None else min(_WAIT_SLICE_S, deadline - time.monotonic())

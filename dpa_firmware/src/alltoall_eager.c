@@ -338,9 +338,31 @@ static int eager_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 	return work;
 }
 
+/* Sent everything, and waits for nothing but the peers' words (none passed on): the op
+ * completes only once all are in. Anything else (a credit, a fallback, a write in flight)
+ * may move on with any event. */
+static uint32_t eager_events_needed(const struct dpa_op *op)
+{
+	uint32_t need = 0;
+
+	for (uint32_t i = 1; i < op->nitems; i++) {
+		const struct dpa_item *it = &op->items[i];
+		uint32_t f = off_read_once(&it->flags);
+
+		if (f & DPA_ITEM_FINISHED)
+			continue;
+		if (!(f & DPA_ITEM_SIGNALED) || (f & (DPA_ITEM_COPIED | DPA_ITEM_FALLBACK)) ||
+		    off_read_once(&it->inflight))
+			return 1;
+		need++;
+	}
+	return need ? need : 1;
+}
+
 const struct dpa_algo dpa_algo_alltoall_eager = {
 	.name = "alltoall_eager",
 	.start = eager_start,
 	.progress = eager_progress,
 	.abort = eager_abort,
+	.events_needed = eager_events_needed,
 };

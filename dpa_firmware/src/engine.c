@@ -342,7 +342,7 @@ static int32_t cancel_op(struct dpa_engine *eng, struct dpa_hal *hal, uint64_t t
 }
 
 /* The algorithm of a collective, from what every rank of the op has alike (opcode, flags,
- * block size), so that all pick the same. */
+ * block size, team size), so that all pick the same. */
 static const struct dpa_algo *pick_algo(const struct dpa_engine *eng, const struct offload_cmd *cmd)
 {
 	if (cmd->opcode == OFFLOAD_OP_ALLTOALLV && (cmd->flags & OFFLOAD_CMD_F_SLOTS))
@@ -350,6 +350,8 @@ static const struct dpa_algo *pick_algo(const struct dpa_engine *eng, const stru
 	if (cmd->opcode == OFFLOAD_OP_ALLTOALL && eng->params.eager_max &&
 	    cmd->count <= eng->params.eager_max)
 		return &dpa_algo_alltoall_eager;
+	if (cmd->opcode == OFFLOAD_OP_BARRIER && eng->teams[cmd->team].size <= DPA_BARRIER_FLAT_MAX)
+		return &dpa_algo_barrier_flat;
 	return dpa_algos[cmd->opcode];
 }
 
@@ -659,6 +661,25 @@ enum dpa_engine_load dpa_engine_load(const void *state)
 	if (off_read_once(&eng->inflight_bulk))
 		return DPA_ENGINE_BULK;
 	return off_read_once(&eng->inflight) ? DPA_ENGINE_SMALL : DPA_ENGINE_IDLE;
+}
+
+uint32_t dpa_engine_events_needed(const void *state)
+{
+	const struct dpa_engine *eng = state;
+	uint32_t need = UINT32_MAX;
+
+	for (uint32_t o = 0; o < OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW && need > 1; o++) {
+		const struct dpa_op *op = &eng->ops[o];
+
+		if (off_load_acquire(&op->state) != DPA_OP_ACTIVE)
+			continue;
+		uint32_t n = op->algo->events_needed && !off_read_once(&op->aborted) ?
+			     op->algo->events_needed(op) : 1;
+
+		if (n < need)
+			need = n;
+	}
+	return need == UINT32_MAX || need == 0 ? 1 : need;
 }
 
 uint64_t dpa_engine_wake_at(void *state, uint32_t thread, uint64_t now)

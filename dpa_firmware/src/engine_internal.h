@@ -86,6 +86,9 @@ struct dpa_algo {
 	 * one of its data completions is given up for every peer, except a refetch read's
 	 * (DPA_WR_REFETCH names its owner). */
 	uint32_t multicast;
+	/* Peers' writes the op waits for that it does not pass on (see
+	 * dpa_engine_events_needed); NULL: 1, every event may let it unblock a peer. */
+	uint32_t (*events_needed)(const struct dpa_op *op);
 };
 
 /* All-to-all-v layout of one op, by team rank: where each block comes from and goes. */
@@ -267,6 +270,8 @@ extern const struct dpa_algo dpa_algo_allgather_mcast;
 extern const struct dpa_algo dpa_algo_alltoall_pairwise;
 extern const struct dpa_algo dpa_algo_alltoall_eager;
 extern const struct dpa_algo dpa_algo_barrier_dissemination;
+extern const struct dpa_algo dpa_algo_barrier_flat;
+#define DPA_BARRIER_FLAT_MAX 8u  /* teams this small synchronize flat (barrier_flat.c) */
 extern const struct dpa_algo dpa_algo_alltoallv;
 extern const struct dpa_algo dpa_algo_alltoallv_slots;
 
