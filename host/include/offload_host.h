@@ -63,9 +63,9 @@ struct host_op {
 	uint32_t root;
 	uint64_t src_len;           /* bytes of src, for registering it */
 	uint64_t aux_len;           /* bytes at aux_addr (command arguments), for registering them */
-	uint32_t small;             /* the op moves little and will be waited for soon: with
-				     * cooperative progress, posting, testing and waiting for it
-				     * run the firmware on the calling thread */
+	uint32_t small;             /* the op moves little (at most 1 MiB per rank): with
+				     * cooperative progress, testing it runs the firmware on the
+				     * calling thread too, not only posting and waiting */
 };
 
 struct host_completion {
@@ -91,8 +91,9 @@ int host_team_create(struct host_ctx *ctx, uint32_t team_id, uint32_t nmembers,
  * firmware reaches aux memory only through its key. */
 int host_post(struct host_ctx *ctx, const struct host_op *op, int64_t timeout_ns, uint32_t *tag);
 /* 0 with *out filled once the op completed, -ETIMEDOUT otherwise (timeout_ns < 0: forever).
- * A small op (host_op.small) with cooperative progress is driven by the calling thread
- * (it spins, then sleeps on the rank's events); otherwise the first poll_ns are spent
+ * With cooperative progress the calling thread runs the firmware while it waits (it
+ * spins, then sleeps on the rank's events), unless the device keeps the work to its own
+ * threads (bulk copies where ranks outnumber cores); otherwise the first poll_ns are spent
  * spinning on the completion ring and the rest asleep: spinning saves the wake-up latency
  * of short ops, sleeping keeps the CPU free for long ones. */
 int host_wait(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, int64_t poll_ns,

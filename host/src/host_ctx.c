@@ -268,6 +268,8 @@ static int post_locked(struct host_ctx *ctx, const struct host_op *op, const uin
 }
 
 /* Does this thread run the firmware for an op of this size? */
+/* Does test() run the firmware for an op of this size? Only a small one: a test() in a
+ * loop between other work must stay cheap. */
 static int drives(const struct host_ctx *ctx, uint32_t small)
 {
 	return small && ctx->coop && ctx->ops->drive;
@@ -341,10 +343,11 @@ int host_post(struct host_ctx *ctx, const struct host_op *user_op, int64_t timeo
 				ctx->ops->mr_dereg(ctx->dev, release[i]);
 		return rc;
 	}
-	/* A small op starts on this thread: it takes the command, and its first messages
-	 * leave now. What remains waits for peers, whose writes wake whoever runs the
-	 * firmware then; only a drive that could not run needs the doorbell. */
-	if (!drives(ctx, op.small) || ctx->ops->drive(ctx->dev, NULL, 0, 0))
+	/* The op starts on this thread (a small one; a bulk one too where the device lets
+	 * the host copy): it takes the command, and its first messages leave now. What
+	 * remains waits for peers, whose writes wake whoever runs the firmware then; only a
+	 * drive that could not run (or not to the end) needs the doorbell. */
+	if (!ctx->coop || !ctx->ops->drive || ctx->ops->drive(ctx->dev, NULL, 0, 0))
 		ctx->ops->doorbell(ctx->dev);
 	return 0;
 }
@@ -409,7 +412,8 @@ int host_wait(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, int64_t po
 {
 	int64_t start = now_ns();
 	int64_t deadline = timeout_ns < 0 ? INT64_MAX : start + timeout_ns;
-	int drive = drives(ctx, tag_small(ctx, tag));
+	/* A small op's waiter runs the firmware; for a bulk op's the device decides. */
+	int drive = ctx->coop && ctx->ops->drive;
 
 	if (poll_ns && !ctx->ops->poll_worthwhile(ctx->dev))
 		poll_ns = 0;
