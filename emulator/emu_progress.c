@@ -340,6 +340,10 @@ static int run_pass(struct emu_device *dev, struct dpa_hal *hal, int host)
 	uint64_t done = off_read_once(&st->ops_completed);
 	int work;
 
+	/* Running: no spinner need leave its core to us (a ring marked us waking, maybe
+	 * after we had stopped waiting: nobody else clears it then). */
+	if (off_read_once(&self->waking_ns))
+		off_write_once(&self->waking_ns, 0);
 	/* Peers the fabric lost behave like dead ones for the firmware. */
 	if (unreachable & ~off_read_once(&dev->unreachable_seen)) {
 		struct offload_ring_hdr *ring = dev->win.ring;
