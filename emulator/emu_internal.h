@@ -301,7 +301,8 @@ void emu_wake_rank(struct emu_device *dev, uint32_t rank, struct dpa_hal *pass);
 void emu_kick_rank(struct emu_device *dev, uint32_t rank);
 int emu_threads_start(struct emu_device *dev);
 void emu_threads_stop(struct emu_device *dev);
-int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t timeout_ns);
+int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t timeout_ns,
+	      uint32_t flags);
 void emu_drive_stats(struct host_device *hd, uint64_t *ops, uint64_t *passes);
 /* Would a waiting host thread's spin help: no rank copies in bulk (it would take the
  * copiers' core) and every awake thread of the job has a core? */

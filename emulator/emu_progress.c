@@ -517,9 +517,13 @@ static void host_idle(struct emu_device *dev, uint32_t snap, uint32_t *word, uin
  * rank's thread that posts or waits copies itself, as an MPI rank does: a progress
  * thread would need a wake-up to start and the host one to finish, on cores that have
  * nothing else to do (n=2, 1 MiB per peer: 0.5-0.65x Open MPI's busbw, against 0.85-0.9x). */
-static int may_drive(const struct emu_device *dev)
+static int may_drive(const struct emu_device *dev, uint32_t flags)
 {
-	return dpa_engine_load(dev->fw_state) != DPA_ENGINE_BULK || dev->attr.size <= dev->ncores;
+	int host_copies = dev->attr.size <= dev->ncores && !(flags & HOST_DRIVE_NO_BULK);
+
+	if (flags & HOST_DRIVE_BULK_CMD)
+		return host_copies;
+	return dpa_engine_load(dev->fw_state) != DPA_ENGINE_BULK || host_copies;
 }
 
 /*
@@ -527,7 +531,8 @@ static int may_drive(const struct emu_device *dev)
  * host thread until *word != seen, or (word NULL) until a round finds nothing to do.
  * Bulk ops stay with the progress threads (offload: the host sleeps meanwhile).
  */
-int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t timeout_ns)
+int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t timeout_ns,
+	      uint32_t flags)
 {
 	struct emu_device *dev = to_emu(hd);
 	struct emu_rank *r = self_rank(dev);
@@ -537,7 +542,7 @@ int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t tim
 
 	if (!dev->nthreads_started || !off_trylock(&dev->drive_lock))
 		return -EBUSY;
-	if (!may_drive(dev)) {
+	if (!may_drive(dev, flags)) {
 		off_unlock(&dev->drive_lock);
 		return -EBUSY;
 	}
@@ -548,7 +553,7 @@ int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t tim
 		int work = drive_round(dev, &all);
 
 		quiet = !work && all;
-		if (!may_drive(dev))
+		if (!may_drive(dev, flags & ~HOST_DRIVE_BULK_CMD))
 			break;  /* bulk work stays with the progress threads */
 		if (!word) {  /* a post or a test(): until nothing is left to do */
 			if (quiet)

@@ -650,18 +650,21 @@ class Context:
 
     def _post(self, op: Any, what: str, keep: tuple[Any, ...], result: Result | None = None,
               nbytes: int = 0, itemsize: int | None = None) -> Request:
+        tag = self._post_tag(op, what, nbytes, ffi.new(_TAG))
+        return Request(self, tag, what, keep, result,
+                       self._poll_ns if nbytes <= _SMALL_MAX_BYTES else 0, itemsize)
+
+    def _post_tag(self, op: Any, what: str, nbytes: int, tagp: Any) -> int:
+        """Post op (moving nbytes per rank) and return its tag."""
         if self._stager is not None:
             self._stager.drain()  # staged ops called earlier take their place in line first
-        tag = ffi.new(_TAG)
         if self._orphans:
             self._reap_orphans()
-        small = nbytes <= _SMALL_MAX_BYTES
-        op.small = small
-        rc = lib.host_post(self._handle(), op, self._post_timeout_ns, tag)
+        op.small = nbytes <= _SMALL_MAX_BYTES
+        rc = lib.host_post(self._handle(), op, self._post_timeout_ns, tagp)
         if rc:
             check_rc(rc, f"posting {what}")
-        return Request(self, tag[0], what, keep, result, self._poll_ns if small else 0,
-                       itemsize)
+        return int(tagp[0])
 
     def _persistent(self, op: Any, what: str, keys: list[int], keep: tuple[Any, ...],
                     result: Result | None = None, nbytes: int = 0) -> PersistentRequest:

@@ -60,10 +60,11 @@ struct host_device_ops {
 	void (*doorbell)(struct host_device *dev);
 	/* Cooperative progress: run the rank's firmware on the calling host thread until
 	 * *word != seen (0), the timeout (-ETIMEDOUT), or, with word NULL, until it has nothing
-	 * left to do without an event (0). -EBUSY: not now (another thread drives, or bulk work
-	 * is in flight, which the device's own threads carry): ring the doorbell or sleep.
-	 * NULL: the firmware does not run on the host (hardware). */
-	int (*drive)(struct host_device *dev, uint32_t *word, uint32_t seen, int64_t timeout_ns);
+	 * left to do without an event (0). -EBUSY: not now (another thread drives, or bulk
+	 * work, which the device's own threads carry): ring the doorbell or sleep. flags:
+	 * HOST_DRIVE_*. NULL: the firmware does not run on the host (hardware). */
+	int (*drive)(struct host_device *dev, uint32_t *word, uint32_t seen, int64_t timeout_ns,
+		     uint32_t flags);
 	/* Ops completed, and passes run, by host threads driving (drive != NULL). */
 	void (*drive_stats)(struct host_device *dev, uint64_t *ops, uint64_t *passes);
 	int (*free_shared)(struct host_device *dev, void *addr, uint64_t len);
@@ -89,6 +90,9 @@ struct host_device_ops {
 	int (*wait_completion)(struct host_device *dev, uint32_t *word, uint32_t seen,
 			       int64_t timeout_ns);
 };
+
+#define HOST_DRIVE_BULK_CMD (1u << 0)  /* a bulk command was just posted: it is the work */
+#define HOST_DRIVE_NO_BULK  (1u << 1)  /* never copy in bulk (test(), a small op's post) */
 
 extern const struct host_device_ops emu_device_ops;
 

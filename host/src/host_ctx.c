@@ -347,7 +347,8 @@ int host_post(struct host_ctx *ctx, const struct host_op *user_op, int64_t timeo
 	 * the host copy): it takes the command, and its first messages leave now. What
 	 * remains waits for peers, whose writes wake whoever runs the firmware then; only a
 	 * drive that could not run (or not to the end) needs the doorbell. */
-	if (!ctx->coop || !ctx->ops->drive || ctx->ops->drive(ctx->dev, NULL, 0, 0))
+	if (!ctx->coop || !ctx->ops->drive ||
+	    ctx->ops->drive(ctx->dev, NULL, 0, 0, op.small ? HOST_DRIVE_NO_BULK : HOST_DRIVE_BULK_CMD))
 		ctx->ops->doorbell(ctx->dev);
 	return 0;
 }
@@ -393,7 +394,8 @@ int host_test(struct host_ctx *ctx, uint32_t tag, struct host_completion *out)
 	int rc = take(ctx, tag, out);
 
 	/* Not done: give the firmware a turn on this thread (cooperative progress). */
-	if (rc == 0 && drives(ctx, tag_small(ctx, tag)) && ctx->ops->drive(ctx->dev, NULL, 0, 0) == 0)
+	if (rc == 0 && drives(ctx, tag_small(ctx, tag)) &&
+	    ctx->ops->drive(ctx->dev, NULL, 0, 0, HOST_DRIVE_NO_BULK) == 0)
 		rc = take(ctx, tag, out);
 	return rc;
 }
@@ -430,7 +432,7 @@ int host_wait(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, int64_t po
 		left = deadline - now < HOST_SLEEP_MAX ? deadline - now : HOST_SLEEP_MAX;
 		/* Run the firmware here until the completion ring moves; -EBUSY (another thread
 		 * drives, or bulk work came in): sleep on the ring below instead. */
-		if (drive && ctx->ops->drive(ctx->dev, &ctx->ring->cq_tail, seen, left) != -EBUSY)
+		if (drive && ctx->ops->drive(ctx->dev, &ctx->ring->cq_tail, seen, left, 0) != -EBUSY)
 			continue;
 		if (now - start < poll_ns) {
 			for (int i = 0; i < 64; i++)
