@@ -540,12 +540,8 @@ int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t tim
 	int rc = -EBUSY, quiet = 0, rounds = 0, all;
 	uint32_t snap = 0;
 
-	if (!dev->nthreads_started || !off_trylock(&dev->drive_lock))
+	if (!dev->nthreads_started || !may_drive(dev, flags) || !off_trylock(&dev->drive_lock))
 		return -EBUSY;
-	if (!may_drive(dev, flags)) {
-		off_unlock(&dev->drive_lock);
-		return -EBUSY;
-	}
 	off_store_release(&r->driving, 1);
 	off_fence();  /* pairs with wakers' fence: from here on, this rank's wakes are ours */
 	while (!off_read_once(&dev->stop)) {
