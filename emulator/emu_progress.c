@@ -154,12 +154,11 @@ static void wake(struct emu_device *dev, uint32_t rank, int force, struct dpa_ha
 		bits = bell_bits(rank, EMU_WAKE_DPA);
 	}
 	if (!pass) {
-		ring(dev, bits, rank < 64 ? 1ull << rank : 0);
+		ring(dev, bits, 1ull << rank);
 		return;
 	}
 	pass->wake_bits |= bits;
-	if (rank < 64)
-		pass->wake_ranks |= 1ull << rank;
+	pass->wake_ranks |= 1ull << rank;
 }
 
 void emu_wake_rank(struct emu_device *dev, uint32_t rank, struct dpa_hal *pass)
@@ -188,7 +187,6 @@ void emu_wake_word(struct emu_device *dev, uint32_t *word)
 {
 	woke(dev, emu_futex(word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, 0));
 }
-
 
 static struct emu_rank *self_rank(struct emu_device *dev)
 {
@@ -283,7 +281,6 @@ static void sleep_on_event(struct emu_device *dev, uint32_t snap, uint32_t bits,
 static void thread_sleep(struct emu_device *dev, uint32_t snap, int64_t ns)
 {
 	struct emu_rank *r = self_rank(dev);
-
 	uint32_t left;
 
 	off_fetch_add(&dev->hdr->asleep, 1);
@@ -303,7 +300,6 @@ static void thread_sleep(struct emu_device *dev, uint32_t snap, int64_t ns)
 static void driver_sleep(struct emu_device *dev, uint32_t snap, uint32_t need, int64_t ns)
 {
 	struct emu_rank *r = self_rank(dev);
-
 	uint32_t armed = 1;
 
 	off_write_once(&r->wake_event, snap + need);
@@ -359,7 +355,7 @@ static int run_pass(struct emu_device *dev, struct dpa_hal *hal, int host)
 	}
 	enum dpa_engine_load load = dpa_engine_load(dev->fw_state);
 
-	/* Published for every rank's waits (emu_job_bulk()). */
+	/* Published for every rank's waits (job_bulk()) and wakers (wake()). */
 	if (off_read_once(&self->load) != (uint32_t)load)
 		off_write_once(&self->load, (uint32_t)load);
 	if (host) {  /* read racily by emu_drive_stats() */
@@ -449,12 +445,15 @@ void emu_threads_stop(struct emu_device *dev)
 		uint32_t me = dev->attr.rank;
 
 		off_fetch_add(&self_rank(dev)->event, 1);
-		ring(dev, bell_bits(me, EMU_WAKE_DPA) | bell_bits(me, EMU_WAKE_HOST),
-		     me < 64 ? 1ull << me : 0);
+		ring(dev, bell_bits(me, EMU_WAKE_DPA) | bell_bits(me, EMU_WAKE_HOST), 1ull << me);
 	}
 	for (uint32_t i = 0; i < dev->nthreads_started; i++)
 		pthread_join(dev->threads[i], NULL);
 	dev->nthreads_started = 0;
+	/* A host thread driving (close called from another thread) sees stop after its
+	 * pass: the engine's memory may go only once it left. */
+	while (off_load_acquire(&dev->drive_lock))
+		cpu_relax();
 }
 
 /* Does the engine need a pass without any event coming: a command not taken, or a timer? */
@@ -542,6 +541,10 @@ int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t tim
 
 	if (!dev->nthreads_started || !may_drive(dev, flags) || !off_trylock(&dev->drive_lock))
 		return -EBUSY;
+	if (off_load_acquire(&dev->stop)) {  /* closing: emu_threads_stop() waits for us */
+		off_unlock(&dev->drive_lock);
+		return -EBUSY;
+	}
 	off_store_release(&r->driving, 1);
 	off_fence();  /* pairs with wakers' fence: from here on, this rank's wakes are ours */
 	while (!off_read_once(&dev->stop)) {
