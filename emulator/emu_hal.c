@@ -201,6 +201,8 @@ int dpa_hal_rdma_write(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint3
 
 	if (emu_cq_full(hal))
 		return DPA_HAL_EAGAIN;
+	if (len >= EMU_FLUSH_BEFORE)
+		emu_flush_wakes(hal);
 	st = check_local(hal->dev, laddr, lkey, len, OFFLOAD_ACCESS_LOCAL_READ);
 	if (!st)
 		st = rail_gate(hal, peer, len, &rail);
@@ -262,6 +264,8 @@ int dpa_hal_rdma_write_sg(struct dpa_hal *hal, uint32_t peer, const struct dpa_h
 		iov[i] = (struct iovec){ .iov_base = (void *)(uintptr_t)sge[i].addr,
 					 .iov_len = sge[i].len };
 	}
+	if (total >= EMU_FLUSH_BEFORE)
+		emu_flush_wakes(hal);
 	if (!st)
 		st = rail_gate(hal, peer, total, &rail);
 	if (!st && total)
@@ -309,6 +313,8 @@ int dpa_hal_rdma_read(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint32
 
 	if (emu_cq_full(hal))
 		return DPA_HAL_EAGAIN;
+	if (len >= EMU_FLUSH_BEFORE)
+		emu_flush_wakes(hal);
 	st = check_local(dev, laddr, lkey, len, OFFLOAD_ACCESS_LOCAL_WRITE);
 	if (!st)
 		st = rail_gate(hal, peer, len, &rail);

@@ -297,6 +297,10 @@ void emu_dma_copy(void *dst, const void *src, uint64_t len);
  * it has no op to progress, or its driver asked to sleep through more of them. With a
  * pass's hal, the futex call waits for the end of the pass (one for all its writes). */
 void emu_wake_rank(struct emu_device *dev, uint32_t rank, struct dpa_hal *pass);
+/* Ring now for what the pass wrote so far (before a long copy: a peer must not wait for a
+ * ready or a signal until the copy is over). */
+void emu_flush_wakes(struct dpa_hal *pass);
+#define EMU_FLUSH_BEFORE (64u * 1024u)  /* copies at least this long flush first */
 /* The same, unconditionally: doorbells, sibling notifications, failures, stop. */
 void emu_kick_rank(struct emu_device *dev, uint32_t rank);
 int emu_threads_start(struct emu_device *dev);

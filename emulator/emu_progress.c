@@ -161,6 +161,15 @@ static void wake(struct emu_device *dev, uint32_t rank, int force, struct dpa_ha
 	pass->wake_ranks |= 1ull << rank;
 }
 
+void emu_flush_wakes(struct dpa_hal *pass)
+{
+	if (!pass->wake_bits)
+		return;
+	ring(pass->dev, pass->wake_bits, pass->wake_ranks);
+	pass->wake_bits = 0;
+	pass->wake_ranks = 0;
+}
+
 void emu_wake_rank(struct emu_device *dev, uint32_t rank, struct dpa_hal *pass)
 {
 	wake(dev, rank, 0, pass);
@@ -348,11 +357,7 @@ static int run_pass(struct emu_device *dev, struct dpa_hal *hal, int host)
 		__atomic_fetch_or(&dev->unreachable_seen, unreachable, __ATOMIC_SEQ_CST);
 	}
 	work = dpa_progress(dev->fw_state, hal);
-	if (hal->wake_bits) {  /* the peers this pass wrote to, woken at once */
-		ring(dev, hal->wake_bits, hal->wake_ranks);
-		hal->wake_bits = 0;
-		hal->wake_ranks = 0;
-	}
+	emu_flush_wakes(hal);  /* the peers this pass wrote to, woken at once */
 	enum dpa_engine_load load = dpa_engine_load(dev->fw_state);
 
 	/* Published for every rank's waits (job_bulk()) and wakers (wake()). */
