@@ -291,7 +291,7 @@ void emu_job_close(struct emu_device *dev)
 		__atomic_fetch_or(&dev->hdr->closed_mask, me, __ATOMIC_SEQ_CST);
 		for (uint32_t r = 0; r < dev->attr.size; r++)  /* their waits on us end now */
 			if (r != dev->attr.rank)
-				emu_wake_rank(dev, r);
+				emu_kick_rank(dev, r);
 		dev->joined = 0;
 		if (off_fetch_add(&dev->hdr->closed, 1) + 1 == dev->attr.size) {
 			snprintf(name, sizeof(name), "/%s", dev->job);
