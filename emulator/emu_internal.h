@@ -96,14 +96,18 @@ struct emu_rank {
 	/* Own line: bumped by doorbells and remote signals, slept on by progress threads
 	 * (futex bitset EMU_WAKE_DPA) and by a host thread driving the engine (EMU_WAKE_HOST). */
 	uint32_t event;
-	uint32_t sleepers;    /* progress threads asleep on event */
 	uint32_t load;        /* enum dpa_engine_load, published after each pass */
+	/* Progress threads asleep on event, a bit per DPA thread: a waker takes them all at
+	 * once, and a sleeper that wakes knows whether it was taken (its bit gone). A count
+	 * could not say: a sibling that woke, then slept again, would be taken out by us. */
+	uint64_t sleepers;
 	uint32_t driving;     /* a host thread runs this rank's engine (cooperative progress) */
 	uint32_t armed;       /* that host thread sleeps: the first waker clears it and wakes it */
 	uint32_t wake_event;  /* ... once event reaches this (peers' writes; kicks ignore it) */
+	uint32_t resv1;
 	uint64_t wake_ns;     /* when the last futex wake of this rank was issued */
 	uint64_t waking_ns;   /* a sleeper of this rank was woken then and has not run yet */
-	uint32_t resv1[6];
+	uint32_t resv2[4];
 };
 
 struct emu_mr {

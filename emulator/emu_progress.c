@@ -149,13 +149,13 @@ static void wake(struct emu_device *dev, uint32_t rank, int force, struct dpa_ha
 		off_fetch_sub(&dev->hdr->asleep, 1);
 		bits = bell_bits(rank, EMU_WAKE_HOST);
 	} else {
-		uint32_t k;
+		uint64_t taken;
 
 		if (!off_read_once(&r->sleepers) ||
 		    (!force && off_read_once(&r->load) == DPA_ENGINE_IDLE) ||
-		    !(k = __atomic_exchange_n(&r->sleepers, 0, __ATOMIC_ACQ_REL)))
+		    !(taken = __atomic_exchange_n(&r->sleepers, 0, __ATOMIC_ACQ_REL)))
 			return;
-		off_fetch_sub(&dev->hdr->asleep, k);
+		off_fetch_sub(&dev->hdr->asleep, (uint32_t)__builtin_popcountll(taken));
 		bits = bell_bits(rank, EMU_WAKE_DPA);
 	}
 	if (!pass) {
@@ -292,22 +292,19 @@ static void sleep_on_event(struct emu_device *dev, uint32_t snap, uint32_t bits,
 	}
 }
 
-/* A progress thread's sleep (any event wakes it). */
-static void thread_sleep(struct emu_device *dev, uint32_t snap, int64_t ns)
+/* Progress thread `thread`'s sleep (any event wakes it). */
+static void thread_sleep(struct emu_device *dev, uint32_t thread, uint32_t snap, int64_t ns)
 {
 	struct emu_rank *r = self_rank(dev);
-	uint32_t left;
+	uint64_t bit = 1ull << thread;
 
 	off_fetch_add(&dev->hdr->asleep, 1);
-	off_fetch_add(&r->sleepers, 1);
+	__atomic_fetch_or(&r->sleepers, bit, __ATOMIC_SEQ_CST);
 	off_fence();
 	sleep_on_event(dev, snap, EMU_WAKE_DPA, ns);
-	/* Not taken by a waker (timeout, or event moved before we slept): take ourselves out.
-	 * (Several may sleep: which one a waker took does not matter, only how many.) */
-	left = off_read_once(&r->sleepers);
-	while (left && !off_cas(&r->sleepers, &left, left - 1))
-		;
-	if (left)
+	/* Not taken by a waker (timeout, or event moved before we slept): our bit is still
+	 * there, and we take ourselves out. */
+	if (__atomic_fetch_and(&r->sleepers, ~bit, __ATOMIC_SEQ_CST) & bit)
 		off_fetch_sub(&dev->hdr->asleep, 1);
 }
 
@@ -391,7 +388,7 @@ static void thread_idle(struct emu_device *dev, struct dpa_hal *hal, uint32_t sn
 	}
 	if (timer && timer - now < (uint64_t)ns)
 		ns = (int64_t)(timer - now);
-	thread_sleep(dev, snap, ns);
+	thread_sleep(dev, hal->index, snap, ns);
 }
 
 static void *progress_thread(void *arg)
