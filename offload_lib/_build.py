@@ -1,10 +1,24 @@
-"""cffi (API mode) build of offload_lib._native from host/include/offload_host.h."""
+"""cffi (API mode) build of offload_lib._native: the host API of offload_host.h and the
+host <-> DPA contract of offload_abi.h, both read from the headers themselves.
+
+The contract is not copied into Python: every constant (enum member and integer #define)
+and every struct of offload_abi.h goes into the cdef, the constants as ``...`` so that the
+C compiler supplies their values, the structs checked against the compiler's layout when
+the module loads. Python then reads ``lib.OFFLOAD_*`` and ``ffi.offsetof("struct ...")``.
+"""
+from __future__ import annotations
+
+import re
 from pathlib import Path
 
 from cffi import FFI
 
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = ROOT / "host" / "include" / "offload_host.h"
+ABI_HEADER = ROOT / "dpa_firmware" / "include" / "offload_abi.h"
+
+_DEFINE = re.compile(r"^#define\s+(\w+)(\(?)\s*(.*)$")
+_SUFFIX = re.compile(r"\b(0x[0-9a-fA-F]+|\d+)[uUlL]+\b")
 
 
 def _cdef_section(text: str) -> str:
@@ -12,13 +26,71 @@ def _cdef_section(text: str) -> str:
     return text[start : text.index("/* cffi:end */")]
 
 
-ffibuilder = FFI()
-ffibuilder.cdef(_cdef_section(HEADER.read_text()))
+def _strip_comments(text: str) -> str:
+    text = re.sub(r"/\*.*?\*/", " ", text, flags=re.S)
+    return re.sub(r"//[^\n]*", "", text)
+
+
+def _value(expr: str, known: dict[str, int]) -> int | None:
+    """An integer #define's value (literals, earlier names, + - * << | ( )), or None."""
+    expr = _SUFFIX.sub(r"\1", expr.strip())
+    expr = re.sub(r"\b0x[0-9a-fA-F]+\b", lambda m: str(int(m.group(0), 16)), expr)
+    if not expr or not re.fullmatch(r"[\w\s()+\-*<>|]+", expr):
+        return None
+    expr = re.sub(r"\b[A-Za-z_]\w*\b", lambda m: str(known.get(m.group(0), m.group(0))), expr)
+    if re.search(r"[A-Za-z_]", expr):
+        return None
+    return int(eval(expr, {"__builtins__": {}}))  # noqa: S307 - digits and operators only
+
+
+def abi_cdef(text: str) -> tuple[str, dict[str, int]]:
+    """The cdef of an offload_abi.h text, and its integer #defines as Python evaluates
+    them (only to size struct arrays: the module takes every value from the compiler)."""
+    known: dict[str, int] = {}
+    defines: list[str] = []
+    body: list[str] = []
+    lines = _strip_comments(text).splitlines()
+    skip_assert = False
+    for line in lines:
+        stripped = line.strip()
+        if skip_assert or stripped.startswith("_Static_assert"):
+            skip_assert = not stripped.endswith(";")
+            continue
+        m = _DEFINE.match(stripped)
+        if m:
+            name, function_like, expr = m.groups()
+            value = None if function_like else _value(expr, known)
+            if value is not None:
+                known[name] = value
+                defines.append(f"#define {name} ...")
+            continue
+        if stripped.startswith("#"):
+            continue
+        body.append(line)
+    structs = "\n".join(body)
+    # Array sizes: cffi wants numbers where C has names.
+    for name in sorted(known, key=len, reverse=True):
+        structs = re.sub(rf"\b{name}\b", str(known[name]), structs)
+    structs = _SUFFIX.sub(r"\1", structs)
+    return "\n".join(defines) + "\n" + structs, known
+
+
+def make_ffi(abi_text: str, module: str, sources: str = "") -> FFI:
+    """An FFI with the contract of abi_text (and, given sources, the host API)."""
+    ffi = FFI()
+    ffi.cdef(abi_cdef(abi_text)[0])
+    if sources:
+        ffi.cdef(sources)
+    return ffi
+
+
+ffibuilder = make_ffi(ABI_HEADER.read_text(), "offload_lib._native",
+                      _cdef_section(HEADER.read_text()))
 # The bootstrap's allgather, called back by hardware backends (offload_lib/context.py).
 ffibuilder.cdef('extern "Python" int offload_allgather(void *, const void *, uint32_t, void *);')
 ffibuilder.set_source(
     "offload_lib._native",
-    '#include "offload_host.h"\n',
+    '#include "offload_abi.h"\n#include "offload_host.h"\n',
     include_dirs=[str(ROOT / "host" / "include"), str(ROOT / "dpa_firmware" / "include")],
     libraries=["dpaoffload_core", "pthread", "rt"],
 )

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import collections
 import ctypes
+import errno
 import math
 import os
 import threading
@@ -34,10 +35,11 @@ import numpy as np
 
 from offload_lib._buffers import Buffer
 from offload_lib._cuda import Copy2D
+from offload_lib._native import ffi, lib
 from offload_lib.errors import Canceled, InvalidArgument, OffloadError, Timeout
 from offload_lib.request import McastStats
 
-MAX_PIECES = 8  # a team holds 8 ops in flight (OFFLOAD_OP_WINDOW)
+MAX_PIECES = lib.OFFLOAD_OP_WINDOW  # ops a team holds in flight
 _POOL_ROUND = 1 << 20
 
 
@@ -217,11 +219,9 @@ class Stager:
         self._cancel_posted(op, posted)
 
     def _cancel_posted(self, op: _Op, reqs: list[Any]) -> None:
-        from offload_lib._native import lib
-
         for req in reqs:  # the completer collects their (cancelled) completions
             rc = lib.host_cancel(self.ctx._handle(), req._tag, self.ctx._post_timeout_ns)
-            if rc not in (0, -2):  # -ENOENT: it had completed
+            if rc not in (0, -errno.ENOENT):  # it had completed
                 op.error = op.error or OffloadError(f"{op.what}: cancel failed ({rc})")
 
     # -- GPUDirect ----------------------------------------------------------------------------
@@ -245,7 +245,6 @@ class Stager:
             raise
 
     def _register_dmabuf(self, b: Buffer) -> int:
-        from offload_lib._native import ffi, lib
         from offload_lib.errors import check_rc
 
         # The whole allocation, as NCCL registers it: dma-buf ranges are whole pages.
@@ -256,7 +255,9 @@ class Stager:
             fd = self.drv.dmabuf(base, span)
         try:
             key = ffi.new("uint32_t *")
-            access = 1 | 2 | 4 | 8  # local read/write, remote read/write: src or dst
+            # src or dst: local read/write, remote read/write
+            access = (lib.OFFLOAD_ACCESS_LOCAL_READ | lib.OFFLOAD_ACCESS_LOCAL_WRITE |
+                      lib.OFFLOAD_ACCESS_REMOTE_READ | lib.OFFLOAD_ACCESS_REMOTE_WRITE)
             check_rc(lib.host_mr_acquire_dmabuf(self.ctx._handle(), base, span, fd, access, key),
                      "registering GPU memory for GPUDirect RDMA")
             return int(key[0])

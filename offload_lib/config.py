@@ -15,6 +15,7 @@ from typing import Any
 
 import yaml
 
+from offload_lib._native import lib
 from offload_lib.errors import ConfigError
 
 __all__ = ["Config", "Tunable", "TUNABLES", "RESERVED_ENV", "load_config", "describe"]
@@ -161,7 +162,7 @@ def _float_range(lo: float, hi: float, allowed: str) -> Validator:
 _op_timeout = _float_range(0.0, 86400.0, "a number of seconds from 0 (never) to 86400")
 
 
-MAX_RAILS = 8
+MAX_RAILS = lib.OFFLOAD_FLEXIO_MAX_RAILS  # ports a rank uses as rails (host_ctx_params.rails)
 _RAIL_FAULTS_HINT = ("a comma-separated list of [RANK:]RAIL@BYTES, e.g. '0@512K' (rail 0 of "
                      "every rank fails after 512 KiB sent on it) or '1:0@1M,2:1@0'; '' for none")
 

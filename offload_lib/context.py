@@ -21,22 +21,10 @@ from offload_lib.config import MAX_RAILS, Config, parse_rail_faults
 from offload_lib.errors import ConfigError, InvalidArgument, OffloadError, Unsupported, check_rc
 from offload_lib.request import McastStats, PersistentRequest, Request, Result
 
-# enum offload_opcode (offload_abi.h)
-OP_BARRIER = 2
-OP_ALLTOALL = 3
-OP_ALLTOALLV = 4
-OP_BROADCAST = 6
-OP_ALLGATHER = 7
-OP_AGREE = 8
-F_EXPECT = 1  # OFFLOAD_CMD_F_EXPECT
-F_ROWS = 2  # OFFLOAD_CMD_F_ROWS
-F_SLOTS = 4  # OFFLOAD_CMD_F_SLOTS
-F_PLACE = 8  # OFFLOAD_CMD_F_PLACE
-
-# access bits (offload_abi.h)
-_LOCAL_READ, _LOCAL_WRITE, _REMOTE_READ, _REMOTE_WRITE = 1, 2, 4, 8
-SRC_ACCESS = _LOCAL_READ | _REMOTE_READ
-DST_ACCESS = _LOCAL_READ | _LOCAL_WRITE | _REMOTE_WRITE
+# Registration rights of an op's source and destination, as host_post gives them.
+SRC_ACCESS = lib.OFFLOAD_ACCESS_LOCAL_READ | lib.OFFLOAD_ACCESS_REMOTE_READ
+DST_ACCESS = (lib.OFFLOAD_ACCESS_LOCAL_READ | lib.OFFLOAD_ACCESS_LOCAL_WRITE |
+              lib.OFFLOAD_ACCESS_REMOTE_WRITE)
 
 # Ops this small are driven by the calling thread (cooperative progress), or else waited
 # for spinning briefly before sleeping: a wake-up costs tens of microseconds here, which
@@ -50,14 +38,12 @@ _MAX_COUNT = 2**62  # elements; counts*itemsize must stay far from uint64 overfl
 _OP = ffi.typeof("struct host_op *")
 _TAG = ffi.typeof("uint32_t *")
 
-MAX_TEAMS = 16
-MAX_RANKS = 64
+MAX_TEAMS = lib.OFFLOAD_MAX_TEAMS
+MAX_RANKS = lib.OFFLOAD_MAX_RANKS
 
-_STAT_FIELDS = ("ops_completed", "bytes_written", "writes", "signals", "reads", "errors",
-                "progress_calls", "idle_calls", "failovers", "resent_bytes", "mcast_chunks_sent",
-                "mcast_bytes_sent", "mcast_chunks_recv", "mcast_dups", "refetch_chunks",
-                "refetch_bytes")
-_STAT_WORDS = 16  # struct offload_thread_stats: the fields above, then reserved words
+# struct offload_thread_stats: uint64 counters, in the order of its fields
+_STAT_FIELDS = tuple(name for name, _ in ffi.typeof("struct offload_thread_stats").fields)
+_STAT_WORDS = ffi.sizeof("struct offload_thread_stats") // 8
 
 
 @ffi.def_extern()
@@ -149,8 +135,19 @@ def _mcast_stats(op: Any) -> tuple[np.ndarray, Result]:
     return words, lambda _: McastStats.from_words(words)
 
 
-_ARGS_WORDS = 3 * MAX_RANKS + 4
-_ROWS_ADDR, _ROW_BYTES, _SLOT_BYTES, _PLACE_ADDR = (3 * MAX_RANKS + i for i in range(4))
+def _word(struct: str, field: str) -> int:
+    """The uint64 word at which field lies in struct (offload_abi.h)."""
+    return ffi.offsetof(struct, field) // 8
+
+
+# struct offload_alltoallv_args, as uint64 words
+_ARGS = "struct offload_alltoallv_args"
+_ARGS_WORDS = ffi.sizeof(_ARGS) // 8
+_SEND_BYTES, _RECV_BYTES, _EXPECT_BYTES = (_word(_ARGS, f) for f in
+                                           ("send_bytes", "recv_bytes", "expect_bytes"))
+_ROWS_ADDR, _ROW_BYTES, _SLOT_BYTES, _PLACE_ADDR = (_word(_ARGS, f) for f in
+                                                    ("rows_addr", "row_bytes", "slot_bytes",
+                                                     "place_addr"))
 
 
 def _alltoallv_op(team: Team, s: Buffer, d: Buffer, send_bytes: np.ndarray,
@@ -163,7 +160,7 @@ def _alltoallv_op(team: Team, s: Buffer, d: Buffer, send_bytes: np.ndarray,
     lists = [(_ROWS_ADDR, rows), (_PLACE_ADDR, place)]
     words = [0 if a is None else (a.size + 1) // 2 for _, a in lists]
     args = np.zeros(_ARGS_WORDS + sum(words), np.uint64)
-    args[:team.size] = send_bytes
+    args[_SEND_BYTES:_SEND_BYTES + team.size] = send_bytes
     at = _ARGS_WORDS
     for (field, arr), nwords in zip(lists, words):
         if arr is not None and arr.size:
@@ -171,7 +168,7 @@ def _alltoallv_op(team: Team, s: Buffer, d: Buffer, send_bytes: np.ndarray,
             args[field] = args.ctypes.data + at * 8
         at += nwords
     op = ffi.new(_OP)
-    op.opcode = OP_ALLTOALLV
+    op.opcode = lib.OFFLOAD_OP_ALLTOALLV
     op.team = team.id
     op.src_addr, op.src_len, op.count = s.addr, s.nbytes, s.nbytes
     op.dst_addr, op.dst_len = d.addr, d.nbytes
@@ -190,7 +187,7 @@ def _row_op(team: Team, s: Buffer, d: Buffer, per_rank: np.ndarray, row_bytes: i
     n = team.size
 
     def received(_: Any) -> np.ndarray:
-        return (args[MAX_RANKS:MAX_RANKS + n] // row_bytes).astype(np.int64)
+        return (args[_RECV_BYTES:_RECV_BYTES + n] // row_bytes).astype(np.int64)
 
     return op, args, received
 
@@ -280,7 +277,7 @@ class Team:
 
     def _alltoall_op(self, s: Buffer, d: Buffer) -> Any:
         op = ffi.new(_OP)
-        op.opcode = OP_ALLTOALL
+        op.opcode = lib.OFFLOAD_OP_ALLTOALL
         op.team = self.id
         op.src_addr, op.src_len = s.addr, s.nbytes
         op.dst_addr, op.dst_len = d.addr, d.nbytes
@@ -350,19 +347,19 @@ class Team:
             if any(c > slot for c in sends.tolist()):
                 raise InvalidArgument(f"send_counts {sends.tolist()} must each fit a slot of {slot}")
             args[_SLOT_BYTES] = slot * s.itemsize
-            op.flags |= F_SLOTS
+            op.flags |= lib.OFFLOAD_CMD_F_SLOTS
         if recv_counts is not None:
             expect = _counts(recv_counts, n, "recv_counts")
             if sum(expect.tolist()) > d.count:
                 raise InvalidArgument(
                     f"recv_counts add up to {sum(expect.tolist())} elements but dst holds {d.count}"
                 )
-            args[2 * MAX_RANKS:2 * MAX_RANKS + n] = expect * s.itemsize
-            op.flags |= F_EXPECT
+            args[_EXPECT_BYTES:_EXPECT_BYTES + n] = expect * s.itemsize
+            op.flags |= lib.OFFLOAD_CMD_F_EXPECT
         itemsize = s.itemsize
 
         def received(_: Any) -> np.ndarray:
-            return (args[MAX_RANKS:MAX_RANKS + n] // itemsize).astype(np.int64)
+            return (args[_RECV_BYTES:_RECV_BYTES + n] // itemsize).astype(np.int64)
 
         return ctx._submit(op, "alltoallv", (s, d),
                            lambda g: _staging.alltoallv(g, self, s, d, sends, recv_counts, slot),
@@ -388,7 +385,8 @@ class Team:
         index = _row_index(rows, "rows", sum(per_rank.tolist()), table_rows,
                            f"src's {table_rows} rows")
         row_bytes = row_elems * s.itemsize
-        op, args, received = _row_op(self, s, d, per_rank, row_bytes, F_ROWS, rows=index)
+        op, args, received = _row_op(self, s, d, per_rank, row_bytes, lib.OFFLOAD_CMD_F_ROWS,
+                                         rows=index)
         return ctx._submit(op, "alltoallv_rows", (s, d),
                            lambda g: _staging.alltoallv_rows(g, self, s, (table_rows, row_elems),
                                                              index, per_rank, d),
@@ -428,7 +426,8 @@ class Team:
                                   f"{int(src.shape[0])}")
         index = _row_index(place, "place", nrows, None, "dst rows (0 <= place < 2**32)")
         row_bytes = int(src.shape[1]) * s.itemsize
-        op, args, received = _row_op(self, s, d, per_rank, row_bytes, F_PLACE, place=index)
+        op, args, received = _row_op(self, s, d, per_rank, row_bytes, lib.OFFLOAD_CMD_F_PLACE,
+                                         place=index)
         return ctx._submit(op, "alltoallv_place", (s, d),
                            lambda g: _staging.alltoallv_place(g, self, s, tuple(src.shape),
                                                               per_rank, d, tuple(dst.shape),
@@ -447,7 +446,7 @@ class Team:
         root = int(root)
         b = as_buffer(buf, writable=self.rank != root, name="buf")
         op = ffi.new(_OP)
-        op.opcode = OP_BROADCAST
+        op.opcode = lib.OFFLOAD_OP_BROADCAST
         op.team = self.id
         op.root = root
         op.count = b.nbytes
@@ -475,7 +474,7 @@ class Team:
                 f"{self.size} ranks = {s.count * self.size}"
             )
         op = ffi.new(_OP)
-        op.opcode = OP_ALLGATHER
+        op.opcode = lib.OFFLOAD_OP_ALLGATHER
         op.team = self.id
         op.count = s.nbytes
         op.src_addr, op.src_len = s.addr, s.nbytes
@@ -506,7 +505,7 @@ class Team:
         op = self._barrier_op
         if op is None:  # the same command every time (host_post copies it)
             op = self._barrier_op = ffi.new(_OP)
-            op.opcode = OP_BARRIER
+            op.opcode = lib.OFFLOAD_OP_BARRIER
             op.team = self.id
         return self._ctx._post(op, "barrier", ())
 
@@ -664,16 +663,15 @@ class Context:
         """Fault-tolerant agreement among team's live members (OFFLOAD_OP_AGREE): every one
         gets the same (failed ranks: the union of what each knew, and who was gone; value:
         the largest proposed; a member whose fp differed, or -1)."""
-        args = np.zeros(4, np.uint64)  # struct offload_agree_args
-        args[0], args[1] = failed, value
-        args.view(np.uint32)[4] = fp
+        args = ffi.new("struct offload_agree_args *")
+        args.failed, args.value, args.fp = failed, value, fp
         op = ffi.new("struct host_op *")
-        op.opcode = OP_AGREE
+        op.opcode = lib.OFFLOAD_OP_AGREE
         op.team = team.id
-        op.aux_addr, op.aux_len = args.ctypes.data, args.nbytes
+        op.aux_addr = int(ffi.cast("uintptr_t", args))
+        op.aux_len = ffi.sizeof(args[0])
         self._post(op, what, (args,)).wait()
-        differs = int(args.view(np.uint32)[5])
-        return int(args[0]), int(args[1]), differs - 1
+        return int(args.failed), int(args.value), int(args.differs) - 1
 
     def _new_team_id(self, team_id: int) -> int:
         if team_id >= MAX_TEAMS:

@@ -1,12 +1,14 @@
 """Exception hierarchy shared by every module of offload_lib.
 
-Native calls return 0 or a negative status; :func:`check_status` is the one place
-that turns a status into an exception.
+Host C calls return 0 or a negative errno, which :func:`check_rc` turns into an exception;
+an error completion's status (enum offload_status) goes through :func:`completion_error`.
 """
 from __future__ import annotations
 
 import errno
 import os
+
+from offload_lib._native import lib
 
 
 class OffloadError(Exception):
@@ -52,60 +54,61 @@ class ConfigError(InvalidArgument):
     """A configuration key is unknown or has a bad value."""
 
 
-# enum offload_status in dpa_firmware/include/offload_abi.h
-OK = 0
-ERR_INVALID = -1
-ERR_REMOTE_ACCESS = -2
-ERR_PEER = -3
-ERR_TIMEOUT = -4
-ERR_NO_SPACE = -5
-ERR_CANCELED = -6
-ERR_UNSUPPORTED = -7
-ERR_INTERNAL = -8
-ERR_PEER_OP = -9
-ERR_LINK_DOWN = -10
-ERR_COUNT_MISMATCH = -11
-ERR_PEER_CLOSED = -12
-ERR_MISMATCH = -13
+# enum offload_status (offload_abi.h), by name
+OK = lib.OFFLOAD_OK
+ERR_INVALID = lib.OFFLOAD_ERR_INVALID
+ERR_REMOTE_ACCESS = lib.OFFLOAD_ERR_REMOTE_ACCESS
+ERR_PEER = lib.OFFLOAD_ERR_PEER
+ERR_TIMEOUT = lib.OFFLOAD_ERR_TIMEOUT
+ERR_NO_SPACE = lib.OFFLOAD_ERR_NO_SPACE
+ERR_CANCELED = lib.OFFLOAD_ERR_CANCELED
+ERR_UNSUPPORTED = lib.OFFLOAD_ERR_UNSUPPORTED
+ERR_INTERNAL = lib.OFFLOAD_ERR_INTERNAL
+ERR_PEER_OP = lib.OFFLOAD_ERR_PEER_OP
+ERR_LINK_DOWN = lib.OFFLOAD_ERR_LINK_DOWN
+ERR_COUNT_MISMATCH = lib.OFFLOAD_ERR_COUNT_MISMATCH
+ERR_PEER_CLOSED = lib.OFFLOAD_ERR_PEER_CLOSED
+ERR_MISMATCH = lib.OFFLOAD_ERR_MISMATCH
 
-# enum offload_mismatch, and the names of what a signature's op field holds
-_MISMATCH_OP, _MISMATCH_ROOT, _MISMATCH_SIZE, _MISMATCH_TEAM = 1, 2, 3, 4
-_OP_NAMES = {2: "barrier", 3: "all-to-all", 4: "all-to-all-v", 6: "broadcast", 7: "all-gather",
-             8: "create_team or shrink (an agreement)"}
-_F_SLOTS, _F_PLACE = 4, 8
-_SIG_EAGER = 0x80  # OFFLOAD_SIG_EAGER: an all-to-all whose blocks go eagerly (eager_max)
+# What a signature's op field (opcode | mode << 8) holds, in words.
+_OP_NAMES = {lib.OFFLOAD_OP_BARRIER: "barrier", lib.OFFLOAD_OP_ALLTOALL: "all-to-all",
+             lib.OFFLOAD_OP_ALLTOALLV: "all-to-all-v", lib.OFFLOAD_OP_BROADCAST: "broadcast",
+             lib.OFFLOAD_OP_ALLGATHER: "all-gather",
+             lib.OFFLOAD_OP_AGREE: "create_team or shrink (an agreement)"}
 
 
 def _op_name(sig_op: int) -> str:
     """A signature's op field (opcode | mode << 8) in words."""
-    name = _OP_NAMES.get(sig_op & 0xFF, f"opcode {sig_op & 0xFF}")
-    mode = sig_op >> 8
-    if mode & _F_SLOTS:
+    opcode = sig_op & ((1 << lib.OFFLOAD_SIG_MODE_SHIFT) - 1)
+    name = _OP_NAMES.get(opcode, f"opcode {opcode}")
+    mode = sig_op >> lib.OFFLOAD_SIG_MODE_SHIFT
+    if mode & lib.OFFLOAD_CMD_F_SLOTS:
         name += " in slot mode"
-    if mode & _F_PLACE:
+    if mode & lib.OFFLOAD_CMD_F_PLACE:
         name = "placed " + name
     return name
 
 
 def _mismatch_error(what: str, peer: int, result0: int, theirs: int,
                     itemsize: int | None) -> InvalidArgument:
-    kind, ours = result0 >> 56, result0 & ((1 << 56) - 1)
+    kind, ours = result0 >> lib.OFFLOAD_MISMATCH_SHIFT, result0 & ((1 << lib.OFFLOAD_MISMATCH_SHIFT) - 1)
     tail = ("; every rank must post the same collectives, in the same order and with the"
             " same arguments, on a team: nothing was moved and the team goes on")
-    if kind == _MISMATCH_OP and ours ^ theirs == _SIG_EAGER << 8:
+    eager = lib.OFFLOAD_SIG_EAGER << lib.OFFLOAD_SIG_MODE_SHIFT
+    if kind == lib.OFFLOAD_MISMATCH_OP and ours ^ theirs == eager:
         how = ("eagerly (the size is within its eager_max)", "with a ready (the size is above"
                " its eager_max)")
-        mine, other = (how[0], how[1]) if ours & (_SIG_EAGER << 8) else (how[1], how[0])
+        mine, other = (how[0], how[1]) if ours & eager else (how[1], how[0])
         return InvalidArgument(f"{what}: rank {peer} sends its all-to-all blocks {other} where"
                                f" this rank sends them {mine}: set the same eager_max on every"
                                " rank; nothing was moved and the team goes on")
-    if kind == _MISMATCH_OP:
+    if kind == lib.OFFLOAD_MISMATCH_OP:
         return InvalidArgument(f"{what}: rank {peer} runs {_op_name(theirs)} where this rank"
                                f" runs {_op_name(ours)}{tail}")
-    if kind == _MISMATCH_ROOT:
+    if kind == lib.OFFLOAD_MISMATCH_ROOT:
         return InvalidArgument(f"{what}: rank {peer} names root {theirs} where this rank names"
                                f" root {ours}{tail}")
-    if kind == _MISMATCH_SIZE:
+    if kind == lib.OFFLOAD_MISMATCH_SIZE:
         unit, size = ("bytes", 1) if itemsize is None else ("elements", itemsize)
         return InvalidArgument(f"{what}: rank {peer} moves blocks of size {theirs // size}"
                                f" {unit} where this rank's are {ours // size} {unit}{tail}")

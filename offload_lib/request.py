@@ -1,6 +1,7 @@
 """Requests: a posted op's handle. ``test()`` reads its status, ``wait()`` sleeps on it."""
 from __future__ import annotations
 
+import errno
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, ClassVar
@@ -40,11 +41,13 @@ class McastStats:
     chunks_duplicated: int  # chunks that arrived once more after the first
     refetched_bytes: int    # bytes of those reads (RDMA READ from the owner)
 
-    WORDS: ClassVar[int] = 6
+    WORDS: ClassVar[int] = ffi.sizeof("struct offload_mcast_op_stats") // 8
 
     @classmethod
     def from_words(cls, words: Any) -> McastStats:
-        return cls(*(int(w) for w in words[:cls.WORDS]))
+        """The counters from the struct's uint64 words, each field by its name there."""
+        return cls(**{name: int(words[f.offset // 8]) for name, f in
+                      ffi.typeof("struct offload_mcast_op_stats").fields})
 
 
 class Request:
@@ -99,7 +102,7 @@ class Request:
         handle = self._ctx._handle()
         bound = self._ctx._post_timeout_ns
         rc = lib.host_cancel(handle, self._tag, bound)
-        if rc not in (0, -2):  # -ENOENT: it completed before the cancel arrived
+        if rc not in (0, -errno.ENOENT):  # it completed before the cancel arrived
             self._ctx._check(rc, f"cancelling {self._what}")
         comp = ffi.new("struct host_completion *")
         self._ctx._check(lib.host_wait(handle, self._tag, bound, 0, comp),
@@ -144,7 +147,7 @@ class Request:
             if rc == 0:
                 self._finish(comp)
                 return self._value
-            if rc != -110:  # -ETIMEDOUT: this slice ended, the op goes on
+            if rc != -errno.ETIMEDOUT:  # this slice ended, the op goes on
                 self._ctx._check(rc, self._what)
             if deadline is not None and time.monotonic() >= deadline:
                 raise Timeout(f"{self._what} did not complete within {timeout} s")

@@ -237,13 +237,13 @@ sub = ctx.create_team([1, 2, 3, 4])
 
 
 def _agree_op(team):
-    from offload_lib._native import ffi
+    from offload_lib._native import ffi, lib
     global _args
-    _args = np.zeros(4, np.uint64)
-    _args[0] = 1 << 4
+    _args = ffi.new("struct offload_agree_args *")
+    _args.failed = 1 << 4
     op = ffi.new("struct host_op *")
-    op.opcode, op.team = 8, team.id
-    op.aux_addr, op.aux_len = _args.ctypes.data, _args.nbytes
+    op.opcode, op.team = lib.OFFLOAD_OP_AGREE, team.id
+    op.aux_addr, op.aux_len = int(ffi.cast("uintptr_t", _args)), ffi.sizeof(_args[0])
     return op
 
 

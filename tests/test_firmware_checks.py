@@ -19,10 +19,12 @@ from offload_lib.errors import ERR_INVALID, ERR_REMOTE_ACCESS, OK
 
 from _mp import run_ranks
 
-OP_TEAM_CREATE, OP_BARRIER, OP_ALLTOALL = 1, 2, 3
-LOCAL_READ, LOCAL_WRITE, REMOTE_READ, REMOTE_WRITE = 1, 2, 4, 8
-SRC_ACCESS = LOCAL_READ | REMOTE_READ
-DST_ACCESS = LOCAL_READ | LOCAL_WRITE | REMOTE_WRITE
+OP_TEAM_CREATE, OP_BARRIER, OP_ALLTOALL = (lib.OFFLOAD_OP_TEAM_CREATE, lib.OFFLOAD_OP_BARRIER,
+                                           lib.OFFLOAD_OP_ALLTOALL)
+REMOTE_WRITE = lib.OFFLOAD_ACCESS_REMOTE_WRITE
+SRC_ACCESS = lib.OFFLOAD_ACCESS_LOCAL_READ | lib.OFFLOAD_ACCESS_REMOTE_READ
+DST_ACCESS = (lib.OFFLOAD_ACCESS_LOCAL_READ | lib.OFFLOAD_ACCESS_LOCAL_WRITE |
+              lib.OFFLOAD_ACCESS_REMOTE_WRITE)
 TIMEOUT_NS = 10 * 10**9
 # A one-rank error completion takes microseconds; waiting longer only slows the known hang.
 ERROR_WAIT_NS = 2 * 10**9
@@ -47,13 +49,6 @@ def make_op(**fields):
     return op
 
 
-def _host_wait_nargs() -> int:
-    try:
-        return len(ffi.typeof(lib.host_wait).args)
-    except (TypeError, AttributeError):
-        return len(ffi.typeof(ffi.addressof(lib, "host_wait")).args)
-
-
 def post(h, op) -> int:
     tag = ffi.new("uint32_t *")
     rc = lib.host_post(h, op, TIMEOUT_NS, tag)
@@ -64,10 +59,7 @@ def post(h, op) -> int:
 def try_wait(h, tag, timeout_ns=TIMEOUT_NS):
     """The completion, or None if none arrived within timeout_ns."""
     comp = ffi.new("struct host_completion *")
-    if _host_wait_nargs() == 5:  # (ctx, tag, timeout_ns, poll_ns, out)
-        rc = lib.host_wait(h, tag, timeout_ns, 0, comp)
-    else:  # (ctx, tag, timeout_ns, out)
-        rc = lib.host_wait(h, tag, timeout_ns, comp)
+    rc = lib.host_wait(h, tag, timeout_ns, 0, comp)
     if rc == -errno.ETIMEDOUT:
         return None
     assert rc == 0, f"host_wait rc={rc}"
@@ -440,7 +432,6 @@ from offload_lib._native import ffi, lib
 from offload_lib.errors import ERR_REMOTE_ACCESS, OK
 ctx = ol.init()
 h = ctx._handle()
-nargs = len(ffi.typeof(lib.host_wait).args)
 SENT = 0x5A
 
 
@@ -453,16 +444,14 @@ def reg(a, access):
 
 def run(src, dst, sk, dk, timeout_s):
     op = ffi.new("struct host_op *")
-    op.opcode, op.team = 3, 0
+    op.opcode, op.team = lib.OFFLOAD_OP_ALLTOALL, 0
     op.src_addr, op.src_key, op.dst_addr, op.dst_key = src.ctypes.data, sk, dst.ctypes.data, dk
     op.count, op.dst_len = src.nbytes // 2, dst.nbytes
-    if "src_len" in dict(ffi.typeof("struct host_op").fields):
-        op.src_len = src.nbytes
+    op.src_len = src.nbytes
     tag = ffi.new("uint32_t *")
     assert lib.host_post(h, op, 10**10, tag) == 0
     comp = ffi.new("struct host_completion *")
-    args = (h, tag[0], int(timeout_s * 1e9)) + ((0,) if nargs == 5 else ()) + (comp,)
-    rc = lib.host_wait(*args)
+    rc = lib.host_wait(h, tag[0], int(timeout_s * 1e9), 0, comp)
     if rc == -errno.ETIMEDOUT:
         return None
     assert rc == 0, rc
@@ -471,7 +460,9 @@ def run(src, dst, sk, dk, timeout_s):
 
 src = np.full(128, 10 + rank, np.uint8)
 dst = np.full(128, SENT, np.uint8)
-sk, dk = reg(src, 1 | 4), reg(dst, 1 | 2 | 8)
+sk = reg(src, lib.OFFLOAD_ACCESS_LOCAL_READ | lib.OFFLOAD_ACCESS_REMOTE_READ)
+dk = reg(dst, lib.OFFLOAD_ACCESS_LOCAL_READ | lib.OFFLOAD_ACCESS_LOCAL_WRITE |
+         lib.OFFLOAD_ACCESS_REMOTE_WRITE)
 comp = run(src, dst, sk, dk, 20)  # control
 assert comp is not None and comp.status == OK, "control op failed"
 check_equal(dst, np.repeat(np.array([10, 11], np.uint8), 64), "control")
@@ -615,16 +606,16 @@ def raw(opcode, **fields):
 good = dict(src_addr=src.ctypes.data, src_len=src.nbytes, dst_addr=dst.ctypes.data,
             dst_len=dst.nbytes, count=16)
 for case, bad in (("all-to-all, dst_len too small", dict(good, dst_len=8)),
-                  ("all-to-all, unknown flags", dict(good, flags=0x80)),
+                  ("all-to-all, unknown flags", dict(good, flags=0x80)),  # beyond every F_
                   ("barrier with a count", None)):
     if bad is None:
-        status = raw(2, count=7 if rank == 0 else 0)
+        status = raw(lib.OFFLOAD_OP_BARRIER, count=7 if rank == 0 else 0)
     else:
-        status = raw(3, **(bad if rank == 0 else good))
+        status = raw(lib.OFFLOAD_OP_ALLTOALL, **(bad if rank == 0 else good))
     # The malformed command fails where it was posted, and its peers' ops fail cleanly.
     assert status != 0 or (case.startswith("barrier") and rank != 0), (case, rank, status)
     if rank == 0:
-        assert status == -1, (case, status)  # ERR_INVALID
+        assert status == lib.OFFLOAD_ERR_INVALID, (case, status)
     # The team's sequence did not shift: the next op pairs up and delivers.
     dst[:] = -1
     ctx.world.alltoall(src, dst).wait(timeout=20)

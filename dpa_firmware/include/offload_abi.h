@@ -55,6 +55,8 @@ enum offload_mismatch {
 	OFFLOAD_MISMATCH_SIZE = 3,
 	OFFLOAD_MISMATCH_TEAM = 4,  /* the members, their order, or the team id */
 };
+/* Where the mismatch's kind sits in the completion's result0, above our value. */
+#define OFFLOAD_MISMATCH_SHIFT 56u
 
 enum offload_opcode {
 	OFFLOAD_OP_NOP = 0,
@@ -179,6 +181,7 @@ struct offload_ready {
  * that post different collectives at the same point all fail at once, and nothing moves.
  * seq is written last, as in a ready.
  */
+#define OFFLOAD_SIG_MODE_SHIFT 8u  /* offload_sig.op: the mode above the opcode */
 struct offload_sig {
 	uint32_t op;          /* opcode | (mode: OFFLOAD_CMD_F_SLOTS, _PLACE; SIG_EAGER) << 8 */
 	uint32_t root;        /* broadcast: the root's team rank; else 0 */

@@ -222,7 +222,7 @@ static int step(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t t)
 		}
 		if (!dpa_complete_cmd(eng, hal, &ag->cmd, OFFLOAD_ERR_MISMATCH,
 				      team->peers[q].world_rank,
-				      (uint64_t)OFFLOAD_MISMATCH_OP << 56 | OFFLOAD_OP_AGREE, their_op))
+				      (uint64_t)OFFLOAD_MISMATCH_OP << OFFLOAD_MISMATCH_SHIFT | OFFLOAD_OP_AGREE, their_op))
 			return work;
 		__atomic_store_n(&ag->active, 0, __ATOMIC_RELEASE);
 		return work + 1;

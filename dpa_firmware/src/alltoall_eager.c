@@ -55,7 +55,7 @@ static int eager_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal
 	else
 		op->result0 = total;
 	/* The protocol is part of what every member must agree on (the ranks' eager_max). */
-	op->sig.op |= OFFLOAD_SIG_EAGER << 8;
+	op->sig.op |= OFFLOAD_SIG_EAGER << OFFLOAD_SIG_MODE_SHIFT;
 	op->hdr_pending = team->size - 1;
 	op->hdr_fail = 0;
 	/* Intake runs ops in sequence order: the slot's previous eager op is known here. */

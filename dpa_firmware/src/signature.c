@@ -57,7 +57,7 @@ void dpa_sig_init(struct dpa_engine *eng, struct dpa_op *op)
 			cmd->flags & (OFFLOAD_CMD_F_SLOTS | OFFLOAD_CMD_F_PLACE) : 0;
 
 	op->sig = (struct offload_sig){
-		.op = cmd->opcode | mode << 8,
+		.op = cmd->opcode | mode << OFFLOAD_SIG_MODE_SHIFT,
 		.root = cmd->opcode == OFFLOAD_OP_BROADCAST ? cmd->root : 0,
 		.size = sized ? cmd->count : 0,
 		.team_fp = team->fp,
@@ -84,7 +84,7 @@ int dpa_sig_post(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 static uint32_t differs(const struct offload_sig *ours, const struct offload_sig *theirs,
 			uint32_t world, uint64_t *mine, uint64_t *other)
 {
-	const uint32_t eager = OFFLOAD_SIG_EAGER << 8;
+	const uint32_t eager = OFFLOAD_SIG_EAGER << OFFLOAD_SIG_MODE_SHIFT;
 
 	if (theirs->team_fp != ours->team_fp || theirs->world_rank != world) {
 		*mine = ours->team_fp;
@@ -125,7 +125,8 @@ int dpa_sig_judge(struct dpa_op *op, const struct offload_sig *theirs, uint32_t 
 	if (!what)
 		return 1;
 	if (off_cas(&op->fail, &none, ((uint64_t)world << 32) | (uint32_t)OFFLOAD_ERR_MISMATCH)) {
-		op->result0 = ((uint64_t)what << 56) | (mine & ((1ull << 56) - 1));
+		op->result0 = ((uint64_t)what << OFFLOAD_MISMATCH_SHIFT) |
+			      (mine & ((1ull << OFFLOAD_MISMATCH_SHIFT) - 1));
 		op->result1 = other;
 	}
 	return 0;
@@ -148,7 +149,7 @@ static int in_agreement(struct dpa_engine *eng, struct dpa_op *op, struct dpa_ha
 		return 0;
 	if (off_cas(&op->fail, &none, ((uint64_t)team->peers[p].world_rank << 32) |
 		    (uint32_t)OFFLOAD_ERR_MISMATCH)) {
-		op->result0 = (uint64_t)OFFLOAD_MISMATCH_OP << 56 | op->sig.op;
+		op->result0 = (uint64_t)OFFLOAD_MISMATCH_OP << OFFLOAD_MISMATCH_SHIFT | op->sig.op;
 		op->result1 = OFFLOAD_OP_AGREE;
 	}
 	return 1;

@@ -1,0 +1,151 @@
+"""The host <-> DPA contract reaches Python from offload_abi.h itself, never as a copy.
+
+offload_lib/_build.py puts every constant and struct of the header into the cffi cdef; these
+tests check that the built module holds every one with the value the C compiler gives it now,
+that a changed header value reaches a module built from it, and that no Python source writes
+an ABI value (or an errno) as a literal of its own.
+"""
+from __future__ import annotations
+
+import ast
+import importlib.util
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from offload_lib._build import ABI_HEADER, abi_cdef, make_ffi
+from offload_lib._native import ffi, lib
+
+ROOT = Path(__file__).resolve().parent.parent
+_ENUM_MEMBER = re.compile(r"^\s*(OFFLOAD_\w+)\s*=", re.M)
+_OBJECT_DEFINE = re.compile(r"^#define\s+(OFFLOAD_\w+)\s+\S", re.M)
+
+
+def _abi_names(text: str) -> list[str]:
+    """Every enum member and object-like integer #define of offload_abi.h."""
+    _, defines = abi_cdef(text)
+    return sorted(set(_ENUM_MEMBER.findall(text)) | set(defines))
+
+
+def _compiler_values(tmp: Path, names: list[str]) -> dict[str, int]:
+    """What the C compiler makes of each name in today's header."""
+    prints = "\n".join(f'\tprintf("{n} %lld\\n", (long long)({n}));' for n in names)
+    src = tmp / "abi_values.c"
+    src.write_text(f'#include <stdio.h>\n#include "offload_abi.h"\nint main(void)\n{{\n{prints}\n'
+                   "\treturn 0;\n}\n")
+    exe = tmp / "abi_values"
+    subprocess.run(["cc", "-std=c11", "-Wall", "-Werror", f"-I{ABI_HEADER.parent}", str(src),
+                    "-o", str(exe)], check=True)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout
+    return {n: int(v) for n, v in (line.split() for line in out.splitlines())}
+
+
+def test_every_abi_constant_reaches_python_with_the_compilers_value(tmp_path):
+    names = _abi_names(ABI_HEADER.read_text())
+    assert len(names) > 60, names  # the statuses, opcodes, flags, limits, FlexIO words
+    missing = [n for n in names if not hasattr(lib, n)]
+    assert not missing, f"offload_abi.h names these, the cffi module lacks them: {missing}"
+    want = _compiler_values(tmp_path, names)
+    # The header as compiled now, against the module as built: a stale build fails here.
+    stale = {n: (getattr(lib, n), v) for n, v in want.items()
+             if getattr(lib, n) & (2**64 - 1) != v & (2**64 - 1)}
+    assert not stale, f"rebuild offload_lib._native (pip install -e .): {stale}"
+
+
+def test_abi_structs_are_the_compilers_layout():
+    # API mode checks every struct of the cdef against the compiler when the module
+    # loads; these are the ones Python reads word by word.
+    assert ffi.sizeof("struct offload_alltoallv_args") == 24 * lib.OFFLOAD_MAX_RANKS + 32
+    assert ffi.sizeof("struct offload_thread_stats") == 128
+    assert ffi.offsetof("struct offload_cmd", "root") == 60
+    assert ffi.sizeof("struct offload_ctrl_team") > 0
+
+
+@pytest.mark.timeout(120)
+def test_a_changed_header_value_reaches_python(tmp_path):
+    """Build a module from a header with other values: Python reads the new ones."""
+    text = ABI_HEADER.read_text()
+    changed = re.sub(r"OFFLOAD_OP_ALLTOALL = 3,", "OFFLOAD_OP_ALLTOALL = 42,", text)
+    changed = re.sub(r"#define OFFLOAD_MAX_RANKS   64u", "#define OFFLOAD_MAX_RANKS   32u", changed)
+    changed = re.sub(r"#define OFFLOAD_CMD_F_SLOTS  \(1u << 2\)", "#define OFFLOAD_CMD_F_SLOTS (1u << 6)",
+                     changed)
+    assert changed.count("42,") and changed.count("32u") and changed.count("1u << 6")
+    # The changed header keeps its static asserts consistent: they scale with MAX_RANKS.
+    (tmp_path / "offload_abi.h").write_text(changed)
+    builder = make_ffi(changed, "abi_changed")
+    builder.set_source("abi_changed", '#include "offload_abi.h"\n', include_dirs=[str(tmp_path)])
+    built = builder.compile(tmpdir=str(tmp_path))
+    spec = importlib.util.spec_from_file_location("abi_changed", built)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.lib.OFFLOAD_OP_ALLTOALL == 42
+    assert module.lib.OFFLOAD_MAX_RANKS == 32
+    assert module.lib.OFFLOAD_CMD_F_SLOTS == 1 << 6
+    assert module.ffi.sizeof("struct offload_alltoallv_args") == 24 * 32 + 32
+    assert module.lib.OFFLOAD_ERR_MISMATCH == lib.OFFLOAD_ERR_MISMATCH  # the rest as it was
+
+
+def _abi_aliases() -> set[str]:
+    """Names a hand copy of an ABI value would go by: OFFLOAD_OP_ALLTOALL, OP_ALLTOALL,
+    ALLTOALL; OFFLOAD_CMD_F_SLOTS, CMD_F_SLOTS, F_SLOTS; ACCESS_LOCAL_READ, LOCAL_READ..."""
+    out = set()
+    for name in _abi_names(ABI_HEADER.read_text()):
+        parts = name.split("_")[1:]
+        for i in range(len(parts)):
+            alias = "_".join(parts[i:])
+            if "_" in alias or i == 0:  # one bare word (SIZE, OK) is too common a name
+                out.add(alias)
+        out.add(name)
+    return out - {"WORDS"}
+
+
+def _python_sources() -> list[Path]:
+    return sorted((ROOT / "offload_lib").rglob("*.py")) + sorted((ROOT / "tests").glob("*.py")) + \
+        sorted((ROOT / "scripts").glob("*.py"))
+
+
+def _literal_ints(node: ast.AST) -> bool:
+    return any(isinstance(n, ast.Constant) and type(n.value) is int for n in ast.walk(node))
+
+
+def test_no_python_source_copies_an_abi_value():
+    aliases = _abi_aliases()
+    found = []
+    for path in _python_sources():
+        tree = ast.parse(path.read_text(), str(path))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign):
+                targets = [t for tgt in node.targets
+                           for t in (tgt.elts if isinstance(tgt, ast.Tuple) else [tgt])]
+                for t in targets:
+                    if isinstance(t, ast.Name) and t.id.lstrip("_") in aliases and \
+                            _literal_ints(node.value) and "lib." not in ast.unparse(node.value):
+                        found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+            # A negative errno compared as a number (rc != -110) instead of -errno.ETIMEDOUT.
+            if isinstance(node, ast.Compare):
+                for side in [node.left, *node.comparators]:
+                    for n in (side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set))
+                              else [side]):
+                        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub) and \
+                                isinstance(n.operand, ast.Constant) and \
+                                type(n.operand.value) is int and n.operand.value > 1:
+                            found.append(f"{path.relative_to(ROOT)}:{node.lineno}: "
+                                         f"{ast.unparse(node)}")
+    assert not found, "ABI values or errnos written as literals (use lib.OFFLOAD_* / errno.E*):\n" \
+        + "\n".join(found)
+
+
+def test_the_scan_would_see_a_copy(tmp_path, monkeypatch):
+    """The scan above fails on the copies this contract replaced."""
+    fake = tmp_path / "offload_lib"
+    fake.mkdir()
+    (fake / "copy.py").write_text("OP_ALLTOALL = 3\n_LOCAL_READ, _LOCAL_WRITE = 1, 2\n"
+                                  "def f(rc):\n    return rc != -110 or rc in (0, -2)\n")
+    monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
+    with pytest.raises(AssertionError) as err:
+        test_no_python_source_copies_an_abi_value()
+    assert "OP_ALLTOALL = 3" in str(err.value) and "-110" in str(err.value)
+    assert "_LOCAL_READ" in str(err.value)
