@@ -15,6 +15,7 @@ import numpy as np
 
 from offload_lib import _staging
 from offload_lib._buffers import Buffer, as_buffer
+from offload_lib._regcache import Cookies
 from offload_lib._native import ffi, lib
 from offload_lib.bootstrap import World, allgather
 from offload_lib.config import MAX_RAILS, Config, parse_rail_faults
@@ -525,6 +526,7 @@ class Context:
         self._persistents: weakref.WeakSet[PersistentRequest] = weakref.WeakSet()
         self._next_team = 1
         self._stager: _staging.Stager | None = None  # made when a GPU buffer first shows up
+        self._cookies = Cookies(self)  # exporters of buffers host_post registers and keeps
         # multicast faults this rank's NIC injects now (set_mcast_faults changes them)
         self._mcast_faults = (config.mcast_loss, config.mcast_reorder)
         # The host context. It stays valid after close() (every call into it then answers
@@ -627,6 +629,7 @@ class Context:
             for p in list(self._persistents):  # children first: they hold registrations
                 p._freed = True
             lib.host_ctx_shutdown(self._ptr)  # wakes the threads inside, waits for them
+            self._cookies.close()
             self._orphans.clear()
             self._shut.set()
 
@@ -772,6 +775,11 @@ class Context:
         directly (GPUDirect), or ``staged(stager)`` through host memory."""
         keep = (bufs[0].obj, bufs[1].obj, *keep)
         if not (bufs[0].on_gpu or bufs[1].on_gpu):
+            # host_post registers them once and keeps that for the next op on them
+            if bufs[0].nbytes:
+                op.src_cookie = self._cookies.cookie(bufs[0])
+            if bufs[1].nbytes:
+                op.dst_cookie = self._cookies.cookie(bufs[1])
             return self._post(op, what, keep, result, nbytes, itemsize)
         g = self._gpu()
         if g.direct:
@@ -867,6 +875,9 @@ class Context:
         totals = {f: sum(t[f] for t in per_thread) for f in _STAT_FIELDS}
         host = ffi.new("uint64_t[2]")
         lib.host_drive_stats(self._ptr, host, host + 1)
+        mr = ffi.new("uint64_t[2]")
+        cached = ffi.new("uint32_t *")
+        lib.host_mr_cache_stats(self._ptr, mr, mr + 1, cached)
         gpu = {"path": "none", "ops": 0, "pieces": 0, "d2h_bytes": 0, "h2d_bytes": 0}
         if self._stager is not None:
             gpu.update(self._stager.stats)
@@ -882,5 +893,10 @@ class Context:
             "progress": self.progress,
             "host_ops": int(host[0]),
             "host_passes": int(host[1]),
+            # memory registrations made (host_post's and persistent requests'), op buffers
+            # the registration cache already held, and the registrations it holds now
+            "registrations": int(mr[0]),
+            "cache_hits": int(mr[1]),
+            "cached_registrations": int(cached[0]),
             "threads": per_thread,
         }

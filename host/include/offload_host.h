@@ -67,6 +67,12 @@ struct host_op {
 	uint32_t small;             /* the op moves little (at most 1 MiB per rank): with
 				     * cooperative progress, testing it runs the firmware on the
 				     * calling thread too, not only posting and waiting */
+	/* The exporter of src/dst (0: none known): host_post keeps what it registers for a
+	 * zero key in its cache under this cookie, for the next op on that memory, until
+	 * host_mr_invalidate(cookie). The binding invalidates it before the exporter's
+	 * memory can be freed; without a cookie a registration lasts one op. */
+	uint64_t src_cookie;
+	uint64_t dst_cookie;
 };
 
 struct host_completion {
@@ -95,9 +101,10 @@ int host_team_create(struct host_ctx *ctx, uint32_t team_id, uint32_t nmembers,
 /* Every call below returns -ESHUTDOWN (host_failed_ranks: 0) once host_ctx_shutdown began.
  * Post: 0 and *tag, -EAGAIN if the ring stays full past timeout_ns (0 = don't block),
  * -EBUSY if too many requests completed without being waited for. A zero src_key/dst_key/
- * aux_key with a non-zero src_len/dst_len/aux_len asks host_post to register that buffer
- * for this op alone (released when the op completes): one call per one-shot op. The
- * firmware reaches aux memory only through its key. */
+ * aux_key with a non-zero src_len/dst_len/aux_len asks host_post for a key to that buffer:
+ * the covering ctx.empty() allocation's, a registration cached under the buffer's cookie,
+ * or a new one (kept in the cache with a cookie, else released when the op completes):
+ * one call per one-shot op. The firmware reaches aux memory only through its key. */
 int host_post(struct host_ctx *ctx, const struct host_op *op, int64_t timeout_ns, uint32_t *tag);
 /* 0 with *out filled once the op completed, -ETIMEDOUT otherwise (timeout_ns < 0: forever).
  * With cooperative progress the calling thread runs the firmware while it waits (it
@@ -127,6 +134,13 @@ int host_mr_acquire(struct host_ctx *ctx, const void *addr, uint64_t len, uint32
 		    uint32_t *key, int *owned);
 /* -EBUSY while an op that names the key has not completed. */
 int host_mr_release(struct host_ctx *ctx, uint32_t key);
+/* The exporter with this cookie died (its memory may be freed now): drop its cached
+ * registrations, once the ops in flight that use them completed. */
+void host_mr_invalidate(struct host_ctx *ctx, uint64_t cookie);
+/* Registrations made so far (every host_mr_acquire and host_post one), op buffers the
+ * cache already held, and the registrations it holds now. */
+void host_mr_cache_stats(struct host_ctx *ctx, uint64_t *registrations, uint64_t *hits,
+			 uint32_t *cached);
 /* A key for GPU memory [addr, addr+len) exported as dma-buf fd (the caller keeps and closes
  * fd); release it with host_mr_release. -EOPNOTSUPP where the device cannot reach GPU
  * memory: stage it through host memory instead. */
