@@ -1,19 +1,11 @@
 """Build: the C core (firmware + emulator + host) as a static library with strict warnings,
-linked into the cffi extension offload_lib._native."""
-from glob import glob
+linked into the cffi extension offload_lib._native. Sources and flags: build_defs.py."""
+import sys
+from pathlib import Path
 
 from setuptools import setup
 
-STRICT = ["-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-fPIC"]
-INCLUDES = ["dpa_firmware/include", "host/include"]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from build_defs import library  # noqa: E402
 
-core = (
-    "dpaoffload_core",
-    {
-        "sources": sorted(glob("dpa_firmware/src/*.c") + glob("emulator/*.c") + glob("host/src/*.c")),
-        "include_dirs": INCLUDES,
-        "cflags": STRICT,
-    },
-)
-
-setup(libraries=[core], cffi_modules=["offload_lib/_build.py:ffibuilder"])
+setup(libraries=[library()], cffi_modules=["offload_lib/_build.py:ffibuilder"])

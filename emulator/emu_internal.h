@@ -353,18 +353,19 @@ struct timespec emu_ns_to_ts(int64_t ns);
  * completion ring's cq_tail); emu_wake_word() is its waker. */
 int emu_wait_word(struct emu_device *dev, uint32_t *word, uint32_t seen, int64_t timeout_ns);
 void emu_wake_word(struct emu_device *dev, uint32_t *word);
+uint64_t emu_now_ns(void);
 
 /* emu_hal.c: our port `rail` failed (all of them: this rank is unreachable) */
 void emu_rail_down(struct emu_device *dev, uint32_t rail);
+
+/* emu_watch.c: fail peers that exit without closing (see there). */
+int emu_watch_start(struct emu_device *dev);
+void emu_watch_stop(struct emu_device *dev);
 /* What the NIC tells its firmware about a peer it lost (a refused or failed access): the
  * peer closed its context (OFFLOAD_ERR_PEER_CLOSED, and the deaths it knew of are passed
  * on) or died (OFFLOAD_ERR_PEER, and it goes into failed_ranks at once). */
 int32_t emu_peer_lost(struct emu_device *dev, uint32_t rank);
 /* Pass newly closed and unreachable peers on to the firmware's ring header. */
 void emu_sync_peers(struct emu_device *dev);
-/* emu_watch.c: fail peers that exit without closing (see there). */
-int emu_watch_start(struct emu_device *dev);
-void emu_watch_stop(struct emu_device *dev);
-uint64_t emu_now_ns(void);
 
 #endif /* EMU_INTERNAL_H */

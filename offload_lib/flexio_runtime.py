@@ -25,7 +25,7 @@ __all__ = ["ROOT", "model_dir", "model_backend", "model_sdk", "build_model", "mo
 ROOT = Path(__file__).resolve().parent.parent
 BACKEND_LIBRARY = "libdpaoffload_flexio.so"
 _SOURCES = ("emulator/flexio_model", "dpa_firmware", "host/src/flexio", "host/include",
-            "scripts/build_flexio.sh")
+            "scripts/build_flexio.sh", "build_defs.py")
 
 
 def model_dir() -> Path:
@@ -81,7 +81,8 @@ def build_model(force: bool = False) -> Path:
         env = dict(os.environ)
         _run(["sh", "emulator/flexio_model/build.sh", str(out)], env, "the FlexIO model")
         sdk = str(model_sdk())
-        env.update(DOCA_DIR=sdk, FLEXIO_DIR=sdk, OUT_DIR=str(out / "backend"))
+        env.update(DOCA_DIR=sdk, FLEXIO_DIR=sdk, OUT_DIR=str(out / "backend"),
+                   PYTHON=sys.executable)
         env.pop("DPACC", None)
         _run(["sh", "scripts/build_flexio.sh"], env, "the FlexIO binding against the model")
     return model_backend()

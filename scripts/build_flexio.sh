@@ -108,10 +108,11 @@ mkdir -p "$OUT_DIR"
 # dpacc compiles the device sources with dpa-clang and the generated host stubs with
 # -hostcc; -fPIC because the stubs end up in a shared object. Experimental FlexIO symbols
 # are allowed explicitly (the SDK marks most of the device API so).
-DEV_SRCS=""
-for src in "$ROOT"/dpa_firmware/src/*.c "$ROOT"/dpa_firmware/hal/flexio/*.c; do
-	DEV_SRCS="$DEV_SRCS $src"
-done
+# The sources come from the one build definition (build_defs.py), as setup.py's do.
+PYTHON=${PYTHON:-python3}
+DEV_SRCS=$("$PYTHON" "$ROOT/build_defs.py" list firmware; "$PYTHON" "$ROOT/build_defs.py" list flexio_hal)
+HOST_SRCS=$("$PYTHON" "$ROOT/build_defs.py" list flexio_host)
+[ -n "$DEV_SRCS" ] && [ -n "$HOST_SRCS" ] || missing "the source lists of build_defs.py" "$PYTHON"
 DEV_FLAGS="-O2 -Wall -Wextra -Wno-deprecated-declarations -DFLEXIO_DEV_ALLOW_EXPERIMENTAL_API \
 -I$ROOT/dpa_firmware/include -I$ROOT/dpa_firmware/src -I$ROOT/dpa_firmware/hal/flexio"
 HOST_STUB_FLAGS="-fPIC -O2 -Wno-deprecated-declarations -DFLEXIO_ALLOW_EXPERIMENTAL_API"
@@ -137,12 +138,12 @@ EXPORTS=$OUT_DIR/exports.map
 printf '{\n  global: dpaoffload_flexio_*;\n  local: *;\n};\n' >"$EXPORTS"
 SO=$OUT_DIR/libdpaoffload_flexio.so
 echo "build_flexio.sh: $CC -> $SO"
-# shellcheck disable=SC2086 # MLX5_LINK: empty or two words, split on purpose
+# shellcheck disable=SC2086 # MLX5_LINK: empty or two words, HOST_SRCS: paths, split on purpose
 "$CC" -std=c11 -O2 -g -Wall -Wextra -fPIC -shared -fvisibility=hidden \
 	-DFLEXIO_ALLOW_EXPERIMENTAL_API \
 	-I"$ROOT/dpa_firmware/include" -I"$ROOT/host/include" \
 	-isystem "$FLEXIO_INC" -isystem "$FLEXIO_DEV_INC" -isystem "$VERBS_INC" \
-	"$ROOT"/host/src/flexio/*.c "$DEV_ARCHIVE" \
+	$HOST_SRCS "$DEV_ARCHIVE" \
 	-Wl,--version-script="$EXPORTS" -Wl,-z,defs \
 	-L"$FLEXIO_LIB" -L"$VERBS_LIB" -Wl,-rpath,"$FLEXIO_LIB" \
 	-lflexio $MLX5_LINK -libverbs -lpthread \

@@ -7,10 +7,12 @@ import time
 
 import pytest
 
-# _mp.py sits next to this file; make it importable whatever pytest's import mode is.
+# _mp.py sits next to this file, build_defs.py (the build definition) one level up: make
+# both importable whatever pytest's import mode is.
 _HERE = os.path.dirname(os.path.abspath(__file__))
-if _HERE not in sys.path:
-    sys.path.insert(0, _HERE)
+for _path in (os.path.dirname(_HERE), _HERE):
+    if _path not in sys.path:
+        sys.path.insert(0, _path)
 
 _LAUNCH_ENV = ("OFFLOAD_RANK", "OFFLOAD_SIZE", "OFFLOAD_JOB", "OFFLOAD_LOCAL_RANK")
 

@@ -9,27 +9,19 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+import build_defs
+
+ROOT = build_defs.ROOT
 FIRMWARE = ROOT / "dpa_firmware"
-SOURCES = sorted((FIRMWARE / "src").glob("*.c"))
+SOURCES = [ROOT / s for s in build_defs.sources("firmware")]
 CC = shutil.which("cc") or shutil.which("gcc") or shutil.which("clang")
 
 pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler on PATH")
 
 
-def _builtin_include() -> str:
-    # The compiler's own freestanding headers (stddef.h, stdint.h), nothing from libc.
-    out = subprocess.run([CC, "-print-file-name=include"], capture_output=True, text=True, check=True)
-    return out.stdout.strip()
-
-
 @pytest.mark.parametrize("source", SOURCES, ids=lambda p: p.name)
 def test_firmware_source_is_freestanding_c11(source: Path, tmp_path: Path) -> None:
-    cmd = [
-        CC, "-std=c11", "-ffreestanding", "-nostdinc", "-isystem", _builtin_include(),
-        "-Wall", "-Wextra", "-Werror", "-Wpedantic", "-O2",
-        "-I", str(FIRMWARE / "include"), "-c", str(source), "-o", str(tmp_path / "out.o"),
-    ]
+    cmd = build_defs.freestanding_command(CC, source, tmp_path / "out.o")
     result = subprocess.run(cmd, capture_output=True, text=True)
     assert result.returncode == 0, f"{' '.join(cmd)}\n{result.stderr}"
 

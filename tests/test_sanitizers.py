@@ -1,8 +1,9 @@
 """The C core under sanitizers, with gcc, no Python in the data path.
 
-- The firmware fuzz harness (tests/c/fuzz_*.c: the real engine over an in-process test HAL,
-  fed random and mutated command rings) built with AddressSanitizer + UndefinedBehaviorSanitizer,
-  run for a bounded time with a fixed seed.
+- The firmware fuzz harness (tests/c/fuzz_main.c and its parts: the real engine over an
+  in-process test HAL, fed random and mutated command rings) built with AddressSanitizer +
+  UndefinedBehaviorSanitizer, run for a bounded time with a fixed seed. Targets, sources and
+  flags: build_defs.py (``python3 build_defs.py build fuzz_main out`` builds one by hand).
 - tests/c/multirank.c (N rank processes on the emulator through host/'s C API, every element
   checked) with ASan + UBSan at 2 ranks and at 4 (two rails, the first failing mid-run), and
   with ThreadSanitizer at 2 ranks (same rails).
@@ -21,19 +22,10 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-CDIR = ROOT / "tests" / "c"
-INCLUDES = ["dpa_firmware/include", "host/include"]  # as setup.py
-FIRMWARE = sorted((ROOT / "dpa_firmware" / "src").glob("*.c"))
-EMULATOR = sorted((ROOT / "emulator").glob("*.c"))
-HOST = sorted((ROOT / "host" / "src").glob("*.c"))
-CC = shutil.which("gcc")
+import build_defs
 
-STRICT = ["-std=c11", "-Wall", "-Wextra", "-Werror", "-O2", "-g", "-fno-omit-frame-pointer"]
-ASAN = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all"]
-# gcc warns that TSan does not model atomic_thread_fence (-Wtsan). Every word the fences
-# order is itself accessed with __atomic builtins, which TSan does model.
-TSAN = ["-fsanitize=thread", "-Wno-tsan"]
+ROOT = build_defs.ROOT
+CC = shutil.which("gcc")
 
 FUZZ_SECONDS = float(os.environ.get("OFFLOAD_FUZZ_SECONDS", "20"))
 FUZZ_SEED = int(os.environ.get("OFFLOAD_FUZZ_SEED", "1"))
@@ -80,13 +72,14 @@ def _sanitizer_missing(flags: list[str], tmp: Path) -> str | None:
     return _usable[key]
 
 
-def _build(tmp: Path, name: str, sources: list[Path], flags: list[str]) -> Path:
-    reason = _sanitizer_missing(flags, tmp)
+def _build(tmp: Path, target: str) -> Path:
+    """A target of build_defs.py, built into tmp (skipped where its sanitizer is missing)."""
+    spec = build_defs.targets()[target]
+    reason = _sanitizer_missing(spec.flags, tmp)
     if reason:
         pytest.skip(reason)
-    exe = tmp / name
-    cmd = [CC, *STRICT, *flags, *(f"-I{ROOT / inc}" for inc in INCLUDES),
-           *map(str, sources), "-lpthread", "-o", str(exe)]
+    exe = tmp / target
+    cmd = spec.command(CC, exe)
     result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     assert result.returncode == 0, f"build failed:\n{' '.join(cmd)}\n{result.stderr}"
     return exe
@@ -128,10 +121,7 @@ def _report(what: str, result: subprocess.CompletedProcess[str]) -> str:
 def test_fuzz_engine_asan_ubsan(tmp_path: Path) -> None:
     """Random and mutated command rings never crash the engine, never make it write outside
     what it owns, and every command gets exactly one well-formed completion."""
-    exe = _build(tmp_path, "fuzz_main",
-                 [CDIR / "fuzz_main.c", CDIR / "fuzz_seeds.c", CDIR / "fuzz_engine.c",
-                  CDIR / "fuzz_hal.c", *FIRMWARE],
-                 ASAN)
+    exe = _build(tmp_path, "fuzz_main")
     artifacts = tmp_path / "artifacts"
     artifacts.mkdir()
     result = _run([str(exe), f"-seed={FUZZ_SEED}", f"-max_total_time={FUZZ_SECONDS:g}",
@@ -148,7 +138,7 @@ def test_fuzz_engine_asan_ubsan(tmp_path: Path) -> None:
 @pytest.fixture(scope="module")
 def multirank_asan(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("multirank-asan")
-    return _build(tmp, "multirank", [CDIR / "multirank.c", *FIRMWARE, *EMULATOR, *HOST], ASAN)
+    return _build(tmp, "multirank_asan")
 
 
 # Two rails of which the first fails once a rank sent 1 MB through it: the failover path too.
@@ -173,7 +163,7 @@ def test_multirank_asan_ubsan(multirank_asan: Path, n: int, extra: list[str]) ->
 @pytest.fixture(scope="module")
 def multirank_tsan(tmp_path_factory: pytest.TempPathFactory) -> Path:
     tmp = tmp_path_factory.mktemp("multirank-tsan")
-    return _build(tmp, "multirank", [CDIR / "multirank.c", *FIRMWARE, *EMULATOR, *HOST], TSAN)
+    return _build(tmp, "multirank_tsan")
 
 
 @pytest.mark.timeout(150)

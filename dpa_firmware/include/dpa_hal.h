@@ -19,6 +19,8 @@
 struct dpa_hal;   /* one per progress thread; opaque to the firmware */
 
 #define DPA_HAL_EAGAIN (-11)
+#define DPA_HAL_EINVAL (-22)      /* errno values, named: the firmware has no errno.h */
+#define DPA_HAL_EOPNOTSUPP (-95)
 
 struct dpa_hal_cqe {
 	uint64_t wr_id;

@@ -186,7 +186,6 @@ static int ag_abort(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struc
 }
 
 const struct dpa_algo dpa_algo_allgather_mcast = {
-	.name = "allgather_mcast",
 	.start = ag_start,
 	.progress = ag_progress,
 	.abort = ag_abort,

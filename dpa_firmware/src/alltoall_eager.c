@@ -410,7 +410,6 @@ static uint32_t eager_events_needed(const struct dpa_op *op)
 }
 
 const struct dpa_algo dpa_algo_alltoall_eager = {
-	.name = "alltoall_eager",
 	.start = eager_start,
 	.progress = eager_progress,
 	.abort = eager_abort,

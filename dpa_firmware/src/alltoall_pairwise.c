@@ -52,7 +52,6 @@ static int a2a_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, s
 }
 
 const struct dpa_algo dpa_algo_alltoall_pairwise = {
-	.name = "alltoall_pairwise",
 	.start = a2a_start,
 	.progress = a2a_progress,
 };

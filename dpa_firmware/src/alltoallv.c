@@ -256,7 +256,6 @@ static int a2av_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 }
 
 const struct dpa_algo dpa_algo_alltoallv = {
-	.name = "alltoallv_pairwise",
 	.start = a2av_start,
 	.progress = a2av_progress,
 };

@@ -112,7 +112,6 @@ static int slots_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 }
 
 const struct dpa_algo dpa_algo_alltoallv_slots = {
-	.name = "alltoallv_slots",
 	.start = slots_start,
 	.progress = slots_progress,
 };

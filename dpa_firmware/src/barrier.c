@@ -28,7 +28,6 @@ static int barrier_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t 
 }
 
 const struct dpa_algo dpa_algo_barrier = {
-	.name = "barrier",
 	.start = barrier_start,
 	.progress = barrier_progress,
 };

@@ -178,7 +178,6 @@ static int bcast_abort(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, st
 }
 
 const struct dpa_algo dpa_algo_broadcast_mcast = {
-	.name = "broadcast_mcast",
 	.start = bcast_start,
 	.progress = bcast_progress,
 	.abort = bcast_abort,

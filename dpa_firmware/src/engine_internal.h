@@ -78,7 +78,6 @@ struct dpa_engine;
 struct dpa_op;
 
 struct dpa_algo {
-	const char *name;
 	/* Called once at intake; returns the number of items. A command it cannot run is
 	 * refused (dpa_op_refuse), not rejected: the op still runs, moving nothing. */
 	int (*start)(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal);

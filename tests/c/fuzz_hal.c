@@ -3,10 +3,11 @@
  * An in-process dpa_hal.h for the fuzz harness, one thread, everything deterministic.
  * It checks what the emulator checks (emulator/emu_hal.c, emu_job.c), in the same order
  * and with the same answers, so that the firmware sees the same world:
- *  - windows: RING, STATS and CTRL are bounds-checked exactly as the emulator does. AUX
- *    differs on purpose: the emulator hands out any non-zero host address unchecked (the
- *    host is trusted), here it is a FZ_AUX_LEN buffer at FZ_AUX_BASE and anything outside
- *    is NULL, so that random aux addresses test the firmware's NULL handling, not libc;
+ *  - windows: RING, STATS and CTRL are bounds-checked exactly as the emulator does. AUX,
+ *    which the emulator resolves through the registration of its key (bounds and local
+ *    access, emu_hal.c), is here a FZ_AUX_LEN buffer at FZ_AUX_BASE under any key, and
+ *    anything outside is NULL, so that random aux addresses test the firmware's NULL
+ *    handling, not libc;
  *  - RDMA: a peer outside the world is OFFLOAD_ERR_REMOTE_ACCESS, a dead one
  *    OFFLOAD_ERR_PEER, then key, access and bounds against the peer's region table; a
  *    refused access is an error completion with nothing written;

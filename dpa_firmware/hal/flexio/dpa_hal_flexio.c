@@ -25,7 +25,6 @@
 #include "dpa_engine.h"
 #include "offload_atomic.h"
 
-#define EINVAL_ 22
 #define DPA_FLEXIO_IDLE_PASSES      4u   /* empty passes before parking, nothing in flight */
 #define DPA_FLEXIO_IDLE_PASSES_BUSY 64u  /* the same while an op is in flight */
 /* A firmware timer closer than this is polled through; a later one parks the thread. */
@@ -305,14 +304,14 @@ int dpa_hal_mcast_send(struct dpa_hal *hal, uint32_t group, uint64_t laddr, uint
 		       uint32_t len, uint32_t imm, uint64_t wr_id)
 {
 	(void)hal, (void)group, (void)laddr, (void)lkey, (void)len, (void)imm, (void)wr_id;
-	return -95;  /* EOPNOTSUPP */
+	return DPA_HAL_EOPNOTSUPP;
 }
 
 int dpa_hal_mcast_post(struct dpa_hal *hal, uint32_t group, uint32_t seq8,
 		       const struct dpa_hal_mcast_region *regions, uint32_t n)
 {
 	(void)hal, (void)group, (void)seq8, (void)regions;
-	return n ? -95 : 0;
+	return n ? DPA_HAL_EOPNOTSUPP : 0;
 }
 
 int dpa_hal_mcast_poll(struct dpa_hal *hal, uint32_t group, struct dpa_hal_mcast_cqe *out,
@@ -333,13 +332,13 @@ int dpa_hal_mcast_slot_copy(struct dpa_hal *hal, uint32_t group, uint32_t slot, 
 			    uint32_t key, uint32_t len, uint64_t wr_id)
 {
 	(void)hal, (void)group, (void)slot, (void)addr, (void)key, (void)len, (void)wr_id;
-	return -95;  /* EOPNOTSUPP */
+	return DPA_HAL_EOPNOTSUPP;
 }
 
 int dpa_hal_mcast_slot_free(struct dpa_hal *hal, uint32_t group, uint32_t slot)
 {
 	(void)hal, (void)group, (void)slot;
-	return -95;  /* EOPNOTSUPP */
+	return DPA_HAL_EOPNOTSUPP;
 }
 
 void dpa_hal_set_rail(struct dpa_hal *hal, uint32_t peer, uint32_t rail)
@@ -406,15 +405,15 @@ static int post_rdma(struct dpa_hal *hal, uint32_t peer, uint32_t opcode,
 	int rc;
 
 	if (!qp || !nsge || nsge > DPA_HAL_MAX_SGE)
-		return -EINVAL_;
+		return DPA_HAL_EINVAL;
 	for (uint32_t i = 0; i < nsge; i++) {
 		if (sge[i].len > DPA_FLEXIO_MAX_MSG)
-			return -EINVAL_;
+			return DPA_HAL_EINVAL;
 		total += sge[i].len;
 		ndata += sge[i].len != 0;
 	}
 	if (total > DPA_FLEXIO_MAX_MSG)
-		return -EINVAL_;
+		return DPA_HAL_EINVAL;
 	if (qp->broken)
 		return soft_complete(hal, qp, wr_id, OFFLOAD_ERR_LINK_DOWN, 0);
 	if (!total)  /* nothing to move; a 0 byte count in a data segment is not "empty" */
@@ -472,7 +471,7 @@ int dpa_hal_rdma_write_inline(struct dpa_hal *hal, uint32_t peer, const void *da
 	int rc;
 
 	if (!qp || len > OFFLOAD_FLEXIO_MAX_INLINE)
-		return -EINVAL_;
+		return DPA_HAL_EINVAL;
 	if (qp->broken)
 		return soft_complete(hal, qp, wr_id, OFFLOAD_ERR_LINK_DOWN, 0);
 	/* Inline segment: a 4-byte count, then the bytes, padded to 16-byte units. */
@@ -519,7 +518,7 @@ int dpa_hal_rdma_signal_add(struct dpa_hal *hal, uint32_t peer, uint64_t raddr, 
 	int rc;
 
 	if (!qp)
-		return -EINVAL_;
+		return DPA_HAL_EINVAL;
 	if (qp->broken)
 		return soft_complete(hal, qp, wr_id, OFFLOAD_ERR_LINK_DOWN, 0);
 	if (raddr & 7)  /* atomics need an aligned word; the emulator says the same */
@@ -893,6 +892,6 @@ __dpa_rpc__ uint64_t dpa_offload_init_rpc(uint64_t state_daddr, uint64_t params_
 	const struct dpa_engine_params *params = dptr(params_daddr);
 
 	if (!state_daddr || !params_daddr)
-		return (uint64_t)(int64_t)-EINVAL_;
+		return (uint64_t)(int64_t)DPA_HAL_EINVAL;
 	return (uint64_t)(int64_t)dpa_engine_init(dptr(state_daddr), params);
 }
