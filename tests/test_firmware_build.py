@@ -43,3 +43,48 @@ def test_firmware_calls_nothing_outside_the_hal(tmp_path: Path) -> None:
     external = {sym for sym in undefined - defined_here if not sym.startswith("dpa_hal_")}
     # memcpy/memset may be emitted by the compiler for struct copies; DPA toolchains provide them.
     assert external <= {"memcpy", "memset"}, f"firmware calls outside dpa_hal.h: {sorted(external)}"
+
+
+def _symbols(nm: str, obj: str, *args: str) -> list[list[str]]:
+    out = subprocess.run([nm, *args, obj], capture_output=True, text=True, check=True).stdout
+    return [line.split() for line in out.splitlines() if line.strip()]
+
+
+def test_firmware_calls_run_one_way(tmp_path: Path) -> None:
+    """engine -> algorithm -> p2p/mcast -> rails -> HAL: the engine calls no function of an
+    algorithm file nor of mcast.c (it reaches them through struct dpa_algo's hooks), and
+    no lower layer calls a higher one (rails.c nothing of the engine's; p2p.c and mcast.c
+    nothing of the engine's or an algorithm's; op.c, the op's fate, no firmware file)."""
+    nm = shutil.which("nm")
+    if nm is None:
+        pytest.skip("nm is not installed")
+    functions: dict[str, str] = {}  # function -> the file defining it
+    calls: dict[str, set[str]] = {}
+    algorithms = set()
+    for source in SOURCES:
+        obj = str(tmp_path / (source.stem + ".o"))
+        subprocess.run([CC, "-std=c11", "-O2", "-I", str(FIRMWARE / "include"), "-c", str(source),
+                        "-o", obj], check=True)
+        for sym in _symbols(nm, obj, "--defined-only"):
+            kind, name = sym[-2], sym[-1]
+            if kind == "T":
+                functions[name] = source.stem
+            elif name.startswith("dpa_algo_"):  # an algorithm's registry entry: its file
+                algorithms.add(source.stem)
+        calls[source.stem] = {sym[-1] for sym in _symbols(nm, obj, "-u")}
+    assert {"alltoall_pairwise", "alltoallv", "broadcast_mcast"} <= algorithms, algorithms
+
+    def reached(caller: str) -> set[str]:
+        return {functions[f] for f in calls[caller] if f in functions}
+
+    upward = {
+        "engine": algorithms | {"mcast"},
+        "rails": algorithms | {"engine", "p2p", "mcast", "signature", "agree_ft"},
+        "p2p": algorithms | {"engine", "mcast"},
+        "mcast": algorithms | {"engine"},
+        "op": set(functions.values()) - {"op"},
+    }
+    upward = {caller: banned for caller, banned in upward.items() if caller in calls}
+    wrong = {caller: sorted(reached(caller) & banned) for caller, banned in upward.items()
+             if reached(caller) & banned}
+    assert not wrong, f"calls against the layering (caller: callees' files): {wrong}"

@@ -27,6 +27,7 @@
  * ops fail at intake since a member died.
  */
 #include "engine_internal.h"
+#include "signature.h"
 
 /* Members gone, as this thread saw them at the start of its pass (see dpa_peer_gone: a
  * closing member's words land before its close shows, so looks made since are final). */

@@ -13,6 +13,7 @@
  * wait for p's acknowledgement of ours (our source stays readable until then).
  */
 #include "engine_internal.h"
+#include "mcast.h"
 
 static int ag_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
 {
@@ -85,19 +86,19 @@ static int ag_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *ha
 	st = dpa_mcast_claim(eng, op);
 	if (!st)
 		return 0;  /* the team's previous multicast op is still receiving */
-	if (!(off_read_once(&op->mc_flags) & DPA_MC_POSTED)) {
+	if (!(off_read_once(&op->alg.mc_flags) & DPA_MC_POSTED)) {
 		setup(eng, op, hal, st);
 		dpa_mcast_post(eng, op, hal, st, UINT32_MAX);
 		dpa_mc_raise(op, hal, DPA_MC_POSTED);
 		work++;
 	}
-	if (!(off_read_once(&op->mc_flags) & DPA_MC_COPYING) &&
+	if (!(off_read_once(&op->alg.mc_flags) & DPA_MC_COPYING) &&
 	    op->cmd.src_addr == op->cmd.dst_addr + (uint64_t)me * len) {
 		/* In place: our block is in dst already. */
 		dpa_mc_raise(op, hal, DPA_MC_COPYING | DPA_MC_COPIED);
 		work++;
 	}
-	if (!(off_read_once(&op->mc_flags) & DPA_MC_COPYING)) {
+	if (!(off_read_once(&op->alg.mc_flags) & DPA_MC_COPYING)) {
 		/* Our own block, by the same engine that copies everything else. */
 		if (dpa_rail_select(eng, hal, world) == DPA_NO_RAIL) {
 			dpa_op_abort(eng, hal, op, OFFLOAD_ERR_LINK_DOWN, world);
@@ -112,22 +113,22 @@ static int ag_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *ha
 			dpa_op_fail(op, OFFLOAD_ERR_INTERNAL, world);
 		else
 			it->inflight++;
-		__atomic_fetch_or(&op->mc_flags, DPA_MC_COPYING, __ATOMIC_RELEASE);
+		__atomic_fetch_or(&op->alg.mc_flags, DPA_MC_COPYING, __ATOMIC_RELEASE);
 		work++;
 	}
-	if (!(off_read_once(&op->mc_flags) & DPA_MC_COPIED)) {
+	if (!(off_read_once(&op->alg.mc_flags) & DPA_MC_COPIED)) {
 		if (it->inflight)
 			return work;  /* nothing else is in flight yet: this is the copy */
 		if (it->flags & DPA_ITEM_RESEND) {  /* its rail failed: copy again on another */
 			it->flags &= ~DPA_ITEM_RESEND;
-			__atomic_fetch_and(&op->mc_flags, ~DPA_MC_COPYING, __ATOMIC_RELEASE);
+			__atomic_fetch_and(&op->alg.mc_flags, ~DPA_MC_COPYING, __ATOMIC_RELEASE);
 			return work + 1;
 		}
 		dpa_mc_raise(op, hal, DPA_MC_COPIED);
 		work++;
 	}
-	if (!(off_read_once(&op->mc_flags) & DPA_MC_INJECTED) &&
-	    off_load_acquire(&op->mc_readies) == team->size - 1 && have_token(eng, op, hal)) {
+	if (!(off_read_once(&op->alg.mc_flags) & DPA_MC_INJECTED) &&
+	    off_load_acquire(&op->alg.mc_readies) == team->size - 1 && have_token(eng, op, hal)) {
 		int done = 1;
 
 		if (!off_load_acquire(&op->fail))
@@ -139,7 +140,7 @@ static int ag_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *ha
 		}
 	}
 	work += dpa_mcast_receive(eng, op, hal, st);
-	if ((off_read_once(&op->mc_flags) & DPA_MC_INJECTED) && it->inflight == 0 &&
+	if ((off_read_once(&op->alg.mc_flags) & DPA_MC_INJECTED) && it->inflight == 0 &&
 	    (all_blocks_done(team, st) || off_load_acquire(&op->fail))) {
 		dpa_mc_raise(op, hal, DPA_MC_RECEIVED);
 		it->flags |= DPA_ITEM_FINISHED;
@@ -160,7 +161,7 @@ static int ag_peer(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct
 		return work;
 	if (!(it->flags & DPA_ITEM_SIGNALED)) {
 		/* p's block is whole here (or nothing more will come): p may reuse its source. */
-		if (!(off_load_acquire(&op->mc_flags) & DPA_MC_RECEIVED) &&
+		if (!(off_load_acquire(&op->alg.mc_flags) & DPA_MC_RECEIVED) &&
 		    !(op->cmd.count && !op->refuse &&
 		      (off_load_acquire(&b->flags) & DPA_BLOCK_COMPLETE)))
 			return work;
@@ -190,4 +191,6 @@ const struct dpa_algo dpa_algo_allgather_mcast = {
 	.progress = ag_progress,
 	.abort = ag_abort,
 	.multicast = 1,
+	.read_completed = dpa_mcast_read_completed,
+	.finish = dpa_mcast_finish,
 };

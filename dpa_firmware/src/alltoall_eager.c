@@ -27,6 +27,8 @@
  * An item has one data write in flight at a time, and `round` says which.
  */
 #include "engine_internal.h"
+#include "p2p.h"
+#include "signature.h"
 
 #define DPA_EAGER_CREDIT_POLL_NS 20000u  /* credits wake nobody: look again this often */
 
@@ -56,10 +58,10 @@ static int eager_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal
 		op->result0 = total;
 	/* The protocol is part of what every member must agree on (the ranks' eager_max). */
 	op->sig.op |= OFFLOAD_SIG_EAGER << OFFLOAD_SIG_MODE_SHIFT;
-	op->hdr_pending = team->size - 1;
-	op->hdr_fail = 0;
+	op->alg.hdr_pending = team->size - 1;
+	op->alg.hdr_fail = 0;
 	/* Intake runs ops in sequence order: the slot's previous eager op is known here. */
-	op->eager_prev = team->eager_last[eager_slot(op)];
+	op->alg.eager_prev = team->eager_last[eager_slot(op)];
 	team->eager_last[eager_slot(op)] = op->seq;
 	return (int)team->size;
 }
@@ -116,7 +118,7 @@ static int credit_ok(struct dpa_engine *eng, const struct dpa_op *op, struct dpa
 {
 	const struct dpa_team *team = &eng->teams[op->team_id];
 	const struct offload_ctrl_team *ctrl = dpa_my_ctrl(hal, op->team_id);
-	uint32_t k = eager_slot(op), prev = op->eager_prev;
+	uint32_t k = eager_slot(op), prev = op->alg.eager_prev;
 	/* Pairs with the peer's credit write (a plain RDMA write of the consumed word). */
 	uint32_t back = OFFLOAD_EAGER_SEQ(off_load_acquire(&ctrl->eager_credit[k][peer]));
 
@@ -128,8 +130,8 @@ static int credit_ok(struct dpa_engine *eng, const struct dpa_op *op, struct dpa
 static void judged(struct dpa_op *op, struct dpa_hal *hal, int agrees)
 {
 	if (!agrees)
-		__atomic_store_n(&op->hdr_fail, 1, __ATOMIC_SEQ_CST);
-	if (__atomic_sub_fetch(&op->hdr_pending, 1, __ATOMIC_SEQ_CST) == 0 &&
+		__atomic_store_n(&op->alg.hdr_fail, 1, __ATOMIC_SEQ_CST);
+	if (__atomic_sub_fetch(&op->alg.hdr_pending, 1, __ATOMIC_SEQ_CST) == 0 &&
 	    dpa_hal_num_threads(hal) > 1)
 		dpa_hal_notify(hal);
 }
@@ -138,9 +140,9 @@ static void judged(struct dpa_op *op, struct dpa_hal *hal, int agrees)
  * some header is still to come. */
 static int copies_allowed(const struct dpa_op *op)
 {
-	if (__atomic_load_n(&op->hdr_pending, __ATOMIC_SEQ_CST))
+	if (__atomic_load_n(&op->alg.hdr_pending, __ATOMIC_SEQ_CST))
 		return -1;
-	return !__atomic_load_n(&op->hdr_fail, __ATOMIC_SEQ_CST) && !op->refuse;
+	return !__atomic_load_n(&op->alg.hdr_fail, __ATOMIC_SEQ_CST) && !op->refuse;
 }
 
 /* Item 0: our own block, src to dst, with no slot in between, once the peers agree. */
@@ -390,7 +392,7 @@ static int eager_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
  * flight, a copy that may run) may move on with any event. */
 static uint32_t eager_events_needed(const struct dpa_op *op)
 {
-	uint32_t need = 0, pending = __atomic_load_n(&op->hdr_pending, __ATOMIC_SEQ_CST);
+	uint32_t need = 0, pending = __atomic_load_n(&op->alg.hdr_pending, __ATOMIC_SEQ_CST);
 
 	for (uint32_t i = 1; i < op->nitems; i++) {
 		const struct dpa_item *it = &op->items[i];

@@ -7,6 +7,7 @@
  * at intake; the rest is the shared exchange step (p2p.c).
  */
 #include "engine_internal.h"
+#include "p2p.h"
 
 static int publish(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal, uint32_t src)
 {
@@ -51,7 +52,18 @@ static int a2a_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, s
 	return work < 0 ? 0 : work + dpa_exchange_step(eng, op, i, hal, &send);
 }
 
+/* Blocks within the rank's eager_max go eagerly (alltoall_eager.c): every rank has the
+ * same count, and is told to use the same eager_max (the op signature checks it). */
+static const struct dpa_algo *a2a_select(const struct dpa_engine_params *p,
+					 const struct offload_cmd *cmd)
+{
+	if (p->eager_max && cmd->count <= p->eager_max)
+		return &dpa_algo_alltoall_eager;
+	return &dpa_algo_alltoall_pairwise;
+}
+
 const struct dpa_algo dpa_algo_alltoall_pairwise = {
+	.select = a2a_select,
 	.start = a2a_start,
 	.progress = a2a_progress,
 };

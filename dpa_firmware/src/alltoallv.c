@@ -16,6 +16,8 @@
  * table: the scatter is done by the writes, not by the receiving host.
  */
 #include "engine_internal.h"
+#include "p2p.h"
+#include "signature.h"
 
 static const struct offload_alltoallv_args *args_of(struct dpa_hal *hal, const struct dpa_op *op)
 {
@@ -115,8 +117,8 @@ static int a2av_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 		v->rows_addr = v->place_addr = 0;
 		dpa_op_refuse(eng, op, OFFLOAD_ERR_INVALID);
 	}
-	op->v = v;
-	op->layout_done = 0;
+	op->alg.v = v;
+	op->alg.layout_done = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		uint32_t dst = (me + i) % n;
 
@@ -133,22 +135,22 @@ static int try_layout(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 	const struct dpa_team *team = &eng->teams[op->team_id];
 	struct offload_ctrl_team *ctrl = dpa_my_ctrl(hal, op->team_id);
 	struct offload_alltoallv_args *args = (struct offload_alltoallv_args *)args_of(hal, op);
-	struct dpa_vlayout *v = op->v;
+	struct dpa_vlayout *v = op->alg.v;
 	uint64_t total = 0;
 	int32_t st = OFFLOAD_OK;
 	uint32_t mismatch = team->size;  /* the first source whose count recv_counts denies */
 
 	/* Pairs with the layouter's release store below: v and the op's results are final. */
-	if (off_load_acquire(&op->layout_done))
+	if (off_load_acquire(&op->alg.layout_done))
 		return 1;
-	if (!off_trylock(&op->layout_lock))
+	if (!off_trylock(&op->alg.layout_lock))
 		return 0;
 	/* Look again under the lock: a sibling may have laid out and unlocked since the look
 	 * above, and its items already publish readies from v. Laying out twice would rewrite
 	 * v under their reads and overwrite a count mismatch's result0/result1. The layouter
 	 * stored layout_done before its unlock, which our trylock's acquire pairs with. */
-	if (off_read_once(&op->layout_done)) {
-		off_unlock(&op->layout_lock);
+	if (off_read_once(&op->alg.layout_done)) {
+		off_unlock(&op->alg.layout_lock);
 		return 1;
 	}
 	for (uint32_t s = 0; s < team->size; s++) {
@@ -158,7 +160,7 @@ static int try_layout(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 		if (off_load_acquire(&ctrl->counts[op->slot][s].seq) == op->seq ||
 		    (s != team->my_rank && dpa_peer_gone(eng, op, hal, team->peers[s].world_rank)))
 			continue;
-		off_unlock(&op->layout_lock);
+		off_unlock(&op->alg.layout_lock);
 		return 0;
 	}
 	for (uint32_t s = 0; s < team->size; s++) {
@@ -191,8 +193,8 @@ static int try_layout(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 	} else if (st && !op->refuse) {
 		dpa_op_refuse(eng, op, st);
 	}
-	off_store_release(&op->layout_done, 1);
-	off_unlock(&op->layout_lock);
+	off_store_release(&op->alg.layout_done, 1);
+	off_unlock(&op->alg.layout_lock);
 	dpa_hal_notify(hal);  /* sibling threads publish their readies now */
 	return 1;
 }
@@ -202,7 +204,7 @@ static int a2av_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 {
 	const struct dpa_team *team = &eng->teams[op->team_id];
 	struct dpa_item *it = &op->items[i];
-	struct dpa_vlayout *v = op->v;
+	struct dpa_vlayout *v = op->alg.v;
 	uint32_t n = team->size, me = team->my_rank;
 	uint32_t src = (me + n - i) % n, dst = (me + i) % n;
 	int work = 0;
@@ -255,7 +257,26 @@ static int a2av_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 	return work + dpa_exchange_step(eng, op, i, hal, &send);
 }
 
+/* Fixed slots, no count round (alltoallv_slots.c), when every rank asks for them. */
+static const struct dpa_algo *a2av_select(const struct dpa_engine_params *p,
+					  const struct offload_cmd *cmd)
+{
+	(void)p;
+	if (cmd->flags & OFFLOAD_CMD_F_SLOTS)
+		return &dpa_algo_alltoallv_slots;
+	return &dpa_algo_alltoallv;
+}
+
+/* At most the whole source goes out (count: its bytes), whatever the split. */
+uint64_t dpa_alltoallv_bytes_sent(const struct dpa_op *op, uint32_t team_size)
+{
+	(void)team_size;
+	return op->cmd.count;
+}
+
 const struct dpa_algo dpa_algo_alltoallv = {
+	.select = a2av_select,
 	.start = a2av_start,
 	.progress = a2av_progress,
+	.bytes_sent = dpa_alltoallv_bytes_sent,
 };

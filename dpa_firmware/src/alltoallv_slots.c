@@ -7,6 +7,7 @@
  * lands first); the receiver reads the count when the signal arrives.
  */
 #include "engine_internal.h"
+#include "p2p.h"
 
 static struct offload_alltoallv_args *args_of(struct dpa_hal *hal, const struct dpa_op *op)
 {
@@ -39,7 +40,7 @@ static int plan(struct dpa_hal *hal, const struct dpa_op *op, uint32_t n, struct
 
 static int publish(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal, uint32_t src)
 {
-	const struct dpa_vlayout *v = op->v;
+	const struct dpa_vlayout *v = op->alg.v;
 
 	/* Marked SLOT even when refused: a counting peer waits for our count otherwise. */
 	if (op->refuse)
@@ -56,7 +57,7 @@ static int slots_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal
 	uint32_t n = team->size, me = team->my_rank;
 
 	v->rows_addr = v->place_addr = 0;
-	op->v = v;
+	op->alg.v = v;
 	if (!plan(hal, op, n, v)) {
 		for (uint32_t p = 0; p < n; p++)
 			v->send_len[p] = v->send_off[p] = 0;
@@ -81,7 +82,7 @@ static void take_count(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal
 	uint64_t bytes = off_load_acquire(&c->seq) == op->seq ? c->bytes : 0;
 
 	(void)eng;
-	if (bytes > op->v->recv_len[src])  /* a peer's word, re-checked like any other */
+	if (bytes > op->alg.v->recv_len[src])  /* a peer's word, re-checked like any other */
 		bytes = 0;
 	if (args && !op->refuse)
 		args->recv_bytes[src] = bytes;
@@ -93,7 +94,7 @@ static int slots_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 {
 	const struct dpa_team *team = &eng->teams[op->team_id];
 	struct dpa_item *it = &op->items[i];
-	const struct dpa_vlayout *v = op->v;
+	const struct dpa_vlayout *v = op->alg.v;
 	uint32_t n = team->size, me = team->my_rank;
 	uint32_t src = (me + n - i) % n, dst = (me + i) % n;
 	struct dpa_send send = {
@@ -114,4 +115,5 @@ static int slots_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 const struct dpa_algo dpa_algo_alltoallv_slots = {
 	.start = slots_start,
 	.progress = slots_progress,
+	.bytes_sent = dpa_alltoallv_bytes_sent,
 };

@@ -8,6 +8,7 @@
  * another op fails on every rank like any other op.
  */
 #include "engine_internal.h"
+#include "p2p.h"
 
 static int barrier_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
 {

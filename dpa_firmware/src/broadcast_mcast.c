@@ -15,6 +15,7 @@
  * instead of waiting forever.
  */
 #include "engine_internal.h"
+#include "mcast.h"
 
 static int bcast_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
 {
@@ -40,12 +41,12 @@ static int root_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *
 	struct dpa_item *it = &op->items[0];
 	int work = 0;
 
-	if (!(off_read_once(&op->mc_flags) & DPA_MC_POSTED))  /* the root receives nothing */
+	if (!(off_read_once(&op->alg.mc_flags) & DPA_MC_POSTED))  /* the root receives nothing */
 		dpa_mc_raise(op, hal, DPA_MC_POSTED);
-	if (!(off_read_once(&op->mc_flags) & DPA_MC_INJECTED)) {
+	if (!(off_read_once(&op->alg.mc_flags) & DPA_MC_INJECTED)) {
 		int done = 1;
 
-		if (off_load_acquire(&op->mc_readies) < team->size - 1)
+		if (off_load_acquire(&op->alg.mc_readies) < team->size - 1)
 			return 0;
 		if (!op->refuse && !off_load_acquire(&op->fail))
 			work += dpa_mcast_inject(op, hal, 0, op->cmd.src_addr, op->cmd.count, &done);
@@ -77,7 +78,7 @@ static int receiver_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_h
 	if (!st)
 		return 0;  /* the team's previous multicast op is still receiving */
 	b = &st->blocks[root];
-	if (!(off_read_once(&op->mc_flags) & DPA_MC_POSTED)) {
+	if (!(off_read_once(&op->alg.mc_flags) & DPA_MC_POSTED)) {
 		for (uint32_t r = 0; r < team->size; r++)
 			st->blocks[r] = (struct dpa_mcast_block){ 0 };
 		*b = (struct dpa_mcast_block){ .dst = op->cmd.dst_addr, .len = op->cmd.count,
@@ -124,7 +125,7 @@ static int receiver_root(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 	int work = 0;
 
 	if (!(it->flags & DPA_ITEM_READY_OUT)) {
-		if (!(off_load_acquire(&op->mc_flags) & DPA_MC_POSTED) ||
+		if (!(off_load_acquire(&op->alg.mc_flags) & DPA_MC_POSTED) ||
 		    dpa_publish_ready(eng, op, hal, root, op->cmd.dst_addr, op->cmd.count,
 				      op->refuse ? OFFLOAD_READY_REFUSED : 0) == DPA_HAL_EAGAIN)
 			return 0;
@@ -135,7 +136,7 @@ static int receiver_root(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 	 * root's own word says we agree on the size (item 0 skips it for empty ops), and its
 	 * "sent all" is here: the root writes nothing to us after our acknowledgement, which
 	 * lets us complete and close. */
-	if (!(off_load_acquire(&op->mc_flags) & DPA_MC_RECEIVED))
+	if (!(off_load_acquire(&op->alg.mc_flags) & DPA_MC_RECEIVED))
 		return work;
 	if (!(it->flags & DPA_ITEM_READY_IN)) {
 		if (!dpa_mcast_peer_word(eng, op, hal, root))
@@ -182,4 +183,6 @@ const struct dpa_algo dpa_algo_broadcast_mcast = {
 	.progress = bcast_progress,
 	.abort = bcast_abort,
 	.multicast = 1,
+	.read_completed = dpa_mcast_read_completed,
+	.finish = dpa_mcast_finish,
 };

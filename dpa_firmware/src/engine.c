@@ -9,11 +9,12 @@
  * its state is FREE and no thread is inside it (users == 0).
  */
 #include "engine_internal.h"
+#include "rails.h"
+#include "signature.h"
 
 #define DPA_INTAKE_BUDGET 16
 #define DPA_POLL_BUDGET   256
 #define DPA_DEAD_GRACE_NS 200000000ull  /* see check_abort() */
-#define EINVAL_ 22
 
 static const struct dpa_algo *const dpa_algos[OFFLOAD_OP_MAX] = {
 	[OFFLOAD_OP_BARRIER] = &dpa_algo_barrier,
@@ -43,7 +44,7 @@ int dpa_engine_init(void *state, const struct dpa_engine_params *p)
 	    p->num_threads == 0 || p->num_threads > OFFLOAD_MAX_THREADS ||
 	    !is_pow2(p->sq_entries) || !is_pow2(p->cq_entries) || p->chunk_size == 0 ||
 	    p->chunks_per_pass == 0 || p->eager_max > OFFLOAD_EAGER_BYTES)
-		return -EINVAL_;
+		return DPA_HAL_EINVAL;
 	for (uint64_t i = 0; i < sizeof(*eng); i++)
 		bytes[i] = 0;
 	eng->params = *p;
@@ -52,149 +53,16 @@ int dpa_engine_init(void *state, const struct dpa_engine_params *p)
 	return 0;
 }
 
-struct offload_thread_stats *dpa_stats(struct dpa_hal *hal)
-{
-	uint32_t t = dpa_hal_thread_index(hal);
 
-	return dpa_hal_window_ptr(hal, DPA_HAL_WIN_STATS, t * sizeof(struct offload_thread_stats),
-				  sizeof(struct offload_thread_stats));
-}
 
-struct offload_ctrl_team *dpa_my_ctrl(struct dpa_hal *hal, uint32_t team)
-{
-	return dpa_hal_window_ptr(hal, DPA_HAL_WIN_CTRL, dpa_ctrl_team_off(team),
-				  sizeof(struct offload_ctrl_team));
-}
 
-uint64_t dpa_peer_ctrl_addr(const struct dpa_team *team, uint32_t peer, uint64_t offset)
-{
-	return team->peers[peer].ctrl_addr + offset;
-}
 
-void dpa_op_fail(struct dpa_op *op, int32_t status, uint32_t world_rank)
-{
-	uint64_t cur = 0, why = ((uint64_t)world_rank << 32) | (uint32_t)status;
 
-	/* The first error wins, but a peer that closed is the weakest reason: it often closed
-	 * because of a failure this rank learns of a moment later (a death, its own rails). */
-	while (!off_cas(&op->fail, &cur, why))
-		if ((int32_t)(uint32_t)cur != OFFLOAD_ERR_PEER_CLOSED ||
-		    (status != OFFLOAD_ERR_PEER && status != OFFLOAD_ERR_LINK_DOWN))
-			return;
-}
 
-int dpa_signal_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
-		    uint32_t peer, int error)
-{
-	struct dpa_team *team = &eng->teams[op->team_id];
-	struct dpa_ctrl_msg m = {
-		.wr_id = dpa_wr_id(op, peer, DPA_WR_SIGNAL),
-		.raddr = dpa_peer_ctrl_addr(team, peer,
-					    dpa_ctrl_done_off(op->team_id, op->slot, team->my_rank)),
-		.value = error ? OFFLOAD_SIGNAL_ERROR : OFFLOAD_SIGNAL_OK,
-		.peer = team->peers[peer].world_rank, .rkey = team->peers[peer].ctrl_key,
-		.kind = DPA_WR_SIGNAL,
-	};
-	int rc = dpa_ctrl_post(eng, hal, &m);
 
-	if (rc == 0)
-		dpa_stats(hal)->signals++;
-	else if (rc == OFFLOAD_ERR_LINK_DOWN)
-		dpa_op_abort(eng, hal, op, OFFLOAD_ERR_LINK_DOWN, m.peer);
-	else if (rc != DPA_HAL_EAGAIN)
-		dpa_op_fail(op, OFFLOAD_ERR_INTERNAL, m.peer);
-	return rc == DPA_HAL_EAGAIN ? rc : 0;
-}
 
-int dpa_peer_gone(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
-		  uint32_t world_rank)
-{
-	uint64_t fail = off_load_acquire(&op->fail), bit = 1ull << world_rank;
-	int32_t st = (int32_t)(uint32_t)fail;
 
-	if (off_read_once(&eng->failed_ranks) & bit) {
-		dpa_op_fail(op, OFFLOAD_ERR_PEER, world_rank);
-		return 1;
-	}
-	/* Closed as this thread saw it at the start of its pass: a closing peer's words land
-	 * before its close shows, so the caller's look for the word, made since, was final. */
-	if (dpa_closed_ranks(eng, hal) & bit) {
-		dpa_op_fail(op, OFFLOAD_ERR_PEER_CLOSED, world_rank);
-		return 1;
-	}
-	return fail && (uint32_t)(fail >> 32) == world_rank &&
-	       (st == OFFLOAD_ERR_PEER || st == OFFLOAD_ERR_REMOTE_ACCESS ||
-		st == OFFLOAD_ERR_PEER_CLOSED);
-}
 
-void dpa_op_refuse(struct dpa_engine *eng, struct dpa_op *op, int32_t status)
-{
-	dpa_op_fail(op, status, eng->teams[op->team_id].peers[eng->teams[op->team_id].my_rank].world_rank);
-	op->refuse = 1;
-}
-
-void dpa_expect_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_item *it, uint32_t src)
-{
-	struct dpa_team *team = &eng->teams[op->team_id];
-
-	it->expect_lo = ++team->expect_lo[op->slot][src];
-	it->errs_seen = team->errs_seen[op->slot][src];
-}
-
-int dpa_check_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
-		   struct dpa_item *it, uint32_t src)
-{
-	struct dpa_team *team = &eng->teams[op->team_id];
-	struct offload_ctrl_team *ctrl = dpa_my_ctrl(hal, op->team_id);
-	/* Pairs with the peer's signal add, which follows its data writes on the same QP. */
-	uint64_t v = off_load_acquire(&ctrl->done[op->slot][src]);
-	uint32_t lo = (uint32_t)v, errs = (uint32_t)(v >> 32);
-
-	if ((int32_t)(lo - it->expect_lo) < 0)
-		return 0;
-	if (errs != it->errs_seen) {
-		team->errs_seen[op->slot][src] = errs;
-		dpa_op_fail(op, OFFLOAD_ERR_PEER_OP, team->peers[src].world_rank);
-	}
-	return 1;
-}
-
-static int write_cqe(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cqe *cqe)
-{
-	struct offload_ring_hdr *ring = dpa_hal_window_ptr(hal, DPA_HAL_WIN_RING, 0, sizeof(*ring));
-	uint64_t cq_off = sizeof(*ring) + (uint64_t)eng->params.sq_entries * sizeof(struct offload_cmd);
-	struct offload_cqe *cq = dpa_hal_window_ptr(hal, DPA_HAL_WIN_RING, cq_off,
-						    (uint64_t)eng->params.cq_entries * sizeof(*cq));
-	uint32_t tail, head;
-
-	/* A few stores under the lock: wait for it. Returning "not now" would make intake
-	 * redo a command whose side effects (TEAM_CREATE) already happened. */
-	while (!off_trylock(&eng->cq_lock))
-		;
-	tail = ring->cq_tail;                     /* ours: only written under cq_lock */
-	head = off_load_acquire(&ring->cq_head);  /* host-owned; pairs with its release */
-	if (tail - head >= eng->params.cq_entries) {
-		off_unlock(&eng->cq_lock);
-		return 0;
-	}
-	cq[tail & (eng->params.cq_entries - 1)] = *cqe;
-	off_store_release(&ring->cq_tail, tail + 1);  /* pairs with the host's acquire */
-	off_unlock(&eng->cq_lock);
-	/* The host checks cq_tail after announcing itself in cq_waiters; order both sides. */
-	off_fence();
-	if (off_read_once(&ring->cq_waiters))
-		dpa_hal_host_notify(hal);
-	return 1;
-}
-
-int dpa_complete_cmd(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd,
-		     int32_t status, uint32_t detail, uint64_t result0, uint64_t result1)
-{
-	struct offload_cqe cqe = { .tag = cmd->tag, .status = status, .detail = detail,
-				   .result0 = result0, .result1 = result1 };
-
-	return write_cqe(eng, hal, &cqe);
-}
 
 static int complete_now(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd,
 			int32_t status, uint32_t detail)
@@ -227,12 +95,6 @@ static uint32_t lowest_rank(uint64_t mask)
 	return r;
 }
 
-static void poison_team(struct dpa_team *team, int32_t status, uint32_t detail)
-{
-	uint64_t none = 0;
-
-	off_cas(&team->poisoned, &none, ((uint64_t)detail << 32) | (uint32_t)status);
-}
 
 static int try_complete_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
 {
@@ -259,11 +121,9 @@ static int try_complete_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa
 
 	cqe.result0 = op->result0;
 	cqe.result1 = op->result1;
-	if (op->algo->multicast) {
-		dpa_mcast_release(eng, op, hal);
-		dpa_mcast_report(hal, op);  /* before the completion that says it is there */
-	}
-	if (!write_cqe(eng, hal, &cqe))
+	if (op->algo->finish)  /* before the completion that says the op is over */
+		op->algo->finish(eng, op, hal);
+	if (!dpa_write_cqe(eng, hal, &cqe))
 		return 0;
 	/* A rank lost (dead, or every rail to it down) leaves the team's sequence broken,
 	 * whether or not this rank's watch has seen the death yet: later ops fail at intake
@@ -272,7 +132,7 @@ static int try_complete_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa
 	 * destination too small, leave the team usable.) */
 	if (cqe.status == OFFLOAD_ERR_PEER || cqe.status == OFFLOAD_ERR_LINK_DOWN ||
 	    cqe.status == OFFLOAD_ERR_PEER_CLOSED)
-		poison_team(&eng->teams[op->team_id], cqe.status, cqe.detail);
+		dpa_team_poison(&eng->teams[op->team_id], cqe.status, cqe.detail);
 	dpa_stats(hal)->ops_completed++;
 	if (cqe.status != OFFLOAD_OK)
 		dpa_stats(hal)->errors++;
@@ -284,50 +144,6 @@ static int try_complete_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa
 		off_fetch_sub(&eng->inflight_bulk, 1);
 	off_fetch_sub(&eng->inflight, 1);
 	return 1;
-}
-
-static int32_t validate_team_desc(struct dpa_engine *eng, const struct offload_team_desc *d)
-{
-	if (d->team_id >= OFFLOAD_MAX_TEAMS || d->size == 0 || d->size > OFFLOAD_MAX_RANKS ||
-	    d->my_rank >= d->size)
-		return OFFLOAD_ERR_INVALID;
-	if (d->peers[d->my_rank].world_rank != eng->params.world_rank)
-		return OFFLOAD_ERR_INVALID;
-	for (uint32_t i = 0; i < d->size; i++)
-		if (d->peers[i].world_rank >= eng->params.world_size)
-			return OFFLOAD_ERR_INVALID;
-	return OFFLOAD_OK;
-}
-
-static int32_t team_create(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd)
-{
-	const struct offload_team_desc *d =
-		/* Misaligned: the DPA's loads of its 8-byte fields would fault. */
-		cmd->aux_addr & 7 ? NULL :
-		dpa_hal_aux_ptr(hal, cmd->aux_key, cmd->aux_addr, sizeof(*d));
-	struct dpa_team *team;
-	int32_t st;
-
-	if (!d)
-		return OFFLOAD_ERR_INVALID;
-	st = validate_team_desc(eng, d);
-	if (st)
-		return st;
-	team = &eng->teams[d->team_id];
-	if (team->active)
-		return OFFLOAD_ERR_INVALID;
-	team->size = d->size;
-	team->my_rank = d->my_rank;
-	team->next_seq = 1;
-	team->world_mask = 0;
-	team->poisoned = 0;
-	for (uint32_t i = 0; i < d->size; i++) {
-		team->peers[i] = d->peers[i];
-		team->world_mask |= 1ull << d->peers[i].world_rank;
-	}
-	team->fp = dpa_team_fp(d->team_id, d->size, d->peers);
-	team->active = 1;
-	return OFFLOAD_OK;
 }
 
 /* Checks without which there is no team to run on; the algorithm's start() checks the
@@ -355,7 +171,7 @@ static int32_t cancel_op(struct dpa_engine *eng, struct dpa_hal *hal, uint64_t t
 			__atomic_store_n(&op->cancel, 1, __ATOMIC_SEQ_CST);
 			/* At once, not when the op is next progressed: a command taken right
 			 * after this one must already find the team failed. */
-			poison_team(team, OFFLOAD_ERR_CANCELED,
+			dpa_team_poison(team, OFFLOAD_ERR_CANCELED,
 				    team->peers[team->my_rank].world_rank);
 			dpa_hal_notify(hal);
 			return OFFLOAD_OK;
@@ -364,16 +180,13 @@ static int32_t cancel_op(struct dpa_engine *eng, struct dpa_hal *hal, uint64_t t
 	return OFFLOAD_ERR_INVALID;  /* no such op in flight: it completed already */
 }
 
-/* The algorithm of a collective, from what every rank of the op has alike (opcode, flags,
- * block size, team size), so that all pick the same. */
+/* The algorithm of a collective: the opcode's, or the variant its select hook picks from
+ * what every rank of the op has alike (flags, block size), so that all pick the same. */
 static const struct dpa_algo *pick_algo(const struct dpa_engine *eng, const struct offload_cmd *cmd)
 {
-	if (cmd->opcode == OFFLOAD_OP_ALLTOALLV && (cmd->flags & OFFLOAD_CMD_F_SLOTS))
-		return &dpa_algo_alltoallv_slots;
-	if (cmd->opcode == OFFLOAD_OP_ALLTOALL && eng->params.eager_max &&
-	    cmd->count <= eng->params.eager_max)
-		return &dpa_algo_alltoall_eager;
-	return dpa_algos[cmd->opcode];
+	const struct dpa_algo *algo = dpa_algos[cmd->opcode];
+
+	return algo->select ? algo->select(&eng->params, cmd) : algo;
 }
 
 /* Returns 1 if the command was consumed, 0 if it must wait for a free op slot. */
@@ -389,7 +202,7 @@ static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct 
 	if (cmd->opcode == OFFLOAD_OP_NOP)
 		return complete_now(eng, hal, cmd, OFFLOAD_OK, 0);
 	if (cmd->opcode == OFFLOAD_OP_TEAM_CREATE)
-		return complete_now(eng, hal, cmd, team_create(eng, hal, cmd), 0);
+		return complete_now(eng, hal, cmd, dpa_team_create(eng, hal, cmd), 0);
 	if (cmd->opcode == OFFLOAD_OP_CANCEL)
 		return complete_now(eng, hal, cmd, cancel_op(eng, hal, cmd->count), 0);
 	if (cmd->opcode == OFFLOAD_OP_AGREE)  /* no op slot, no team sequence: agree_ft.c */
@@ -400,7 +213,7 @@ static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct 
 	team = &eng->teams[cmd->team];
 	dead = failed_ranks(hal) & team->world_mask;
 	if (dead)
-		poison_team(team, OFFLOAD_ERR_PEER, lowest_rank(dead));
+		dpa_team_poison(team, OFFLOAD_ERR_PEER, lowest_rank(dead));
 	poisoned = off_load_acquire(&team->poisoned);
 	if (poisoned)
 		return complete_now(eng, hal, cmd, (int32_t)(uint32_t)poisoned,
@@ -420,8 +233,8 @@ static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct 
 	op->cancel = 0;
 	op->aborted = 0;
 	op->dead_since = 0;
-	op->mc_flags = op->mc_readies = op->mc_next = 0;
-	op->mc_stats = (struct offload_mcast_op_stats){ 0 };
+	for (uint32_t b = 0; b < sizeof(op->alg); b++)  /* every member's bytes, not the first's */
+		((uint8_t *)&op->alg)[b] = 0;
 	op->deadline_ns = eng->params.op_timeout_ms ?
 		dpa_hal_time_ns(hal) + (uint64_t)eng->params.op_timeout_ms * 1000000u : UINT64_MAX;
 	op->algo = pick_algo(eng, cmd);
@@ -454,9 +267,9 @@ static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct 
 			break;
 		op->items[i].flags |= DPA_ITEM_SIG_OUT;
 	}
-	/* Bytes this rank sends: count per peer, or (all-to-all-v) at most the src size. */
-	op->bulk = (cmd->opcode == OFFLOAD_OP_ALLTOALLV ? cmd->count : cmd->count * team->size) >
-		   DPA_ENGINE_SMALL_BYTES;
+	/* Bytes this rank sends: count per peer, unless the algorithm says otherwise. */
+	op->bulk = (op->algo->bytes_sent ? op->algo->bytes_sent(op, team->size) :
+		    cmd->count * team->size) > DPA_ENGINE_SMALL_BYTES;
 	if (op->bulk)
 		off_fetch_add(&eng->inflight_bulk, 1);
 	off_fetch_add(&eng->inflight, 1);
@@ -546,13 +359,13 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
 						dpa_rail_failed(eng, hal, team->peers[p].world_rank,
 								cqes[i].rail);
 				if (refetch)  /* the block whose round it was reads it again */
-					dpa_mcast_read_completed(eng, op, hal, named, &cqes[i]);
+					op->algo->read_completed(eng, op, hal, named, &cqes[i]);
 				else
 					it->flags |= DPA_ITEM_RESEND;
 				continue;
 			}
 			if (refetch && cqes[i].status == OFFLOAD_OK)
-				dpa_mcast_read_completed(eng, op, hal, named, &cqes[i]);
+				op->algo->read_completed(eng, op, hal, named, &cqes[i]);
 			if (credit)
 				continue;  /* its peer is gone: it needs its slot no more */
 		}
@@ -572,27 +385,10 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
 	return n;
 }
 
-/*
- * Abort an op that cannot finish: a member died, it ran past the op timeout, or the host
- * cancelled it. Its completion carries why (a dead member overrides an earlier error, so
- * every survivor names the same rank), and the team is poisoned: its peers' sequence no
- * longer pairs with ours.
- */
-void dpa_op_abort(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa_op *op, int32_t status,
-		  uint32_t detail)
-{
-	uint64_t why = ((uint64_t)detail << 32) | (uint32_t)status;
 
-	if (status == OFFLOAD_ERR_PEER)
-		__atomic_store_n(&op->fail, why, __ATOMIC_SEQ_CST);
-	else
-		dpa_op_fail(op, status, detail);
-	poison_team(&eng->teams[op->team_id], status, detail);
-	__atomic_store_n(&op->aborted, 1, __ATOMIC_SEQ_CST);
-	dpa_hal_notify(hal);  /* items on parked sibling threads finish now */
-}
-
-void dpa_op_abort_wr(struct dpa_engine *eng, struct dpa_hal *hal, uint64_t wr_id, int32_t status,
+/* Abort the op a control word's wr_id names, if it is still that op (rails.c reports the
+ * words it could not send again). */
+static void abort_wr(struct dpa_engine *eng, struct dpa_hal *hal, uint64_t wr_id, int32_t status,
 		     uint32_t detail)
 {
 	uint32_t opi = (uint32_t)(wr_id >> 32);
@@ -604,6 +400,18 @@ void dpa_op_abort_wr(struct dpa_engine *eng, struct dpa_hal *hal, uint64_t wr_id
 	if (__atomic_load_n(&op->state, __ATOMIC_SEQ_CST) == DPA_OP_ACTIVE &&
 	    (op->seq & 0xffffu) == ((wr_id >> 16) & 0xffffu))
 		dpa_op_abort(eng, hal, op, status, detail);
+}
+
+/* Control words a failed rail dropped go again; an op whose peer has no rail left aborts. */
+static int resend(struct dpa_engine *eng, struct dpa_hal *hal)
+{
+	struct dpa_wr_failure lost[DPA_CTRL_LOG];
+	uint32_t nlost = 0;
+	int work = dpa_ctrl_resend(eng, hal, lost, &nlost);
+
+	for (uint32_t i = 0; i < nlost; i++)
+		abort_wr(eng, hal, lost[i].wr_id, OFFLOAD_ERR_LINK_DOWN, lost[i].peer);
+	return work;
 }
 
 static void check_abort(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
@@ -772,7 +580,7 @@ int dpa_progress(void *state, struct dpa_hal *hal)
 	struct offload_thread_stats *stats = dpa_stats(hal);
 	int work = poll_completions(eng, hal);
 
-	work += dpa_ctrl_resend(eng, hal);
+	work += resend(eng, hal);
 	stats->progress_calls++;
 	if (off_trylock(&eng->intake_lock)) {
 		work += intake(eng, hal);

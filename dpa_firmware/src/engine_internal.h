@@ -76,8 +76,15 @@ struct dpa_team {
 
 struct dpa_engine;
 struct dpa_op;
+struct dpa_hal_cqe;
 
+/* An algorithm, as the engine sees it: everything the engine needs to know of one goes
+ * through these hooks (the engine names no algorithm, nor multicast). */
 struct dpa_algo {
+	/* The variant of this opcode's algorithm that runs cmd, from what every rank of the
+	 * op has alike (flags, block size, the engine's parameters). May be NULL: this one. */
+	const struct dpa_algo *(*select)(const struct dpa_engine_params *p,
+					 const struct offload_cmd *cmd);
 	/* Called once at intake; returns the number of items. A command it cannot run is
 	 * refused (dpa_op_refuse), not rejected: the op still runs, moving nothing. */
 	int (*start)(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal);
@@ -97,6 +104,14 @@ struct dpa_algo {
 	 * no gate round: the algorithm judges each peer's signature itself (dpa_sig_judge)
 	 * and answers a peer that runs a gated op instead with ours (signature.c). */
 	uint32_t carries_sig;
+	/* Bytes this rank sends, for the bulk/small split; NULL: count per member. */
+	uint64_t (*bytes_sent)(const struct dpa_op *op, uint32_t team_size);
+	/* Item 0's RDMA READ from team peer `owner` completed (DPA_WR_REFETCH; a failed rail
+	 * too: the read goes again). Needed where such reads are posted. */
+	void (*read_completed)(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+			       uint32_t owner, const struct dpa_hal_cqe *c);
+	/* Before the op's completion is written: give back what the op held, report. */
+	void (*finish)(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal);
 };
 
 /* All-to-all-v layout of one op, by team rank: where each block comes from and goes. */
@@ -138,8 +153,6 @@ struct dpa_op {
 	uint32_t nitems;
 	uint32_t index;        /* position in the engine's op table, for wr_ids */
 	uint32_t bulk;         /* counted in inflight_bulk */
-	uint32_t layout_done;  /* all-to-all-v: v is complete (release-stored) */
-	uint32_t layout_lock;
 	uint32_t refuse;       /* this rank's op failed: it moves no data and refuses peers' */
 	uint32_t cancel;       /* a CANCEL command asked for this op (any thread sets it) */
 	uint32_t aborted;      /* items stop where they are and finish once nothing is in flight */
@@ -150,18 +163,32 @@ struct dpa_op {
 	struct offload_sig sig;   /* ours */
 	uint32_t sig_pending;  /* peers whose signature has not been judged yet */
 	uint32_t gate_fail;    /* the gate failed the op: items finish without running */
-	uint32_t mc_flags;     /* multicast: DPA_MC_* (item 0 sets, other items read) */
-	uint32_t mc_readies;   /* multicast: peers whose ready arrived */
-	uint32_t mc_next;      /* multicast: next chunk to inject */
-	uint32_t eager_prev;   /* eager: seq of the slot's previous eager op, 0 if none */
-	/* Eager: peers whose slot header (their signature) is not judged yet, and whether one
-	 * disagreed or never came: nothing is copied out before every one agreed. */
-	uint32_t hdr_pending;
-	uint32_t hdr_fail;
-	struct offload_mcast_op_stats mc_stats;  /* multicast: item 0 counts, completion reports */
 	uint64_t result0;      /* completion's result0/result1 */
 	uint64_t result1;
-	struct dpa_vlayout *v;
+	/* Per-algorithm state, as UCC's tasks keep it: zeroed at intake, then only the op's
+	 * algorithm (and the layer it runs on) reads and writes its member. */
+	union dpa_op_alg {
+		struct {  /* multicast: mcast.c, broadcast_mcast.c, allgather_mcast.c */
+			uint32_t mc_flags;    /* DPA_MC_* (item 0 sets, other items read) */
+			uint32_t mc_readies;  /* peers whose ready arrived */
+			uint32_t mc_next;     /* next chunk to inject */
+			uint32_t mc_resv;
+			struct offload_mcast_op_stats mc_stats;  /* item 0 counts, finish reports */
+		};
+		struct {  /* eager all-to-all: alltoall_eager.c */
+			uint32_t eager_prev;  /* seq of the slot's previous eager op, 0 if none */
+			/* Peers whose slot header (their signature) is not judged yet, and whether
+			 * one disagreed or never came: nothing is copied out before every one
+			 * agreed. */
+			uint32_t hdr_pending;
+			uint32_t hdr_fail;
+		};
+		struct {  /* all-to-all-v: alltoallv.c, alltoallv_slots.c */
+			uint32_t layout_done; /* v is complete (release-stored) */
+			uint32_t layout_lock;
+			struct dpa_vlayout *v;
+		};
+	} alg;
 	const struct dpa_algo *algo;
 	struct offload_cmd cmd;
 	struct dpa_item items[OFFLOAD_MAX_RANKS];
@@ -297,7 +324,7 @@ static inline void dpa_wake_at(struct dpa_engine *eng, struct dpa_hal *hal, uint
  * event: wake the siblings. */
 static inline void dpa_mc_raise(struct dpa_op *op, struct dpa_hal *hal, uint32_t bits)
 {
-	__atomic_fetch_or(&op->mc_flags, bits, __ATOMIC_RELEASE);
+	__atomic_fetch_or(&op->alg.mc_flags, bits, __ATOMIC_RELEASE);
 	dpa_hal_notify(hal);
 }
 
@@ -309,137 +336,16 @@ extern const struct dpa_algo dpa_algo_alltoall_eager;
 extern const struct dpa_algo dpa_algo_barrier;
 extern const struct dpa_algo dpa_algo_alltoallv;
 extern const struct dpa_algo dpa_algo_alltoallv_slots;
+/* alltoallv.c: both all-to-all-v variants' bytes_sent hook. */
+uint64_t dpa_alltoallv_bytes_sent(const struct dpa_op *op, uint32_t team_size);
 
-/* rails.c: failover between rails (see there). */
-uint32_t dpa_rail_select(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t peer);
-void dpa_rail_failed(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t peer, uint32_t rail);
-/* Post a logged control word; DPA_HAL_EAGAIN, OFFLOAD_ERR_LINK_DOWN (no rail) or 0. */
-int dpa_ctrl_post(struct dpa_engine *eng, struct dpa_hal *hal, const struct dpa_ctrl_msg *msg);
-int dpa_ctrl_completed(struct dpa_engine *eng, struct dpa_hal *hal, const struct dpa_hal_cqe *c);
-int dpa_ctrl_resend(struct dpa_engine *eng, struct dpa_hal *hal);
-int dpa_ctrl_pending(struct dpa_engine *eng, const struct dpa_op *op);
-/* Is the control word with this wr_id still owed by any thread? */
-int dpa_ctrl_word_pending(struct dpa_engine *eng, uint64_t wr_id);
-
-/* mcast.c: what broadcast and all-gather share (see there). */
-struct dpa_mcast_state *dpa_mcast_claim(struct dpa_engine *eng, struct dpa_op *op);
-void dpa_mcast_release(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal);
-/* The op's counters for the host (aux buffer), if it asked: start() checks the buffer. */
-int dpa_mcast_stats_ok(struct dpa_hal *hal, const struct dpa_op *op);
-/* A refetch read from the owner of block `owner` completed (poll_completions). */
-void dpa_mcast_read_completed(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
-			      uint32_t owner, const struct dpa_hal_cqe *c);
-void dpa_mcast_report(struct dpa_hal *hal, const struct dpa_op *op);
-/* Post the regions of every block not complete (nor `complete`, one completing now). */
-int dpa_mcast_post(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
-		   struct dpa_mcast_state *st, uint32_t complete);
-int dpa_mcast_inject(struct dpa_op *op, struct dpa_hal *hal, uint32_t first_chunk,
-		     uint64_t src, uint64_t len, int *done);
-/* Poll arrivals, learn owners' readies and "sent all", fetch what was lost; returns work
- * done. Sets DPA_BLOCK_COMPLETE on every block that is whole. */
-int dpa_mcast_receive(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
-		      struct dpa_mcast_state *st);
-uint32_t dpa_mcast_chunks(struct dpa_hal *hal, uint64_t len);
-int dpa_mcast_peer_word(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
-			uint32_t p);
-int dpa_mcast_owner_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
-			 struct dpa_hal *hal, uint32_t p);
-int dpa_mcast_take_ack(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
-		       struct dpa_hal *hal, uint32_t p);
-/* An aborted owner's unfinished item for peer p (p has not acknowledged our block):
- * withdraw our source from p. */
-int dpa_mcast_withdraw(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
-		       uint32_t p);
-
-/* p2p.c: the exchange step shared by all-to-all and all-to-all-v. */
-/* A control descriptor into team peer peer_rank's region at off: len bytes of body, then
- * the op's seq at off + seq_off (same queue: a reader that sees the seq sees the body). */
-int dpa_post_sequenced(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
-		       uint32_t peer_rank, uint64_t off, const void *body, uint32_t len,
-		       uint32_t seq_off, uint32_t kind);
-int dpa_publish_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
-		      uint32_t src, uint64_t addr, uint64_t len, uint32_t flags);
-/* The same descriptor naming any of our regions: multicast owners publish their source
- * (src_key, remote read) so that receivers can read what they lost. */
-int dpa_publish_region(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
-		       uint32_t peer, uint64_t addr, uint64_t len, uint32_t key, uint32_t flags);
-/* The same descriptor with OFFLOAD_READY_WITHDRAWN, as its own control word (its own
- * wr_id kind: the log tells its completions from the ready's). */
-int dpa_withdraw_region(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
-			uint32_t peer, uint64_t addr, uint64_t len, uint32_t key);
-/* Publishes this rank's ready for one source (fixed-layout exchanges). */
-typedef int (*dpa_publish_fn)(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
-			      uint32_t src);
-/* Item i's first steps in a fixed-layout exchange: expect the source's signal, publish our
- * ready to it if start() could not. Returns the work done, or -1 to retry later. */
-int dpa_item_begin(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal,
-		   dpa_publish_fn publish);
-/* Tell dst how many bytes this op sends it (struct offload_count, seq last). */
-int dpa_publish_count(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
-		      uint32_t dst, uint64_t bytes);
-/* Item i: take the destination's ready, write the send block, signal, and wait
- * for the source's signal; sets DPA_ITEM_FINISHED once READY_OUT is set too. */
-int dpa_exchange_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal,
-		      const struct dpa_send *send);
-
-/* agree_ft.c: fault-tolerant agreement (OFFLOAD_OP_AGREE). intake: 1 taken, 0 not now
- * (the team's previous agreement still runs); progress: the calling thread's teams. */
-int dpa_agree_intake(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd);
-int dpa_agree_progress(struct dpa_engine *eng, struct dpa_hal *hal);
-/* One rank runs an agreement where another runs a collective: 1 once that has held for
- * DPA_OOS_SETTLE_NS on a team whose sequences pair up (no member gone, no op aborted:
- * after a failure they legitimately differ). *since: the caller's first sighting. */
-#define DPA_OOS_SETTLE_NS 200000000ull
-int dpa_out_of_step(struct dpa_engine *eng, struct dpa_hal *hal, const struct dpa_team *team,
-		    uint64_t *since);
-
-/* engine.c: a completion for a command that holds no op slot (agreement); 0: the ring is
- * full, try again. */
-int dpa_complete_cmd(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd,
-		     int32_t status, uint32_t detail, uint64_t result0, uint64_t result1);
-
-/* signature.c: every op's signature and the gate before its algorithm (see there). */
-uint32_t dpa_team_fp(uint32_t team_id, uint32_t size, const struct offload_peer *peers);
-void dpa_sig_init(struct dpa_engine *eng, struct dpa_op *op);
-/* Post our signature to peer me + i; DPA_HAL_EAGAIN: the control log is full, later. */
-int dpa_sig_post(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal, uint32_t i);
-/* Item i's part of the gate: our signature out, peer me + i's judged. Returns work done. */
-int dpa_sig_step(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal, uint32_t i);
-/* Peer `world`'s signature against ours: 1 if it agrees; else the op fails with
- * OFFLOAD_ERR_MISMATCH naming it and what differs (the first failure wins) and 0. */
-int dpa_sig_judge(struct dpa_op *op, const struct offload_sig *theirs, uint32_t world);
-/* Team peer p's signature of op seq as the gate posts it, if it arrived; else NULL. */
-const struct offload_sig *dpa_sig_gated(struct dpa_hal *hal, uint32_t team_id, uint32_t seq,
-				       uint32_t p);
-/* ... or as an eager op carries it (its slot header): 1 and a copy in *out if there. */
-int dpa_sig_eager(struct dpa_hal *hal, uint32_t team_id, uint32_t seq, uint32_t p,
-		  struct offload_sig *out);
-/* Item i's peer p has sent nothing for this op: 1 if the op fails for it (p runs an
- * agreement instead, once settled: OFFLOAD_ERR_MISMATCH; p is gone), 0 to wait on. */
-int dpa_sig_absent(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal, uint32_t i,
-		   uint32_t p);
-
-/* Helpers for algorithms (engine.c). */
+/* op.c: an op's fate and the words every layer reaches (a leaf over the HAL). */
 void dpa_op_fail(struct dpa_op *op, int32_t status, uint32_t world_rank);
-/* Abort an op (see engine.c): its items stop, the team fails every later op. */
+/* Abort an op (see op.c): its items stop, the team fails every later op. */
 void dpa_op_abort(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa_op *op, int32_t status,
 		  uint32_t detail);
-/* The same for the op a wr_id names, if it is still that op. */
-void dpa_op_abort_wr(struct dpa_engine *eng, struct dpa_hal *hal, uint64_t wr_id, int32_t status,
-		     uint32_t detail);
 struct offload_ctrl_team *dpa_my_ctrl(struct dpa_hal *hal, uint32_t team);
 uint64_t dpa_peer_ctrl_addr(const struct dpa_team *team, uint32_t peer, uint64_t offset);
-int dpa_signal_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
-		    uint32_t peer, int error);
-/* Returns 1 if peer's done signal for this item arrived, 0 if not yet; fails the op on error. */
-int dpa_check_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
-		   struct dpa_item *it, uint32_t src);
-/* The peer will never answer this op: it died (the op fails naming it), it closed its
- * context without sending what we wait for (the op fails with OFFLOAD_ERR_PEER_CLOSED),
- * or the op failed reaching it (it refused our control write). Waits on it end. Callers
- * look for the peer's word first and call this when it is missing. */
-int dpa_peer_gone(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
-		  uint32_t world_rank);
 static inline uint64_t dpa_closed_ranks(const struct dpa_engine *eng, struct dpa_hal *hal)
 {
 	uint32_t t = dpa_hal_thread_index(hal);
@@ -448,8 +354,19 @@ static inline uint64_t dpa_closed_ranks(const struct dpa_engine *eng, struct dpa
 }
 /* Fail the op on this rank and run it refusing: see intake_one(). */
 void dpa_op_refuse(struct dpa_engine *eng, struct dpa_op *op, int32_t status);
-void dpa_expect_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_item *it, uint32_t src);
 struct offload_thread_stats *dpa_stats(struct dpa_hal *hal);
+
+/* Fail every later op of the team: (detail << 32) | status, the first one wins. */
+void dpa_team_poison(struct dpa_team *team, int32_t status, uint32_t detail);
+/* Write a completion; 0: the ring is full, try again. */
+int dpa_write_cqe(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cqe *cqe);
+/* team.c: TEAM_CREATE's status (the team is active from then on). */
+int32_t dpa_team_create(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd);
+/* A completion for a command that holds no op slot (agreement); 0: the ring is
+ * full, try again. */
+int dpa_complete_cmd(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd,
+		     int32_t status, uint32_t detail, uint64_t result0, uint64_t result1);
+
 
 /*
  * wr_id = op index (32) | op seq, low 16 bits (16) | item (8) | kind (8). The seq bits let

@@ -13,6 +13,8 @@
  * into op k+1 (the NIC also checks op_seq).
  */
 #include "engine_internal.h"
+#include "mcast.h"
+#include "signature.h"
 
 uint32_t dpa_mcast_chunks(struct dpa_hal *hal, uint64_t len)
 {
@@ -53,7 +55,7 @@ struct dpa_mcast_state *dpa_mcast_claim(struct dpa_engine *eng, struct dpa_op *o
 	return st;
 }
 
-void dpa_mcast_release(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
+static void release(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
 {
 	struct dpa_mcast_state *st = &eng->mcast[op->team_id];
 
@@ -90,7 +92,7 @@ void dpa_mcast_read_completed(struct dpa_engine *eng, struct dpa_op *op, struct 
 		return;
 	}
 	dpa_stats(hal)->refetch_bytes += c->bytes;
-	op->mc_stats.refetched_bytes += c->bytes;
+	op->alg.mc_stats.refetched_bytes += c->bytes;
 }
 
 int dpa_mcast_stats_ok(struct dpa_hal *hal, const struct dpa_op *op)
@@ -98,12 +100,13 @@ int dpa_mcast_stats_ok(struct dpa_hal *hal, const struct dpa_op *op)
 	return !op->cmd.aux_addr || stats_out(hal, op);
 }
 
-void dpa_mcast_report(struct dpa_hal *hal, const struct dpa_op *op)
+void dpa_mcast_finish(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
 {
 	struct offload_mcast_op_stats *out = op->cmd.aux_addr ? stats_out(hal, op) : NULL;
 
-	if (out)
-		*out = op->mc_stats;
+	release(eng, op, hal);
+	if (out)  /* before the completion that says it is there */
+		*out = op->alg.mc_stats;
 }
 
 int dpa_mcast_post(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
@@ -142,11 +145,11 @@ int dpa_mcast_inject(struct dpa_op *op, struct dpa_hal *hal, uint32_t first_chun
 	struct offload_thread_stats *stats = dpa_stats(hal);
 	struct dpa_item *it = &op->items[0];
 
-	for (uint32_t k = 0; k < DPA_MCAST_SEND_BURST && op->mc_next < nchunks; k++) {
-		uint64_t off = (uint64_t)op->mc_next * mtu;
+	for (uint32_t k = 0; k < DPA_MCAST_SEND_BURST && op->alg.mc_next < nchunks; k++) {
+		uint64_t off = (uint64_t)op->alg.mc_next * mtu;
 		uint32_t piece = len - off < mtu ? (uint32_t)(len - off) : mtu;
 		int rc = dpa_hal_mcast_send(hal, op->team_id, src + off, op->cmd.src_key, piece,
-					    DPA_HAL_MCAST_IMM(op->seq, first_chunk + op->mc_next),
+					    DPA_HAL_MCAST_IMM(op->seq, first_chunk + op->alg.mc_next),
 					    dpa_wr_id(op, 0, DPA_WR_DATA));
 
 		if (rc == DPA_HAL_EAGAIN)
@@ -157,14 +160,14 @@ int dpa_mcast_inject(struct dpa_op *op, struct dpa_hal *hal, uint32_t first_chun
 			return sent + 1;
 		}
 		it->inflight++;
-		op->mc_next++;
+		op->alg.mc_next++;
 		sent++;
 		stats->mcast_chunks_sent++;
 		stats->mcast_bytes_sent += piece;
-		op->mc_stats.chunks_sent++;
-		op->mc_stats.bytes_injected += piece;
+		op->alg.mc_stats.chunks_sent++;
+		op->alg.mc_stats.bytes_injected += piece;
 	}
-	*done = op->mc_next >= nchunks;
+	*done = op->alg.mc_next >= nchunks;
 	return sent;
 }
 
@@ -221,7 +224,7 @@ static void place_all(struct dpa_op *op, struct dpa_hal *hal, struct dpa_mcast_s
 			b = block_of(st, team, id);
 		if (b && (st->bits[id / 64] & bit)) {
 			stats->mcast_dups++;
-			op->mc_stats.chunks_duplicated++;
+			op->alg.mc_stats.chunks_duplicated++;
 			b = NULL;
 		}
 		if (staged && b) {
@@ -241,7 +244,7 @@ static void place_all(struct dpa_op *op, struct dpa_hal *hal, struct dpa_mcast_s
 		st->bits[id / 64] |= bit;
 		b->got++;
 		stats->mcast_chunks_recv++;
-		op->mc_stats.chunks_received++;
+		op->alg.mc_stats.chunks_received++;
 	}
 }
 
@@ -323,7 +326,7 @@ static void mark_range(struct dpa_op *op, struct dpa_mcast_state *st, struct dpa
 		st->bits[id / 64] |= bit;
 		b->got++;
 		stats->refetch_chunks++;
-		op->mc_stats.chunks_dropped++;
+		op->alg.mc_stats.chunks_dropped++;
 	}
 }
 
@@ -469,7 +472,7 @@ int dpa_mcast_owner_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 			 struct dpa_hal *hal, uint32_t p)
 {
 	struct dpa_item *it = &op->items[i];
-	uint32_t flags = off_load_acquire(&op->mc_flags);
+	uint32_t flags = off_load_acquire(&op->alg.mc_flags);
 	int work = 0;
 
 	if (!(it->flags & DPA_ITEM_STARTED)) {
@@ -489,7 +492,7 @@ int dpa_mcast_owner_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 		if (!dpa_mcast_peer_word(eng, op, hal, p))
 			return work;
 		it->flags |= DPA_ITEM_READY_IN;
-		off_fetch_add(&op->mc_readies, 1);
+		off_fetch_add(&op->alg.mc_readies, 1);
 		dpa_hal_notify(hal);  /* item 0 injects once every ready is in */
 		work++;
 	}

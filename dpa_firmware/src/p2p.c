@@ -7,6 +7,7 @@
  * receiver published ready for this very op.
  */
 #include "engine_internal.h"
+#include "p2p.h"
 
 /*
  * Write a control descriptor into a peer's control region: the body, then its seq word.
@@ -286,4 +287,74 @@ int dpa_exchange_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, str
 	    (it->flags & DPA_ITEM_RECVD))
 		it->flags |= DPA_ITEM_FINISHED;
 	return work;
+}
+
+int dpa_signal_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		    uint32_t peer, int error)
+{
+	struct dpa_team *team = &eng->teams[op->team_id];
+	struct dpa_ctrl_msg m = {
+		.wr_id = dpa_wr_id(op, peer, DPA_WR_SIGNAL),
+		.raddr = dpa_peer_ctrl_addr(team, peer,
+					    dpa_ctrl_done_off(op->team_id, op->slot, team->my_rank)),
+		.value = error ? OFFLOAD_SIGNAL_ERROR : OFFLOAD_SIGNAL_OK,
+		.peer = team->peers[peer].world_rank, .rkey = team->peers[peer].ctrl_key,
+		.kind = DPA_WR_SIGNAL,
+	};
+	int rc = dpa_ctrl_post(eng, hal, &m);
+
+	if (rc == 0)
+		dpa_stats(hal)->signals++;
+	else if (rc == OFFLOAD_ERR_LINK_DOWN)
+		dpa_op_abort(eng, hal, op, OFFLOAD_ERR_LINK_DOWN, m.peer);
+	else if (rc != DPA_HAL_EAGAIN)
+		dpa_op_fail(op, OFFLOAD_ERR_INTERNAL, m.peer);
+	return rc == DPA_HAL_EAGAIN ? rc : 0;
+}
+
+int dpa_peer_gone(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		  uint32_t world_rank)
+{
+	uint64_t fail = off_load_acquire(&op->fail), bit = 1ull << world_rank;
+	int32_t st = (int32_t)(uint32_t)fail;
+
+	if (off_read_once(&eng->failed_ranks) & bit) {
+		dpa_op_fail(op, OFFLOAD_ERR_PEER, world_rank);
+		return 1;
+	}
+	/* Closed as this thread saw it at the start of its pass: a closing peer's words land
+	 * before its close shows, so the caller's look for the word, made since, was final. */
+	if (dpa_closed_ranks(eng, hal) & bit) {
+		dpa_op_fail(op, OFFLOAD_ERR_PEER_CLOSED, world_rank);
+		return 1;
+	}
+	return fail && (uint32_t)(fail >> 32) == world_rank &&
+	       (st == OFFLOAD_ERR_PEER || st == OFFLOAD_ERR_REMOTE_ACCESS ||
+		st == OFFLOAD_ERR_PEER_CLOSED);
+}
+
+void dpa_expect_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_item *it, uint32_t src)
+{
+	struct dpa_team *team = &eng->teams[op->team_id];
+
+	it->expect_lo = ++team->expect_lo[op->slot][src];
+	it->errs_seen = team->errs_seen[op->slot][src];
+}
+
+int dpa_check_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		   struct dpa_item *it, uint32_t src)
+{
+	struct dpa_team *team = &eng->teams[op->team_id];
+	struct offload_ctrl_team *ctrl = dpa_my_ctrl(hal, op->team_id);
+	/* Pairs with the peer's signal add, which follows its data writes on the same QP. */
+	uint64_t v = off_load_acquire(&ctrl->done[op->slot][src]);
+	uint32_t lo = (uint32_t)v, errs = (uint32_t)(v >> 32);
+
+	if ((int32_t)(lo - it->expect_lo) < 0)
+		return 0;
+	if (errs != it->errs_seen) {
+		team->errs_seen[op->slot][src] = errs;
+		dpa_op_fail(op, OFFLOAD_ERR_PEER_OP, team->peers[src].world_rank);
+	}
+	return 1;
 }

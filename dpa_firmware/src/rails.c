@@ -10,6 +10,7 @@
  * With no rail left to the peer, the op aborts with OFFLOAD_ERR_LINK_DOWN naming it.
  */
 #include "engine_internal.h"
+#include "rails.h"
 
 static uint32_t first_up_rail(const struct dpa_engine *eng, struct dpa_hal *hal, uint32_t peer)
 {
@@ -130,9 +131,10 @@ int dpa_ctrl_completed(struct dpa_engine *eng, struct dpa_hal *hal, const struct
 	return 0;
 }
 
-/* Post again the control words a failed rail dropped; 1 if any went out. An op whose peer
- * has no rail left is aborted. */
-int dpa_ctrl_resend(struct dpa_engine *eng, struct dpa_hal *hal)
+/* Post again the control words a failed rail dropped; 1 if any went out. A word whose
+ * peer has no rail left goes into lost[] (*nlost of them): the caller aborts its op. */
+int dpa_ctrl_resend(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa_wr_failure *lost,
+		    uint32_t *nlost)
 {
 	struct dpa_ctrl_msg *log = log_of(eng, hal);
 	uint32_t *resends = &eng->ctrl_resends[dpa_hal_thread_index(hal)];
@@ -155,7 +157,7 @@ int dpa_ctrl_resend(struct dpa_engine *eng, struct dpa_hal *hal)
 			work++;
 			continue;
 		}
-		dpa_op_abort_wr(eng, hal, m->wr_id, OFFLOAD_ERR_LINK_DOWN, m->peer);
+		lost[(*nlost)++] = (struct dpa_wr_failure){ .wr_id = m->wr_id, .peer = m->peer };
 		__atomic_store_n(&m->pending, 0, __ATOMIC_RELEASE);
 	}
 	return work;

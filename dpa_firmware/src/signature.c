@@ -29,6 +29,7 @@
  * it read our signature for s.
  */
 #include "engine_internal.h"
+#include "signature.h"
 
 uint32_t dpa_team_fp(uint32_t team_id, uint32_t size, const struct offload_peer *peers)
 {
