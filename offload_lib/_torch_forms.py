@@ -221,3 +221,44 @@ class TorchForms:
         recv = torch.empty(out.numel(), dtype=out.dtype, device=out.device)
         req = self.team.alltoallv(send, counts, recv, recv_counts=recv_counts)
         return self._works([req], outputs, _unstage(recv, outputs))
+
+    # -- reductions on the DPA ----------------------------------------------------------------
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> MultiWork:
+        if len(tensors) != 1:
+            raise InvalidArgument(f"allreduce takes one tensor per call, got {len(tensors)}")
+        return self._works([self.team.allreduce(_flat(tensors[0]), reduce_op(opts))], tensors)
+
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> MultiWork:
+        op = reduce_op(opts)
+        return self._works([self.team.allreduce(_flat(t), op) for t in tensors], tensors)
+
+    def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor,
+                              opts: Any = None) -> MultiWork:
+        req = self.team.reduce_scatter(_flat(input), _flat(output), reduce_op(opts))
+        return self._works([req], [output])
+
+    _reduce_scatter_base = reduce_scatter_single  # its name before torch 2.6
+
+    def reduce_scatter_single_coalesced(self, outputs: list[torch.Tensor],
+                                        inputs: list[torch.Tensor], opts: Any = None) -> MultiWork:
+        if len(outputs) != len(inputs):
+            raise InvalidArgument(f"{len(outputs)} outputs for {len(inputs)} inputs: pass one "
+                                  "output per input")
+        op = reduce_op(opts)
+        return self._works([self.team.reduce_scatter(_flat(i), _flat(o), op)
+                            for o, i in zip(outputs, inputs)], outputs)
+
+    reduce_scatter_tensor_coalesced = reduce_scatter_single_coalesced  # before torch 2.6
+
+    def reduce_scatter(self, outputs: list[torch.Tensor], input_lists: list[list[torch.Tensor]],
+                       opts: Any = None) -> MultiWork:
+        """The list form: the inputs are staged into one contiguous tensor."""
+        n = self.team.size
+        if len(outputs) != 1 or len(input_lists) != 1 or len(input_lists[0]) != n:
+            raise InvalidArgument(f"reduce_scatter takes one output and {n} input tensors")
+        out, ins = outputs[0], input_lists[0]
+        if any(t.numel() != out.numel() for t in ins):
+            raise InvalidArgument(f"reduce_scatter's inputs must each hold the output's "
+                                  f"{out.numel()} elements")
+        send = torch.cat([t.reshape(-1) for t in ins])
+        return self._works([self.team.reduce_scatter(send, _flat(out), reduce_op(opts))], outputs)

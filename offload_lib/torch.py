@@ -8,7 +8,8 @@ Served: ``all_to_all_single`` (even or with split sizes), ``all_gather_into_tens
 ``broadcast`` and ``barrier``, on CPU tensors and (staged, see docs/gpu.md) CUDA tensors;
 and (offload_lib._torch_forms) the group's name and description (funcol, torch.compile,
 DeviceMesh, DTensor), the coalesced all-gather, the list forms of all-gather, all-to-all
-and scatter. Every other collective raises :class:`offload_lib.Unsupported` naming the
+and scatter, and the reductions (allreduce, reduce_scatter_tensor and their coalesced and
+list forms; SUM, AVG, PRODUCT, MAX, MIN) reduced by the DPA threads. Every other collective raises :class:`offload_lib.Unsupported` naming the
 served ones; use a gloo or NCCL group beside this one for them.
 
 The default group opens this process's DPA context (config from ``OFFLOAD_CONFIG`` and
@@ -33,7 +34,9 @@ from offload_lib.errors import InvalidArgument, OffloadError, Unsupported
 
 BACKEND = "dpa"
 SUPPORTED = ("all_to_all_single", "all_gather_into_tensor", "broadcast", "barrier",
-             "all_gather_single_coalesced", "allgather", "alltoall", "scatter")
+             "all_gather_single_coalesced", "allgather", "alltoall", "scatter", "allreduce",
+             "allreduce_coalesced", "reduce_scatter_tensor", "reduce_scatter_single_coalesced",
+             "reduce_scatter")
 
 _KEY = "dpa-offload"
 
@@ -248,10 +251,8 @@ class ProcessGroupDPA(TorchForms, dist.ProcessGroup):
     abort = shutdown
 
 
-for _name in ("allreduce", "allreduce_coalesced", "reduce", "allgather_coalesced", "gather",
-              "reduce_scatter", "reduce_scatter_single", "reduce_scatter_single_coalesced",
-              "reduce_scatter_tensor_coalesced", "_reduce_scatter_base", "send", "recv",
-              "recv_anysource", "monitored_barrier"):
+for _name in ("reduce", "allgather_coalesced", "gather", "send", "recv", "recv_anysource",
+              "monitored_barrier"):
     setattr(ProcessGroupDPA, _name, _unsupported(_name))
 
 

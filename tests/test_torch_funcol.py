@@ -126,3 +126,106 @@ same(got[1], want[1], "MOELayer input grad")
 for i, (g, w) in enumerate(zip(got[2], want[2])):
     same(g, w, f"MOELayer param grad {i}")
 ''')
+
+
+@pytest.mark.parametrize("n", [2, 4])
+@pytest.mark.timeout(150)
+def test_reductions_match_gloo_bitwise(n):
+    _run(n, r'''
+import torch.distributed._functional_collectives as fc
+R = dist.ReduceOp
+world = dist.group.WORLD
+ops = {"sum": R.SUM, "avg": R.AVG, "product": R.PRODUCT, "max": R.MAX, "min": R.MIN}
+torch.manual_seed(3 + rank)
+for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32, torch.int64):
+    for count in (1, size * 3, 4099, 262147):
+        base = torch.randn(count * size) * 4
+        x = base.to(dtype) if dtype.is_floating_point else (base * 1000).to(dtype)
+        for name, op in ops.items():
+            if name == "avg" and not dtype.is_floating_point:
+                continue
+            if name == "product" and count > 4099:
+                continue
+            got, want = x.clone(), x.clone()
+            dist.all_reduce(got, op=op)
+            dist.all_reduce(want, op=op, group=gloo)
+            same(got, want, f"all_reduce {name} {dtype} {count * size}")
+            got, want = torch.empty(count, dtype=dtype), torch.empty(count, dtype=dtype)
+            work = dist.reduce_scatter_tensor(got, x, op=op, async_op=True)
+            dist.reduce_scatter_tensor(want, x, op=op, group=gloo)
+            work.wait()
+            same(got, want, f"reduce_scatter_tensor {name} {dtype} {count * size}")
+
+# funcol with the group object
+x = torch.randn(8 * size)
+for op in ("sum", "avg", "max"):
+    same(fc.wait_tensor(fc.all_reduce(x, op, world)), fc.wait_tensor(fc.all_reduce(x, op, gloo)),
+         f"funcol all_reduce {op}")
+    same(fc.wait_tensor(fc.reduce_scatter_tensor(x, op, 0, world)),
+         fc.wait_tensor(fc.reduce_scatter_tensor(x, op, 0, gloo)), f"funcol reduce_scatter_tensor {op}")
+got = [fc.wait_tensor(t) for t in fc.all_reduce_coalesced([x, x[:5] * 2], "sum", world)]
+# gloo's coalesced form reduces the tensors as one buffer (another split, another order);
+# the DPA reduces each tensor on its own, as an all_reduce of it does
+want = [fc.wait_tensor(fc.all_reduce(t, "sum", gloo)) for t in (x, x[:5] * 2)]
+for g, wt in zip(got, want):
+    same(g, wt, "funcol all_reduce_coalesced")
+# list reduce_scatter, _reduce_scatter_base, int64 MAX (DeepSpeed's top-2 gate)
+ins = [torch.full((3,), float(rank * size + j)) for j in range(size)]
+got, want = torch.empty(3), torch.empty(3)
+dist.reduce_scatter(got, ins)
+dist.reduce_scatter(want, ins, group=gloo)
+same(got, want, "list reduce_scatter")
+got = torch.empty(2)
+dist._reduce_scatter_base(got, torch.arange(2.0 * size) + rank)
+same(got, (torch.arange(2.0 * size)[rank * 2:rank * 2 + 2] * size + sum(range(size))), "_reduce_scatter_base")
+m = torch.tensor([rank * 7 % 5, -rank], dtype=torch.int64)
+dist.all_reduce(m, op=R.MAX)
+same(m, torch.tensor([max(r * 7 % 5 for r in range(size)), 0]), "int64 MAX")
+for bad in (R.BAND, R.BOR):
+    try:
+        dist.all_reduce(torch.ones(2, dtype=torch.int64), op=bad)
+    except ol.Unsupported as e:
+        assert "gloo" in str(e), e
+    else:
+        raise AssertionError(f"{bad} ran")
+try:
+    dist.all_reduce(torch.ones(2, dtype=torch.int64), op=R.AVG)
+except ol.InvalidArgument as e:
+    assert "avg" in str(e), e
+else:
+    raise AssertionError("AVG of int64 ran")
+''', timeout=140)
+
+
+@pytest.mark.timeout(120)
+def test_data_parallel_training_on_dpa_alone_equals_gloo():
+    _run(4, r'''
+def train(group, dtype, avg):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 33), torch.nn.Tanh(), torch.nn.Linear(33, 5)).to(dtype)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    gen = torch.Generator().manual_seed(100 + rank)
+    for step in range(20):
+        x = torch.randn(8, 16, generator=gen).to(dtype)
+        y = torch.randn(8, 5, generator=gen).to(dtype)
+        opt.zero_grad()
+        torch.nn.functional.mse_loss(model(x), y).backward()
+        for p in model.parameters():
+            if avg:
+                dist.all_reduce(p.grad, op=dist.ReduceOp.AVG, group=group)
+            else:
+                dist.all_reduce(p.grad, group=group)
+                p.grad /= size
+        opt.step()
+    return [p.detach() for p in model.parameters()]
+
+for dtype in (torch.float32, torch.bfloat16):
+    for avg in (False, True):
+        got, want = train(None, dtype, avg), train(gloo, dtype, avg)
+        for i, (g, w) in enumerate(zip(got, want)):
+            same(g, w, f"weights {i} after 20 steps {dtype} avg={avg}")
+        for g in got:  # the replicas agree, too
+            ref = g.clone()
+            dist.broadcast(ref, 0)
+            same(g, ref, "replicas in step")
+''')
