@@ -19,7 +19,7 @@
 
 static int ar_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
 {
-	return dpa_red_start(eng, op, hal, 3);
+	return dpa_red_start(eng, op, hal);
 }
 
 static int ar_signal(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,

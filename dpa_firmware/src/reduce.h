@@ -28,7 +28,7 @@ uint64_t dpa_order_block(uint64_t total, uint32_t esize, uint32_t n);
 
 /*
  * out[k] = x[first] (+) x[first-1] (+) ... (+) x[first-n+1] for k < count elements; srcs
- * indexed by team rank; out may be srcs[first+1 mod n] (the last operand). AVG divides.
+ * indexed by team rank; out may be any operand (a tile is read whole before it is stored). AVG divides.
  */
 void dpa_reduce(uint32_t redop, uint32_t n, uint32_t first, const void *const *srcs, void *out,
 		uint64_t count);
@@ -36,9 +36,9 @@ void dpa_reduce(uint32_t redop, uint32_t n, uint32_t first, const void *const *s
 /* The exchange both reductions share (reduce_scatter.c); `stride` is the distance between
  * blocks in src (and scratch). Items: one per team peer, as in the all-to-all. */
 uint64_t dpa_red_stride(const struct dpa_engine *eng, const struct dpa_op *op);
-int dpa_red_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
-		  uint32_t signals);
-/* Phase 1 of item i: push our contribution, take the peer's; 1 once both are done. */
+int dpa_red_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal);
+/* Phase 1 of item i: push our contribution, take the peer's; 1 once both are done. Takes
+ * the item's signal expectations (1 per peer for reduce-scatter, 3 for allreduce). */
 int dpa_red_push(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal,
 		 int *work);
 /* Item 0: reduce this rank's block in scratch once every contribution is in (a chunk per

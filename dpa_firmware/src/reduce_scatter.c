@@ -73,25 +73,13 @@ static int red_valid(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *
 	return dpa_hal_aux_ptr(hal, c->aux_key, c->aux_addr, scratch) != (void *)0;
 }
 
-int dpa_red_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
-		  uint32_t signals)
+int dpa_red_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
 {
-	struct dpa_team *team = &eng->teams[op->team_id];
+	const struct dpa_team *team = &eng->teams[op->team_id];
 	uint32_t n = team->size, me = team->my_rank;
 
 	if (!red_valid(eng, op, hal))
 		dpa_op_refuse(eng, op, OFFLOAD_ERR_INVALID);
-	/* Each peer signals us `signals` times in this op (allreduce.c: pushed, reduced, read
-	 * you); item i keeps the first expectation of its source (me - i), the others follow. */
-	for (uint32_t i = 0; i < n; i++) {
-		struct dpa_item *it = &op->items[i];
-		uint32_t src = (me + n - i) % n;
-
-		it->expect_lo = team->expect_lo[op->slot][src] + 1;
-		it->errs_seen = team->errs_seen[op->slot][src];
-		team->expect_lo[op->slot][src] += signals;
-		it->flags |= DPA_ITEM_STARTED;
-	}
 	for (uint32_t i = 0; i < n; i++) {
 		if (red_publish(eng, op, hal, (me + n - i) % n) == DPA_HAL_EAGAIN)
 			break;
@@ -110,6 +98,20 @@ int dpa_red_push(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct d
 
 	if (it->flags & DPA_RED_PUSHED)
 		return 1;
+	if (!(it->flags & DPA_ITEM_STARTED)) {
+		/* Each peer signals us several times in this op (allreduce.c: pushed, reduced,
+		 * read you): item i keeps the first expectation of its source (me - i), the
+		 * others follow. Taken here, past the gate, as dpa_item_begin does: an op the
+		 * gate failed consumes no signals. `round` publishes it to the other items. */
+		uint32_t src = (team->my_rank + team->size - i) % team->size;
+		struct dpa_team *t = &eng->teams[op->team_id];
+
+		it->expect_lo = t->expect_lo[op->slot][src] + 1;
+		it->errs_seen = t->errs_seen[op->slot][src];
+		t->expect_lo[op->slot][src] += op->cmd.opcode == OFFLOAD_OP_ALLREDUCE ? 3 : 1;
+		it->flags |= DPA_ITEM_STARTED;
+		__atomic_store_n(&it->round, 1, __ATOMIC_RELEASE);
+	}
 	dpa_red_block(eng, op, (team->my_rank + i) % team->size, &off, &len);
 	struct dpa_send send = { .addr = op->cmd.src_addr + off, .len = len, .fixed = 1 };
 
@@ -132,9 +134,12 @@ int dpa_red_heard(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal
 	const struct dpa_team *team = &eng->teams[op->team_id];
 	/* The item whose source is src holds src's first expectation (set at start). */
 	const struct dpa_item *first = &op->items[(team->my_rank + team->size - src) % team->size];
-	struct dpa_item probe = { .expect_lo = first->expect_lo + k - 1,
-				  .errs_seen = first->errs_seen };
+	struct dpa_item probe;
 
+	if (!__atomic_load_n(&first->round, __ATOMIC_ACQUIRE))
+		return 0;  /* that item has not taken its expectation yet */
+	probe = (struct dpa_item){ .expect_lo = first->expect_lo + k - 1,
+				   .errs_seen = first->errs_seen };
 	return dpa_check_done(eng, op, hal, &probe, src) ||
 	       dpa_peer_gone(eng, op, hal, team->peers[src].world_rank);
 }
@@ -229,7 +234,7 @@ int dpa_red_read(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct d
 
 static int rs_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
 {
-	return dpa_red_start(eng, op, hal, 1);
+	return dpa_red_start(eng, op, hal);
 }
 
 static int rs_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal)
