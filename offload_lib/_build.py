@@ -49,7 +49,7 @@ def abi_cdef(text: str) -> tuple[str, dict[str, int]]:
     known: dict[str, int] = {}
     defines: list[str] = []
     body: list[str] = []
-    lines = _strip_comments(text).splitlines()
+    lines = _strip_comments(text).replace("\\\n", " ").splitlines()  # macros' continuations
     skip_assert = False
     for line in lines:
         stripped = line.strip()

@@ -11,6 +11,7 @@
 #include "engine_internal.h"
 #include "rails.h"
 #include "signature.h"
+#include "reduce.h"
 
 #define DPA_INTAKE_BUDGET 16
 #define DPA_POLL_BUDGET   256
@@ -22,6 +23,8 @@ static const struct dpa_algo *const dpa_algos[OFFLOAD_OP_MAX] = {
 	[OFFLOAD_OP_ALLTOALLV] = &dpa_algo_alltoallv,
 	[OFFLOAD_OP_BROADCAST] = &dpa_algo_broadcast_mcast,
 	[OFFLOAD_OP_ALLGATHER] = &dpa_algo_allgather_mcast,
+	[OFFLOAD_OP_REDUCE_SCATTER] = &dpa_algo_reduce_scatter,
+	[OFFLOAD_OP_ALLREDUCE] = &dpa_algo_allreduce,
 };
 
 uint64_t dpa_engine_state_size(void)
@@ -95,9 +98,9 @@ static uint32_t lowest_rank(uint64_t mask)
 	return r;
 }
 
-
 static int try_complete_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
 {
+	struct offload_thread_stats *stats = dpa_stats(hal);
 	uint64_t dead = off_read_once(&eng->failed_ranks) & eng->teams[op->team_id].world_mask;
 	uint64_t fail = off_load_acquire(&op->fail);
 
@@ -123,8 +126,16 @@ static int try_complete_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa
 	cqe.result1 = op->result1;
 	if (op->algo->finish)  /* before the completion that says the op is over */
 		op->algo->finish(eng, op, hal);
-	if (!dpa_write_cqe(eng, hal, &cqe))
+	/* Counted before the completion is published (this thread's counters, no other
+	 * writer): a host that saw the completion reads counters that include it. Taken back
+	 * if the ring was full (the completion is tried again later). */
+	stats->ops_completed++;
+	stats->errors += cqe.status != OFFLOAD_OK;
+	if (!dpa_write_cqe(eng, hal, &cqe)) {
+		stats->ops_completed--;
+		stats->errors -= cqe.status != OFFLOAD_OK;
 		return 0;
+	}
 	/* A rank lost (dead, or every rail to it down) leaves the team's sequence broken,
 	 * whether or not this rank's watch has seen the death yet: later ops fail at intake
 	 * with the same error; so does a member that closed its context before joining this
@@ -133,9 +144,6 @@ static int try_complete_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa
 	if (cqe.status == OFFLOAD_ERR_PEER || cqe.status == OFFLOAD_ERR_LINK_DOWN ||
 	    cqe.status == OFFLOAD_ERR_PEER_CLOSED)
 		dpa_team_poison(&eng->teams[op->team_id], cqe.status, cqe.detail);
-	dpa_stats(hal)->ops_completed++;
-	if (cqe.status != OFFLOAD_OK)
-		dpa_stats(hal)->errors++;
 	__atomic_store_n(&op->state, DPA_OP_FREE, __ATOMIC_SEQ_CST);
 	/* A command may be waiting for this slot while the thread holding intake parks. */
 	if (commands_waiting(hal))

@@ -183,6 +183,11 @@ struct dpa_op {
 			uint32_t hdr_pending;
 			uint32_t hdr_fail;
 		};
+		struct {  /* reductions: reduce_scatter.c, allreduce.c (reduce.h) */
+			uint32_t red_flags;   /* DPA_RED_* (the reducer sets, other items read) */
+			uint32_t red_pushed;  /* items whose phase 1 finished */
+			uint32_t red_next;    /* the reducer's progress in bytes of its block */
+		};
 		struct {  /* all-to-all-v: alltoallv.c, alltoallv_slots.c */
 			uint32_t layout_done; /* v is complete (release-stored) */
 			uint32_t layout_lock;
