@@ -39,17 +39,12 @@ def init(config: str | os.PathLike[str] | Mapping[str, Any] | None = None) -> "C
     from offload_lib.config import load_config
     from offload_lib.context import Context
     from offload_lib.discovery import select_backend
-    from offload_lib.launcher import cleanup_stale_segments, watch_launcher
 
     cfg = load_config(config)
     backend, _reason = select_backend(cfg)
     # The emulator and the FlexIO model connect their ranks within one machine.
     world = discover(one_host=backend == "emulator" or cfg.flexio_runtime == "model")
-    if world.launcher == "dpa-offload":
-        watch_launcher()  # die with the launcher, also when it is not our parent
-    if world.rank == 0:
-        cleanup_stale_segments()
-    return Context(cfg, world, backend)
+    return Context.from_world(cfg, world, backend)
 
 
 def __getattr__(name: str) -> Any:

@@ -33,6 +33,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from offload_lib import _commands
 from offload_lib._buffers import Buffer
 from offload_lib._cuda import Copy2D
 from offload_lib._native import ffi, lib
@@ -169,6 +170,11 @@ class Stager:
                 self._pool.setdefault(a.nbytes, []).append(a)
 
     # -- submitting -------------------------------------------------------------------------
+    def post(self, cmd: _commands.Command) -> Any:
+        """Post a staged piece: a command on host (staging) buffers, through the context's
+        posting, not the public Team API (which would route GPU buffers back here)."""
+        return self.ctx._post_host(cmd)
+
     def submit(self, what: str, bufs: list[Buffer], pieces: list[_Piece],
                staging: list[np.ndarray], result: Callable[[_Op], Any] = lambda op: None,
                release: list[int] | None = None) -> Any:
@@ -462,8 +468,8 @@ def alltoall(stager: Stager, team: Any, s: Buffer, d: Buffer) -> Any:
             d2h, pack = [], (lambda r=region, o=off, w=width: np.copyto(
                 src_h[r].reshape(n, w), user_src.reshape(n, block)[:, o:o + w]))
         h2d, unpack = _columns_back(d, dst_staged, dst_h, user_dst, n, block, off, width)
-        pieces.append(_Piece(d2h, lambda r=region: team.alltoall(src_h[r], dst_h[r]), h2d,
-                             pack, unpack))
+        pieces.append(_Piece(d2h, lambda r=region: stager.post(
+            _commands.alltoall(team, src_h[r], dst_h[r])), h2d, pack, unpack))
     return stager.submit("alltoall", [s, d], pieces, sides.staging)
 
 
@@ -484,8 +490,8 @@ def allgather(stager: Stager, team: Any, s: Buffer, d: Buffer) -> Any:
         h2d, unpack = _columns_back(d, dst_staged, dst_h, user_dst, n, total, off, width)
         dst_region = slice(n * off, n * off + n * width) if dst_staged else slice(0, d.nbytes)
         pieces.append(_Piece(
-            d2h, lambda o=off, w=width, r=dst_region: team.allgather(src_h[o:o + w], dst_h[r]),
-            h2d, None, unpack))
+            d2h, lambda o=off, w=width, r=dst_region: stager.post(
+                _commands.allgather(team, src_h[o:o + w], dst_h[r])), h2d, None, unpack))
     return stager.submit("allgather", [s, d], pieces, sides.staging + dst_side.staging,
                          _mcast_total)
 
@@ -512,8 +518,8 @@ def broadcast(stager: Stager, team: Any, b: Buffer, root: int) -> Any:
             if is_root and width and b.on_gpu else []
         h2d = [] if is_root or not width or not b.on_gpu else \
             [Copy2D.flat(b.addr + off, host.ctypes.data + off, width)]
-        pieces.append(_Piece(d2h, lambda o=off, w=width: team.broadcast(host[o:o + w], root),
-                             lambda _v, c=h2d: c))
+        pieces.append(_Piece(d2h, lambda o=off, w=width: stager.post(
+            _commands.broadcast(team, host[o:o + w], root)), lambda _v, c=h2d: c))
     return stager.submit("broadcast", [b], pieces, sides.staging, _mcast_total)
 
 
@@ -526,8 +532,9 @@ def alltoallv(stager: Stager, team: Any, s: Buffer, d: Buffer, sends: np.ndarray
     d2h = [Copy2D.flat(src_h.ctypes.data, s.addr, sent)] if s.on_gpu and sent else []
 
     def post() -> Any:
-        return team.alltoallv(_elem_view(src_h[:s.nbytes], size), sends,
-                              _elem_view(dst_h[:d.nbytes], size), recv_counts, slot)
+        return stager.post(_commands.alltoallv(team, _elem_view(src_h[:s.nbytes], size), sends,
+                                               _elem_view(dst_h[:d.nbytes], size), recv_counts,
+                                               slot))
 
     def h2d(recv: np.ndarray) -> list[Copy2D]:
         if not d.on_gpu:
@@ -553,7 +560,8 @@ def alltoallv_rows(stager: Stager, team: Any, s: Buffer, shape: tuple[int, int],
 
     def post() -> Any:
         table = _elem_view(src_h[:s.nbytes], size).reshape(shape)
-        return team.alltoallv_rows(table, rows, per_rank, _elem_view(dst_h[:d.nbytes], size))
+        return stager.post(_commands.alltoallv_rows(team, table, rows, per_rank,
+                                                    _elem_view(dst_h[:d.nbytes], size)))
 
     def h2d(recv: np.ndarray) -> list[Copy2D]:
         got = int(recv.sum()) * row_bytes
@@ -573,8 +581,8 @@ def alltoallv_place(stager: Stager, team: Any, s: Buffer, shape: tuple[int, int]
 
     def post() -> Any:
         table = _elem_view(src_h[:s.nbytes], size).reshape(shape)
-        return team.alltoallv_place(table, per_rank, _elem_view(_user_bytes(d), size)
-                                    .reshape(dst_shape), place)
+        return stager.post(_commands.alltoallv_place(
+            team, table, per_rank, _elem_view(_user_bytes(d), size).reshape(dst_shape), place))
 
     return stager.submit("alltoallv_place", [s, d], [_Piece(d2h, post, _nothing)],
                          sides.staging, lambda op: op.pieces[0].value)

@@ -1,4 +1,6 @@
-"""Context and Team: the user-facing objects that post collectives to the DPA."""
+"""Context: one rank's connection to its DPA: lifecycle, teams, memory, counters, and the
+posting every collective goes through (Team in team.py encodes with _commands.py and
+submits here; the GPU stager and the reductions post through the same few methods)."""
 from __future__ import annotations
 
 import errno
@@ -7,25 +9,22 @@ import os
 import threading
 import warnings
 import weakref
-import zlib
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
-from offload_lib import _reduce, _staging
-from offload_lib._buffers import Buffer, as_buffer
+from offload_lib import _commands, _reduce, _staging
+from offload_lib._buffers import Buffer
 from offload_lib._regcache import Cookies
 from offload_lib._native import ffi, lib
 from offload_lib.bootstrap import World, allgather
 from offload_lib.config import MAX_RAILS, Config, parse_rail_faults
 from offload_lib.errors import ConfigError, InvalidArgument, OffloadError, Unsupported, check_rc
-from offload_lib.request import McastStats, PersistentRequest, Request, Result
+from offload_lib.request import PersistentRequest, Request, Result
+from offload_lib.team import DST_ACCESS, SRC_ACCESS, Team
 
-# Registration rights of an op's source and destination, as host_post gives them.
-SRC_ACCESS = lib.OFFLOAD_ACCESS_LOCAL_READ | lib.OFFLOAD_ACCESS_REMOTE_READ
-DST_ACCESS = (lib.OFFLOAD_ACCESS_LOCAL_READ | lib.OFFLOAD_ACCESS_LOCAL_WRITE |
-              lib.OFFLOAD_ACCESS_REMOTE_WRITE)
+__all__ = ["Context", "Team", "SRC_ACCESS", "DST_ACCESS", "MAX_TEAMS", "MAX_RANKS"]
 
 # Ops this small are driven by the calling thread (cooperative progress), or else waited
 # for spinning briefly before sleeping: a wake-up costs tens of microseconds here, which
@@ -33,10 +32,7 @@ DST_ACCESS = (lib.OFFLOAD_ACCESS_LOCAL_READ | lib.OFFLOAD_ACCESS_LOCAL_WRITE |
 # offloading is meant to free.
 _SMALL_MAX_BYTES = 1024 * 1024
 
-_MAX_COUNT = 2**62  # elements; counts*itemsize must stay far from uint64 overflow
-
 # cffi types looked up once: a small op's whole call costs a few microseconds
-_OP = ffi.typeof("struct host_op *")
 _TAG = ffi.typeof("uint32_t *")
 
 MAX_TEAMS = lib.OFFLOAD_MAX_TEAMS
@@ -116,423 +112,26 @@ def _resolve_threads(config: Config, ranks: int) -> int:
     return max(1, min(4, _cores() // ranks))
 
 
-def _src_dst(src: Any, dst: Any, own_block: int | None = None) -> tuple[Buffer, Buffer]:
-    """Both buffers of an exchange, checked: same dtype, dst writable, no overlap (but for
-    an in-place all-gather's src, exactly block ``own_block`` of dst)."""
-    s = as_buffer(src, writable=False, name="src")
-    d = as_buffer(dst, writable=True, name="dst")
-    if s.dtype != d.dtype or s.itemsize != d.itemsize:
-        raise InvalidArgument(f"src is {s.dtype_name} but dst is {d.dtype_name}: use the same dtype")
-    if s.overlaps(d) and (own_block is None or s.addr != d.addr + own_block * s.nbytes):
-        raise InvalidArgument("src and dst overlap: in-place exchanges are not supported")
-    return s, d
-
-
-def _mcast_stats(op: Any) -> tuple[np.ndarray, Result]:
-    """Where a multicast op's firmware leaves its counters (the command's aux buffer, which
-    host_post registers), and the result that reads them at completion."""
-    words = np.zeros(McastStats.WORDS, np.uint64)
-    op.aux_addr, op.aux_len = words.ctypes.data, words.nbytes
-    return words, lambda _: McastStats.from_words(words)
-
-
-def _word(struct: str, field: str) -> int:
-    """The uint64 word at which field lies in struct (offload_abi.h)."""
-    return ffi.offsetof(struct, field) // 8
-
-
-# struct offload_alltoallv_args, as uint64 words
-_ARGS = "struct offload_alltoallv_args"
-_ARGS_WORDS = ffi.sizeof(_ARGS) // 8
-_SEND_BYTES, _RECV_BYTES, _EXPECT_BYTES = (_word(_ARGS, f) for f in
-                                           ("send_bytes", "recv_bytes", "expect_bytes"))
-_ROWS_ADDR, _ROW_BYTES, _SLOT_BYTES, _PLACE_ADDR = (_word(_ARGS, f) for f in
-                                                    ("rows_addr", "row_bytes", "slot_bytes",
-                                                     "place_addr"))
-
-
-def _alltoallv_op(team: Team, s: Buffer, d: Buffer, send_bytes: np.ndarray,
-                  rows: np.ndarray | None = None, place: np.ndarray | None = None
-                  ) -> tuple[Any, np.ndarray]:
-    """The command and its struct offload_alltoallv_args (send_bytes, recv_bytes (out),
-    expect_bytes, rows_addr, row_bytes, slot_bytes, place_addr) as one uint64 array that
-    lives until completion; the row lists (uint32) follow the struct in the same array, so
-    that the one registration host_post makes for the arguments covers them too."""
-    lists = [(_ROWS_ADDR, rows), (_PLACE_ADDR, place)]
-    words = [0 if a is None else (a.size + 1) // 2 for _, a in lists]
-    args = np.zeros(_ARGS_WORDS + sum(words), np.uint64)
-    args[_SEND_BYTES:_SEND_BYTES + team.size] = send_bytes
-    at = _ARGS_WORDS
-    for (field, arr), nwords in zip(lists, words):
-        if arr is not None and arr.size:
-            args[at:at + nwords].view(np.uint32)[:arr.size] = arr
-            args[field] = args.ctypes.data + at * 8
-        at += nwords
-    op = ffi.new(_OP)
-    op.opcode = lib.OFFLOAD_OP_ALLTOALLV
-    op.team = team.id
-    op.src_addr, op.src_len, op.count = s.addr, s.nbytes, s.nbytes
-    op.dst_addr, op.dst_len = d.addr, d.nbytes
-    op.aux_addr, op.aux_len = args.ctypes.data, args.nbytes
-    return op, args
-
-
-def _row_op(team: Team, s: Buffer, d: Buffer, per_rank: np.ndarray, row_bytes: int, flag: int,
-            rows: np.ndarray | None = None, place: np.ndarray | None = None
-            ) -> tuple[Any, np.ndarray, Result]:
-    """A rows or placed all-to-all-v command, its args, and its result: the rows received
-    from each rank (int64)."""
-    op, args = _alltoallv_op(team, s, d, per_rank * row_bytes, rows, place)
-    args[_ROW_BYTES] = row_bytes
-    op.flags |= flag
-    n = team.size
-
-    def received(_: Any) -> np.ndarray:
-        return (args[_RECV_BYTES:_RECV_BYTES + n] // row_bytes).astype(np.int64)
-
-    return op, args, received
-
-
-def _row_index(obj: Any, name: str, size: int, bound: int | None, what: str) -> np.ndarray:
-    """A 1-D integer row list of ``size`` entries, each in [0, bound) (or [0, 2**32))."""
-    index = np.asarray(obj)
-    if index.ndim != 1 or index.dtype.kind not in "iu":
-        raise InvalidArgument(f"{name} must be a 1-D array of integer row indices")
-    if index.size != size:
-        raise InvalidArgument(f"{name} holds {index.size} indices but rows_per_rank adds up to {size}")
-    limit = bound if bound is not None else 1 << 32
-    if index.size and (int(index.min()) < 0 or int(index.max()) >= limit):
-        raise InvalidArgument(f"{name} must index {what}")
-    return index
-
-
-def _integer(value: Any, name: str) -> int:
-    """``value`` as an int, if it is one (numpy integers too; not bool, float or str)."""
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise InvalidArgument(f"{name} must be an integer, got {value!r}")
-    return int(value)
-
-
-def _dtype(dtype: Any) -> np.dtype:
-    """A numpy dtype of plain numbers or bytes, or InvalidArgument saying why not."""
-    try:
-        dt = np.dtype(dtype)
-    except (TypeError, ValueError) as e:
-        raise InvalidArgument(f"dtype {dtype!r} is not a numpy dtype: {e}") from None
-    if dt.hasobject:
-        raise InvalidArgument(f"dtype {dt} holds Python objects: shared buffers hold plain "
-                              "numbers or bytes")
-    return dt
-
-
-def _list_fp(ranks: Sequence[int]) -> int:
-    """A member list's fingerprint, order included (create_team's agreement compares it)."""
-    return zlib.crc32(np.asarray(ranks, np.uint32).tobytes()) or 1
-
-
-def _counts(counts: Any, n: int, name: str) -> np.ndarray:
-    """Per-rank element counts as int64, checked: n of them, integers, none negative."""
-    try:
-        arr = np.asarray(counts)
-    except Exception:
-        raise InvalidArgument(f"{name} must be a sequence of {n} integers") from None
-    if arr.shape != (n,):
-        raise InvalidArgument(f"{name} must hold one count per team rank: {n}, got shape {arr.shape}")
-    if arr.dtype.kind not in "iu":
-        raise InvalidArgument(f"{name} must be integers, not {arr.dtype}")
-    values = arr.tolist()  # Python ints: no wrap-around in the checks below
-    if any(v < 0 for v in values):
-        raise InvalidArgument(f"{name} has a negative count: {values}")
-    if sum(values) > _MAX_COUNT:
-        raise InvalidArgument(f"{name} add up to {sum(values)} elements: more than any buffer holds")
-    return arr.astype(np.int64)
-
-
-class Team:
-    """An ordered group of ranks; ops on a team must be called in the same order by all."""
-
-    def __init__(self, ctx: Context, team_id: int, ranks: Sequence[int]) -> None:
-        self._ctx = ctx
-        self.id = team_id
-        self.ranks = tuple(ranks)
-        self.size = len(self.ranks)
-        self.rank = self.ranks.index(ctx.rank)
-        self._barrier_op: Any = None
-
-    def __repr__(self) -> str:
-        return f"<Team id={self.id} rank={self.rank}/{self.size}>"
-
-    # -- all-to-all -------------------------------------------------------------------------
-    def _alltoall_args(self, src: Any, dst: Any) -> tuple[Buffer, Buffer]:
-        s, d = _src_dst(src, dst)
-        if s.nbytes != d.nbytes:
-            raise InvalidArgument(
-                f"src has {s.count} elements but dst has {d.count}: all-to-all needs equal sizes"
-            )
-        if s.count % self.size:
-            raise InvalidArgument(
-                f"{s.count} elements do not split evenly over {self.size} ranks: "
-                f"use a multiple of {self.size}"
-            )
-        return s, d
-
-    def _alltoall_op(self, s: Buffer, d: Buffer) -> Any:
-        op = ffi.new(_OP)
-        op.opcode = lib.OFFLOAD_OP_ALLTOALL
-        op.team = self.id
-        op.src_addr, op.src_len = s.addr, s.nbytes
-        op.dst_addr, op.dst_len = d.addr, d.nbytes
-        op.count = s.nbytes // self.size
-        return op
-
-    def alltoall(self, src: Any, dst: Any) -> Request:
-        """Post an all-to-all: block j of src goes to rank j, block i of dst comes from rank i."""
-        self._ctx._check_open()
-        s, d = self._alltoall_args(src, dst)
-        # host_post registers both buffers for this op alone.
-        return self._ctx._submit(self._alltoall_op(s, d), "alltoall", (s, d),
-                                 lambda g: _staging.alltoall(g, self, s, d), nbytes=s.nbytes)
-
-    def alltoall_init(self, src: Any, dst: Any) -> PersistentRequest:
-        """A persistent all-to-all: registered once, then post()/wait() repeatedly."""
-        ctx = self._ctx
-        ctx._check_open()
-        s, d = self._alltoall_args(src, dst)
-        if s.on_gpu or d.on_gpu:
-            raise InvalidArgument("persistent requests take host buffers: post GPU buffers "
-                                  "with team.alltoall (staged and stream-ordered each time)")
-        op = self._alltoall_op(s, d)
-        keys: list[int] = []
-        try:
-            for buf, access, field in ((s, SRC_ACCESS, "src_key"), (d, DST_ACCESS, "dst_key")):
-                key, owned = ctx._register(buf, access)
-                setattr(op, field, key)
-                if owned:
-                    keys.append(key)
-        except BaseException:
-            for key in keys:
-                lib.host_mr_release(ctx._handle(), key)
-            raise
-        return ctx._persistent(op, "alltoall", keys, (s.obj, d.obj), nbytes=s.nbytes)
-
-    # -- all-to-all-v -----------------------------------------------------------------------
-    def alltoallv(self, src: Any, send_counts: Any, dst: Any, recv_counts: Any = None,
-                  slot: int | None = None) -> Request:
-        """Post an all-to-all-v. ``src`` holds ``send_counts[j]`` elements for rank j, packed in
-        rank order; the DPA exchanges the counts itself, and ``wait()`` returns the receive
-        counts (numpy int64, one per source rank), the data packed by source rank in ``dst``.
-        With ``recv_counts`` the arrivals are checked against it.
-
-        With ``slot`` (low latency, for small batches; every rank passes the same value):
-        ``dst`` holds one slot of ``slot`` elements per source rank and the data from rank s
-        lands at ``dst[s*slot : s*slot + recv_counts[s]]``; there is no count round, and each
-        send count must fit a slot."""
-        ctx = self._ctx
-        ctx._check_open()
-        n = self.size
-        s, d = _src_dst(src, dst)
-        sends = _counts(send_counts, n, "send_counts")
-        if sum(sends.tolist()) > s.count:
-            raise InvalidArgument(
-                f"send_counts add up to {sum(sends.tolist())} elements but src holds {s.count}"
-            )
-        op, args = _alltoallv_op(self, s, d, sends * s.itemsize)
-        if slot is not None:
-            if recv_counts is not None:
-                raise InvalidArgument("recv_counts cannot be checked in slot mode: pass one or the other")
-            slot = _integer(slot, "slot")
-            if slot < 0 or n * slot > d.count:
-                raise InvalidArgument(
-                    f"slot={slot} needs dst to hold {n} x {slot} elements; it holds {d.count}"
-                )
-            if any(c > slot for c in sends.tolist()):
-                raise InvalidArgument(f"send_counts {sends.tolist()} must each fit a slot of {slot}")
-            args[_SLOT_BYTES] = slot * s.itemsize
-            op.flags |= lib.OFFLOAD_CMD_F_SLOTS
-        if recv_counts is not None:
-            expect = _counts(recv_counts, n, "recv_counts")
-            if sum(expect.tolist()) > d.count:
-                raise InvalidArgument(
-                    f"recv_counts add up to {sum(expect.tolist())} elements but dst holds {d.count}"
-                )
-            args[_EXPECT_BYTES:_EXPECT_BYTES + n] = expect * s.itemsize
-            op.flags |= lib.OFFLOAD_CMD_F_EXPECT
-        itemsize = s.itemsize
-
-        def received(_: Any) -> np.ndarray:
-            return (args[_RECV_BYTES:_RECV_BYTES + n] // itemsize).astype(np.int64)
-
-        return ctx._submit(op, "alltoallv", (s, d),
-                           lambda g: _staging.alltoallv(g, self, s, d, sends, recv_counts, slot),
-                           (args,), received, nbytes=s.nbytes, itemsize=itemsize)
-
-    def alltoallv_rows(self, src: Any, rows: Any, rows_per_rank: Any, dst: Any) -> Request:
-        """All-to-all-v of table rows, gathered by the DPA (MoE dispatch): ``src`` is a 2-D
-        table [R, row]; rank j gets rows ``src[rows[k]]`` for the next ``rows_per_rank[j]``
-        k's, in order (a row may go to several ranks). Arrivals are packed by source rank in
-        ``dst``; ``wait()`` returns the rows received from each rank (numpy int64). The host
-        never copies the rows into a send buffer."""
-        ctx = self._ctx
-        ctx._check_open()
-        n = self.size
-        shape = getattr(src, "shape", None)
-        if shape is None or len(shape) != 2:
-            raise InvalidArgument("src must be a 2-D table of rows (e.g. a [tokens, hidden] array)")
-        s, d = _src_dst(src, dst)
-        table_rows, row_elems = int(shape[0]), int(shape[1])
-        if row_elems == 0:
-            raise InvalidArgument("rows have no elements: gathering needs rows of at least one")
-        per_rank = _counts(rows_per_rank, n, "rows_per_rank")
-        index = _row_index(rows, "rows", sum(per_rank.tolist()), table_rows,
-                           f"src's {table_rows} rows")
-        row_bytes = row_elems * s.itemsize
-        op, args, received = _row_op(self, s, d, per_rank, row_bytes, lib.OFFLOAD_CMD_F_ROWS,
-                                         rows=index)
-        return ctx._submit(op, "alltoallv_rows", (s, d),
-                           lambda g: _staging.alltoallv_rows(g, self, s, (table_rows, row_elems),
-                                                             index, per_rank, d),
-                           (args,), received, nbytes=int(index.size) * row_bytes,
-                           itemsize=s.itemsize)
-
-    def alltoallv_place(self, src: Any, rows_per_rank: Any, dst: Any, place: Any) -> Request:
-        """All-to-all-v of rows that land where the receivers want them (MoE combine), the
-        mirror of ``alltoallv_rows``: ``src`` [R, row] sends its rows in order, the next
-        ``rows_per_rank[j]`` to rank j, and the k-th of them lands at row ``place[k]`` of
-        rank j's ``dst`` [D, row] (every rank calls this, with the same row size). Rows
-        nobody places keep their contents. The DPA writes each row where it belongs, so the
-        receiving host scatters nothing; a row outside rank j's table fails the op on both
-        sides before anything is written. Two rows placed at the same row (by one sender or
-        by several) land in no defined order. ``wait()`` returns the rows received from each
-        rank (numpy int64)."""
-        ctx = self._ctx
-        ctx._check_open()
-        n = self.size
-        for name, arr in (("src", src), ("dst", dst)):
-            shape = getattr(arr, "shape", None)
-            if shape is None or len(shape) != 2:
-                raise InvalidArgument(f"{name} must be a 2-D table of rows (e.g. [tokens, hidden])")
-        if int(src.shape[1]) != int(dst.shape[1]):
-            raise InvalidArgument(f"src rows have {src.shape[1]} elements but dst rows "
-                                  f"{dst.shape[1]}: use the same row size")
-        if int(src.shape[1]) == 0:
-            raise InvalidArgument("rows have no elements: placing needs rows of at least one")
-        s, d = _src_dst(src, dst)
-        if d.on_gpu:
-            raise InvalidArgument("dst must be host memory: placed rows land by index in a "
-                                  "registered host table (src may be on the GPU)")
-        per_rank = _counts(rows_per_rank, n, "rows_per_rank")
-        nrows = sum(per_rank.tolist())
-        if nrows > int(src.shape[0]):
-            raise InvalidArgument(f"rows_per_rank adds up to {nrows} rows but src holds "
-                                  f"{int(src.shape[0])}")
-        index = _row_index(place, "place", nrows, None, "dst rows (0 <= place < 2**32)")
-        row_bytes = int(src.shape[1]) * s.itemsize
-        op, args, received = _row_op(self, s, d, per_rank, row_bytes, lib.OFFLOAD_CMD_F_PLACE,
-                                         place=index)
-        return ctx._submit(op, "alltoallv_place", (s, d),
-                           lambda g: _staging.alltoallv_place(g, self, s, tuple(src.shape),
-                                                              per_rank, d, tuple(dst.shape),
-                                                              index),
-                           (args,), received, nbytes=nrows * row_bytes, itemsize=s.itemsize)
-
-    # -- multicast --------------------------------------------------------------------------
-    def broadcast(self, buf: Any, root: int = 0) -> Request:
-        """Post a broadcast of ``buf`` from team rank ``root`` to every rank's ``buf`` (same
-        size and dtype everywhere). The root's DPA multicasts each MTU chunk once; receivers
-        reassemble by chunk id and fetch lost chunks from the root."""
-        self._ctx._check_open()
-        if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or \
-                not 0 <= int(root) < self.size:
-            raise InvalidArgument(f"root must be a team rank from 0 to {self.size - 1}, got {root!r}")
-        root = int(root)
-        b = as_buffer(buf, writable=self.rank != root, name="buf")
-        op = ffi.new(_OP)
-        op.opcode = lib.OFFLOAD_OP_BROADCAST
-        op.team = self.id
-        op.root = root
-        op.count = b.nbytes
-        # Read on the root (injected, and read again by receivers that lost chunks), written
-        # elsewhere: host_post registers it both ways for this op.
-        op.src_addr, op.src_len = b.addr, b.nbytes
-        op.dst_addr, op.dst_len = b.addr, b.nbytes
-        words, result = _mcast_stats(op)
-        # The firmware counts a broadcast as count x team size (every member's copy); the
-        # wait polls only below the same bound, as polling through a bulk op takes the CPU
-        # its receivers copy with.
-        return self._ctx._submit(op, "broadcast", (b, b),
-                                 lambda g: _staging.broadcast(g, self, b, root),
-                                 keep=(words,), result=result, nbytes=b.nbytes * self.size)
-
-    def allgather(self, src: Any, dst: Any) -> Request:
-        """Post an all-gather: block i of ``dst`` (``src.size`` elements) comes from rank i.
-        Each rank multicasts its block once. In place (as NCCL's): ``src`` may be this
-        rank's own block of ``dst``, which is then not copied."""
-        self._ctx._check_open()
-        s, d = _src_dst(src, dst, own_block=self.rank)
-        if d.nbytes != s.nbytes * self.size:
-            raise InvalidArgument(
-                f"dst has {d.count} elements but all-gather needs src's {s.count} x "
-                f"{self.size} ranks = {s.count * self.size}"
-            )
-        op = ffi.new(_OP)
-        op.opcode = lib.OFFLOAD_OP_ALLGATHER
-        op.team = self.id
-        op.count = s.nbytes
-        op.src_addr, op.src_len = s.addr, s.nbytes
-        op.dst_addr, op.dst_len = d.addr, d.nbytes
-        words, result = _mcast_stats(op)
-        return self._ctx._submit(op, "allgather", (s, d),
-                                 lambda g: _staging.allgather(g, self, s, d),
-                                 keep=(words,), result=result, nbytes=d.nbytes)
-
-    # -- reductions (offload_lib/_reduce.py, docs/reductions.md) -----------------------------
-    def reduce_scatter(self, src: Any, dst: Any, op: str = "sum") -> Request:
-        """Post a reduce-scatter: ``dst`` (``src.size / team size`` elements) gets block
-        ``team.rank`` of the reduction of every rank's ``src``; ``op`` is one of sum, avg,
-        prod, max, min; dtypes float32, float64, float16, bfloat16, int32, int64. The DPA
-        threads reduce, in a fixed order (runs repeat bit for bit; equal to gloo's). In
-        place: ``dst`` may be this rank's own block of ``src``."""
-        self._ctx._check_open()
-        s, d = _reduce.check_reduce_scatter(self, src, dst)
-        word = _reduce.redop_word(op, s)
-        return _reduce.post(self, lib.OFFLOAD_OP_REDUCE_SCATTER, s, d, word, "reduce_scatter")
-
-    def allreduce(self, buf: Any, op: str = "sum", *, out: Any = None) -> Request:
-        """Post an allreduce of every rank's ``buf``: in place, or into ``out`` (same size
-        and dtype). Ops and dtypes as reduce_scatter; the same fixed order."""
-        self._ctx._check_open()
-        s, d = _reduce.check_allreduce(buf, out)
-        word = _reduce.redop_word(op, s)
-        return _reduce.post(self, lib.OFFLOAD_OP_ALLREDUCE, s, d, word, "allreduce")
-
-    # -- shrink -----------------------------------------------------------------------------
-    def shrink(self) -> Team:
-        """This team without its members that failed or closed (ULFM's MPI_Comm_shrink):
-        collective over the live members, which all get the same new team (same members,
-        same order, same id) whatever each one knew of the failures and whenever it calls;
-        a member that fails during the call changes nothing. Works on a team whose ops fail
-        since a member died."""
-        ctx = self._ctx
-        ctx._check_open()
-        mine = sum(1 << r for r in self.ranks)
-        failed, team_id, _ = ctx._agree(self, ctx._gone_mask() & mine, ctx._next_team,
-                                        _list_fp(self.ranks), "shrink")
-        survivors = [r for r in self.ranks if not failed >> r & 1]
-        return ctx._make_team(ctx._new_team_id(team_id), survivors)
-
-    # -- barrier ----------------------------------------------------------------------------
-    def barrier(self) -> Request:
-        self._ctx._check_open()
-        op = self._barrier_op
-        if op is None:  # the same command every time (host_post copies it)
-            op = self._barrier_op = ffi.new(_OP)
-            op.opcode = lib.OFFLOAD_OP_BARRIER
-            op.team = self.id
-        return self._ctx._post(op, "barrier", ())
-
 
 class Context:
     """One rank's connection to its (emulated or real) DPA. Close it, or use ``with``."""
+
+    @classmethod
+    def from_world(cls, config: Config, world: World, backend: str | None = None) -> Context:
+        """Open this rank's context in a bootstrapped world (ol.init() and the torch backend
+        both come here): the backend the config selects unless given, the launcher watched
+        (a rank dies with `dpa-offload run`), and rank 0 clears what dead jobs left in
+        /dev/shm first."""
+        from offload_lib.discovery import select_backend
+        from offload_lib.launcher import cleanup_stale_segments, watch_launcher
+
+        if backend is None:
+            backend, _reason = select_backend(config)
+        if world.launcher == "dpa-offload":
+            watch_launcher()  # die with the launcher, also when it is not our parent
+        if world.rank == 0:
+            cleanup_stale_segments()
+        return cls(config, world, backend)
 
     def __init__(self, config: Config, world: World, backend: str) -> None:
         self.config = config
@@ -709,14 +308,14 @@ class Context:
         self._check_open()
         if isinstance(ranks, (str, bytes)) or not hasattr(ranks, "__iter__"):
             raise InvalidArgument(f"team ranks must be a sequence of world ranks, got {ranks!r}")
-        members = [_integer(r, "a team rank") for r in ranks]
+        members = [_commands.integer(r, "a team rank") for r in ranks]
         if not members or len(set(members)) != len(members):
             raise InvalidArgument(f"team ranks {members} must be non-empty and distinct")
         bad = [r for r in members if not 0 <= r < self.size]
         if bad:
             raise InvalidArgument(f"team ranks {bad} are outside the world (size {self.size})")
         _, team_id, differs = self._agree(self.world, self._gone_mask(), self._next_team,
-                                          _list_fp(members), "create_team")
+                                          _commands.list_fp(members), "create_team")
         if differs >= 0:
             raise InvalidArgument(
                 f"create_team({members}): rank {differs} passed another member list (or the "
@@ -748,14 +347,14 @@ class Context:
     def empty(self, shape: int | Sequence[int], dtype: Any = np.float64) -> np.ndarray:
         """A numpy array in registered job-shared memory: peers copy into it directly."""
         self._check_open()
-        dt = _dtype(dtype)
-        dims = [_integer(d, "a dimension of shape") for d in
+        dt = _commands.dtype_of(dtype)
+        dims = [_commands.integer(d, "a dimension of shape") for d in
                 (shape if isinstance(shape, (tuple, list)) else [shape])]
         if any(d < 0 for d in dims):
             raise InvalidArgument(f"shape {shape!r} has a negative dimension")
         count = math.prod(dims)
         nbytes = count * dt.itemsize
-        if nbytes > _MAX_COUNT:
+        if nbytes > _commands.MAX_COUNT:
             raise InvalidArgument(f"shape {shape!r} of {dt} is {nbytes} bytes: more than any "
                                   "buffer holds")
         addr = ffi.new("void **")
@@ -796,23 +395,32 @@ class Context:
                 self._stager = _staging.Stager(self, _cuda.driver(), direct)
             return self._stager
 
-    def _submit(self, op: Any, what: str, bufs: tuple[Buffer, Buffer], staged: Any,
-                keep: tuple[Any, ...] = (), result: Result | None = None, nbytes: int = 0,
-                itemsize: int | None = None) -> Any:
-        """Post ``op`` on (src, dst) buffers; GPU memory goes through the stager: registered
-        directly (GPUDirect), or ``staged(stager)`` through host memory."""
-        keep = (bufs[0].obj, bufs[1].obj, *keep)
-        if not (bufs[0].on_gpu or bufs[1].on_gpu):
-            # host_post registers them once and keeps that for the next op on them
-            if bufs[0].nbytes:
-                op.src_cookie = self._cookies.cookie(bufs[0])
-            if bufs[1].nbytes:
-                op.dst_cookie = self._cookies.cookie(bufs[1])
-            return self._post(op, what, keep, result, nbytes, itemsize)
+    # -- posting: what Team, the stager and the reductions submit through ---------------------
+    def _submit(self, cmd: _commands.Command) -> Any:
+        """Post an encoded collective on its (src, dst) buffers; GPU memory goes through the
+        stager: registered directly (GPUDirect), or staged through host memory."""
+        s, d = cmd.bufs
+        keep = (s.obj, d.obj, *cmd.keep)
+        if not (s.on_gpu or d.on_gpu):
+            return self._post_host(cmd, keep)
         g = self._gpu()
         if g.direct:
-            return g.direct_op(op, what, bufs, keep, result, itemsize)
-        return staged(g)
+            return g.direct_op(cmd.op, cmd.what, cmd.bufs, keep, cmd.result, cmd.itemsize)
+        assert cmd.staged is not None
+        return cmd.staged(g)
+
+    def _post_host(self, cmd: _commands.Command, keep: tuple[Any, ...] | None = None) -> Request:
+        """Post a command on host buffers (the stager's staged pieces too): host_post
+        registers them once and keeps that for the next op on them."""
+        s, d = cmd.bufs
+        op = cmd.op
+        if s.nbytes:
+            op.src_cookie = self._cookies.cookie(s)
+        if d.nbytes:
+            op.dst_cookie = self._cookies.cookie(d)
+        if keep is None:
+            keep = (s.obj, d.obj, *cmd.keep)
+        return self._post(op, cmd.what, keep, cmd.result, cmd.nbytes, cmd.itemsize)
 
     def _post(self, op: Any, what: str, keep: tuple[Any, ...], result: Result | None = None,
               nbytes: int = 0, itemsize: int | None = None) -> Request:

@@ -66,7 +66,7 @@ class _Process:
     def open(self, store: Any, rank: int, size: int) -> Context:
         from offload_lib.config import load_config
         from offload_lib.discovery import select_backend
-        from offload_lib.launcher import cleanup_stale_segments, new_job_name
+        from offload_lib.launcher import new_job_name
 
         if self.ctx is not None and not self.ctx.closed:
             raise OffloadError("a 'dpa' default group exists already in this process: "
@@ -81,12 +81,13 @@ class _Process:
             raise OffloadError(f"the emulator runs every rank on one machine, but the group "
                                f"spans {sorted(hosts)}")
         if rank == 0:
-            cleanup_stale_segments()
             store.set(f"{prefix}/job", new_job_name())
             store.set(f"{prefix}/key", secrets.token_hex(8))
         job = bytes(store.get(f"{prefix}/job")).decode()
         key = bytes(store.get(f"{prefix}/key")).decode()
-        self.ctx = Context(config, World(rank, size, job, "torch", exchange, key), backend)
+        # As ol.init() opens it (rank 0 clears what dead jobs left first).
+        self.ctx = Context.from_world(config, World(rank, size, job, "torch", exchange, key),
+                                      backend)
         self.store = store
         return self.ctx
 
@@ -104,8 +105,7 @@ class _Process:
         if team_id >= MAX_TEAMS:
             raise OffloadError(f"at most {MAX_TEAMS - 1} groups besides the world can use the "
                                "'dpa' backend in one job")
-        ctx._next_team = max(ctx._next_team, team_id + 1)
-        return ctx._make_team(team_id, ranks)
+        return ctx._make_team(ctx._new_team_id(team_id), ranks)
 
 
 _process = _Process()

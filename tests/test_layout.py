@@ -20,7 +20,6 @@ OVER = {
     "emulator/flexio_model/src/fxm_flexio.c": 793,
     "emulator/flexio_model/src/fxm_nic.c": 830,
     "offload_lib/bench.py": 1091,
-    "offload_lib/context.py": 930,
     "tests/c/fuzz_main.c": 687,
     "tests/c/multirank.c": 786,
     "tests/test_alltoallv.py": 881,

@@ -56,17 +56,6 @@ int dpa_engine_init(void *state, const struct dpa_engine_params *p)
 	return 0;
 }
 
-
-
-
-
-
-
-
-
-
-
-
 static int complete_now(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd,
 			int32_t status, uint32_t detail)
 {
@@ -392,7 +381,6 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
 	}
 	return n;
 }
-
 
 /* Abort the op a control word's wr_id names, if it is still that op (rails.c reports the
  * words it could not send again). */
