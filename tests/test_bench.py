@@ -8,7 +8,8 @@ import json
 import numpy as np
 import pytest
 
-from offload_lib import bench, bench_moe, cli
+from offload_lib import bench, cli
+from offload_lib.bench import moe as bench_moe
 
 SMALL = ["--sizes", "1K,64K", "--iters", "3", "--warmup", "1"]
 

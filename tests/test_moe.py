@@ -23,7 +23,8 @@ import threading
 import numpy as np
 import pytest
 
-from offload_lib import bench_moe, moe
+from offload_lib import moe
+from offload_lib.bench import moe as bench_moe
 from offload_lib.errors import InvalidArgument
 
 from _mp import run_ranks

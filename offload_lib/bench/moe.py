@@ -28,7 +28,8 @@ from typing import Any
 
 import numpy as np
 
-from offload_lib.bench import GB, WrongResult, header_lines, render_rows, summarize
+from offload_lib.bench.cases import GB, WrongResult
+from offload_lib.bench.table import header_lines, render_rows, summarize
 from offload_lib.moe import _PAYLOADS, _bf16_bits_to_f32
 
 __all__ = ["aggregate", "check_args", "format_table", "routing", "token_rows", "work"]

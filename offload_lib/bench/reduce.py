@@ -1,4 +1,4 @@
-"""`dpa-offload bench allreduce` and `bench reduce_scatter` (SUM): the cases bench.py runs.
+"""`dpa-offload bench allreduce` and `bench reduce_scatter` (SUM): the cases the benchmark runs.
 
 Inputs are the benchmark's integer patterns; the DPA's result is checked bit for bit against
 the reference of its fixed order (offload_lib._reduce.reference), MPI's against the same
@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 
 from offload_lib._reduce import reference
-from offload_lib.bench import WrongResult, block_pattern
+from offload_lib.bench.cases import WrongResult, block_pattern
 
 
 class _ReductionCase:
