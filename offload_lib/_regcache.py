@@ -47,6 +47,9 @@ class Cookies:
 
     def cookie(self, buf: Buffer) -> int:
         """The cookie for buf's exporter; 0 where none can be kept."""
+        entry = self._by_owner.get(id(buf.obj))
+        if entry is not None and entry[0] == buf.addr:
+            return entry[1]  # an exporter we know (live: its entry goes when it dies), unmoved
         owner, itself = _owner(buf.obj)
         where = buf.addr if itself else owner.__array_interface__["data"][0]
         key = id(owner)
