@@ -1,19 +1,65 @@
 """Build: the C core (firmware + emulator + host) as a static library with strict warnings,
-linked into the cffi extension offload_lib._native."""
+linked into the cffi extension offload_lib._native; and the same core as the public shared
+library libdpaoffload.so (the C API of host/include/dpa_offload.h, nothing else exported)
+with its header and pkg-config file, for C programs and the MPI library."""
+import os
+import shutil
 from glob import glob
 
 from setuptools import setup
+from setuptools.command.build_ext import build_ext
 
 STRICT = ["-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-Werror", "-fPIC"]
 INCLUDES = ["dpa_firmware/include", "host/include"]
+CORE_SOURCES = sorted(glob("dpa_firmware/src/*.c") + glob("emulator/*.c") + glob("host/src/*.c"))
+SONAME = "libdpaoffload.so.1"
 
 core = (
     "dpaoffload_core",
-    {
-        "sources": sorted(glob("dpa_firmware/src/*.c") + glob("emulator/*.c") + glob("host/src/*.c")),
-        "include_dirs": INCLUDES,
-        "cflags": STRICT,
-    },
+    {"sources": CORE_SOURCES, "include_dirs": INCLUDES, "cflags": STRICT},
 )
 
-setup(libraries=[core], cffi_modules=["offload_lib/_build.py:ffibuilder"])
+PC_TEMPLATE = """prefix=${pcfiledir}/..
+libdir=${prefix}
+includedir=${prefix}/include
+
+Name: dpa-offload
+Description: offload collectives to a DPU's Data Path Accelerator (C API, dpa_offload.h)
+Version: 1.0.0
+Libs: -L${libdir} -Wl,-rpath,${libdir} -ldpaoffload
+Cflags: -I${includedir}
+"""
+
+
+class BuildWithCLibrary(build_ext):
+    """build_ext, then libdpaoffload.so + include/dpa_offload.h + pkgconfig/dpa-offload.pc
+    next to the extension (the package directory, so that an installed or editable
+    package carries them)."""
+
+    def run(self) -> None:
+        super().run()
+        pkg = os.path.join("offload_lib") if self.inplace else os.path.join(self.build_lib, "offload_lib")
+        os.makedirs(pkg, exist_ok=True)
+        objects = self.compiler.compile(
+            CORE_SOURCES, output_dir=os.path.join(self.build_temp, "shared"),
+            include_dirs=INCLUDES, extra_postargs=STRICT + ["-fvisibility=hidden"])
+        target = os.path.join(pkg, "libdpaoffload.so")
+        self.compiler.link_shared_object(
+            objects, target, libraries=["pthread", "rt", "dl", "m"],
+            extra_postargs=[f"-Wl,-soname,{SONAME}", "-Wl,--no-undefined"])
+        # the soname's link, for programs linked against it (a copy: wheels carry no links)
+        shutil.copyfile(target, os.path.join(pkg, SONAME))
+        os.makedirs(os.path.join(pkg, "include"), exist_ok=True)
+        shutil.copyfile("host/include/dpa_offload.h", os.path.join(pkg, "include", "dpa_offload.h"))
+        os.makedirs(os.path.join(pkg, "pkgconfig"), exist_ok=True)
+        with open(os.path.join(pkg, "pkgconfig", "dpa-offload.pc"), "w") as f:
+            f.write(PC_TEMPLATE)
+        # the MPI library's sources: built on demand against the MPI found at run time
+        mpi_dir = os.path.join(pkg, "mpi_src")
+        os.makedirs(mpi_dir, exist_ok=True)
+        for src in glob("host/mpi/*.[ch]") + glob("host/mpi/*.map"):
+            shutil.copyfile(src, os.path.join(mpi_dir, os.path.basename(src)))
+
+
+setup(libraries=[core], cffi_modules=["offload_lib/_build.py:ffibuilder"],
+      cmdclass={"build_ext": BuildWithCLibrary})

@@ -69,7 +69,13 @@ enum offload_opcode {
 	 * lost some (ULFM's agree, the step under shrink); aux_addr: struct offload_agree_args.
 	 * The completion's result0/result1/detail repeat the agreed failed/value/differs. */
 	OFFLOAD_OP_AGREE = 8,
-	OFFLOAD_OP_MAX = 9,
+	/* 9 and 10 are taken by reduce-scatter and all-reduce (issue 18). */
+	/* Retire a team on this rank (no peer is involved): the slot and this rank's control
+	 * words for it are zeroed and its multicast group left, so a later TEAM_CREATE may
+	 * reuse the slot. The host posts it only once every op of the team completed here;
+	 * the slot is reused only after every member destroyed it (dpo_team.c). */
+	OFFLOAD_OP_TEAM_DESTROY = 11,
+	OFFLOAD_OP_MAX = 12,
 };
 
 /* Command flags. */

@@ -360,6 +360,9 @@ int dpa_publish_count(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 int dpa_exchange_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal,
 		      const struct dpa_send *send);
 
+/* team_destroy.c: OFFLOAD_OP_TEAM_DESTROY, run under the intake lock. */
+int32_t dpa_team_destroy(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd);
+
 /* agree_ft.c: fault-tolerant agreement (OFFLOAD_OP_AGREE). intake: 1 taken, 0 not now
  * (the team's previous agreement still runs); progress: the calling thread's teams. */
 int dpa_agree_intake(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd);
