@@ -194,3 +194,20 @@ def test_dpa_offload_mpirun_and_info(built):
                          capture_output=True, text=True, timeout=170, env=env)
     assert res.returncode == 0 and "mpi_check: ok" in res.stdout, res.stdout + res.stderr
     assert _stats(res.stderr)["MPI_Alltoall"][0] > 0, res.stderr
+
+
+@pytest.mark.timeout(180)
+def test_osu_style_benchmark_table(built):
+    exe = built["tmp"] / "dpo_osu"
+    src = HERE.parent / "host" / "mpi" / "bench" / "dpo_osu.c"
+    res = subprocess.run([MPICC, "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror", str(src),
+                          "-o", str(exe)], capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    res = _mpirun(2, [str(exe), "alltoall", "3", "1024", "65536"], built["lib"], 150,
+                  DPA_OFFLOAD_MPI_MIN_BYTES="4096", DPA_OFFLOAD_MPI_STATS="1")
+    assert res.returncode == 0, res.stdout + res.stderr
+    rows = [line.split() for line in res.stdout.splitlines() if not line.startswith("#")]
+    assert [int(r[0]) for r in rows] == [1024, 65536], res.stdout
+    assert all(len(r) == 6 and float(r[1]) > 0 and float(r[2]) > 0 for r in rows), res.stdout
+    # 3 timed + 3 warm-up calls per size through the library; 1024 B passes (threshold)
+    assert _stats(res.stderr)["MPI_Alltoall"][:2] == (12, 12), res.stderr

@@ -285,11 +285,11 @@ int dpo_mpi_ensure_team(struct comm_state *cs)
 	tp.oob = (dpo_oob_coll_t){ oob_allgather, oob_test, oob_free, &cs->shadow, (uint32_t)n,
 				   (uint32_t)me };
 	tp.ep_map = (dpo_ep_map_t){ DPO_EP_MAP_ARRAY, (uint32_t)n, map };
-	dpo_mpi_lock();
+	/* Not under our lock: the OOB waits for the other members, whose threads may need
+	 * the lock meanwhile (team creation in the C API is thread-safe on its own). */
 	st = dpo_team_create_post(dpo_mpi.ctx, &tp, &cs->team);
 	while (st == DPO_OK && (st = dpo_team_create_test(cs->team)) == DPO_INPROGRESS)
 		;
-	dpo_mpi_unlock();
 	if (st != DPO_OK) {
 		/* every member reached the same verdict: this communicator passes through */
 		if (getenv("DPA_OFFLOAD_MPI_VERBOSE") && me == 0)
