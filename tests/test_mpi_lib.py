@@ -87,6 +87,17 @@ def test_served_collectives_match_mpi_and_are_counted(built, n, quick):
 
 
 @pytest.mark.timeout(120)
+def test_noncontiguous_types_pass_through_on_request(built):
+    res = _mpirun(2, [str(built["check"]), "--quick"], built["lib"], 110,
+                  DPA_OFFLOAD_MPI_MIN_BYTES="4096", DPA_OFFLOAD_MPI_STATS="1",
+                  DPA_OFFLOAD_MPI_NONCONTIG="pass")
+    assert res.returncode == 0 and "mpi_check: ok" in res.stdout, res.stdout + res.stderr
+    stats = _stats(res.stderr)
+    assert stats["MPI_Alltoall"][2].get("noncontig") == 2, res.stderr
+    assert stats["MPI_Alltoall"][:2] == _expected(res.stdout)["MPI_Alltoall"]
+
+
+@pytest.mark.timeout(120)
 def test_same_program_without_the_library(built):
     res = _mpirun(3, [str(built["check"]), "--quick"], None, 110)
     assert res.returncode == 0 and "mpi_check: ok" in res.stdout, res.stdout + res.stderr

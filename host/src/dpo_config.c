@@ -52,7 +52,7 @@ static const struct key keys[] = {
 void dpo_config_defaults(struct dpo_config *c)
 {
 	memset(c, 0, sizeof(*c));
-	strcpy(c->backend, "emulator");
+	strcpy(c->backend, "auto");  /* the emulator unless backend_lib names a hardware backend */
 	c->chunk_size = 1u << 20;
 	c->ring_entries = 256;
 	c->post_timeout = 10.0;
