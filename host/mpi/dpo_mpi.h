@@ -52,7 +52,8 @@ struct dpo_mpi {
 	dpo_config_h cfg;
 	MPI_Comm boot;                /* the context's OOB */
 	int comm_keyval;
-	uint64_t min_bytes;
+	/* offload from this many bytes (per peer, message, block): all-to-all, bcast, all-gather */
+	uint64_t min_alltoall, min_bcast, min_allgather;
 	int colls_enabled[C_NCOLL];
 	int noncontig_pass;
 	int stats_mode;               /* 0 off, 1 summed over ranks, 2 per rank */

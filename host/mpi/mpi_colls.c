@@ -164,7 +164,7 @@ static struct mpi_op *alltoall_op(enum dpo_mpi_coll c, const void *sbuf, int sco
 		*why = R_BAD_ARGS;
 		return NULL;
 	}
-	if ((uint64_t)rcount * (uint64_t)rsize < dpo_mpi.min_bytes) {
+	if ((uint64_t)rcount * (uint64_t)rsize < dpo_mpi.min_alltoall) {
 		*why = R_BELOW_THRESHOLD;
 		return NULL;
 	}
@@ -300,7 +300,7 @@ static struct mpi_op *bcast_op(enum dpo_mpi_coll c, void *buf, int count, MPI_Da
 		*why = R_BAD_ARGS;
 		return NULL;
 	}
-	if ((uint64_t)count * (uint64_t)tsize < dpo_mpi.min_bytes) {
+	if ((uint64_t)count * (uint64_t)tsize < dpo_mpi.min_bcast) {
 		*why = R_BELOW_THRESHOLD;
 		return NULL;
 	}
@@ -354,7 +354,7 @@ static struct mpi_op *allgather_op(enum dpo_mpi_coll c, const void *sbuf, int sc
 		*why = R_BAD_ARGS;
 		return NULL;
 	}
-	if (block < dpo_mpi.min_bytes) {
+	if (block < dpo_mpi.min_allgather) {
 		*why = R_BELOW_THRESHOLD;
 		return NULL;
 	}
