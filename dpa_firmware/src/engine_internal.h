@@ -360,7 +360,10 @@ int dpa_publish_count(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 int dpa_exchange_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal,
 		      const struct dpa_send *send);
 
-/* team_destroy.c: OFFLOAD_OP_TEAM_DESTROY, run under the intake lock. */
+/* team_destroy.c: OFFLOAD_OP_TEAM_DESTROY, run under the intake lock. DPA_TEAM_DESTROY_LATER:
+ * an op of the team is still being retired (its completion is out, its slot not yet
+ * free): the command waits in the ring, as one waiting for a free op slot does. */
+#define DPA_TEAM_DESTROY_LATER 1
 int32_t dpa_team_destroy(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd);
 
 /* agree_ft.c: fault-tolerant agreement (OFFLOAD_OP_AGREE). intake: 1 taken, 0 not now

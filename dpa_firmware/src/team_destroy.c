@@ -32,10 +32,11 @@ int32_t dpa_team_destroy(struct dpa_engine *eng, struct dpa_hal *hal, const stru
 	if (t >= OFFLOAD_MAX_TEAMS || !eng->teams[t].active || cmd->count || cmd->flags ||
 	    cmd->src_addr || cmd->dst_addr || cmd->aux_addr)
 		return OFFLOAD_ERR_INVALID;
-	/* The host waits for every op of the team first; one still running would read the
-	 * state we are about to clear. */
+	/* The host posts this once every op of the team completed, but a slot is freed just
+	 * after its completion is written: wait for that rather than clear state a thread
+	 * may still be reading (the slot's release notifies intake). */
 	if (!team_idle(eng, t))
-		return OFFLOAD_ERR_INVALID;
+		return DPA_TEAM_DESTROY_LATER;
 	ctrl = dpa_my_ctrl(hal, t);
 	if (!ctrl)
 		return OFFLOAD_ERR_INTERNAL;
