@@ -1,19 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The emulated DPU as a host device: open/close, memory registration, ctx.empty()
- * segments, and the DPA thread pool that runs the firmware's dpa_progress().
- *
- * Adaptive polling: a thread with nothing to do spins for spin_us, then yields for
- * yield_us, then sleeps on its rank's event word (a futex in the job segment) until a
- * doorbell, a remote signal or a sibling's notify bumps it. Sleepers announce themselves
- * in `sleepers` so wakers only make the futex syscall when someone sleeps.
+ * segments. Who runs the firmware (progress threads, or a host thread waiting for a
+ * small op) and how they wait: emu_progress.c.
  */
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
-#include <linux/futex.h>
-#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,127 +20,16 @@
 #include "emu_internal.h"
 #include "offload_atomic.h"
 
-#define EMU_SLEEP_SLICE_NS 50000000ll  /* re-check the stop flag at least this often */
-#define EMU_IDLE_YIELD_US  50u          /* yield phase when no op is in flight */
-
-uint64_t emu_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-static long futex(uint32_t *word, int op, uint32_t val, const struct timespec *ts)
-{
-	return syscall(SYS_futex, word, op, val, ts, NULL, 0);
-}
-
-static struct timespec ns_to_ts(int64_t ns)
-{
-	struct timespec ts = { .tv_sec = ns / 1000000000ll, .tv_nsec = ns % 1000000000ll };
-
-	return ts;
-}
-
-void emu_wake_rank(struct emu_device *dev, uint32_t rank)
-{
-	struct emu_rank *r = &dev->ranks[rank];
-
-	off_fetch_add(&r->event, 1);
-	/* Pairs with the sleeper's increment of sleepers before its futex wait. */
-	off_fence();
-	if (off_read_once(&r->sleepers))
-		futex(&r->event, FUTEX_WAKE, INT_MAX, NULL);  /* shared: peers wake us too */
-}
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#elif defined(__aarch64__)
-	__asm__ __volatile__("yield");
-#endif
-}
-
-static uint32_t event_snapshot(struct emu_device *dev)
-{
-	return off_load_acquire(&dev->ranks[dev->attr.rank].event);
-}
-
-/* Is any rank of the job in the middle of a bulk op (long copies hogging cores)? */
-static int job_bulk(const struct emu_device *dev)
-{
-	for (uint32_t i = 0; i < dev->attr.size; i++)
-		if (off_read_once(&dev->ranks[i].load) == DPA_ENGINE_BULK)
-			return 1;
-	return 0;
-}
-
-/*
- * Park a thread whose pass found no work until the event counter moves past `snapshot`:
- * spin, then yield, then sleep on the futex. How long to yield depends on the load:
- *  - while any rank of the job copies in bulk: no yield. A yielding thread is not
- *    "woken", so it does not preempt the copy threads when its event arrives and waits
- *    out their time slice (milliseconds); a sleeping one is woken with preemption;
- *  - small ops in flight: yield_us; their next event is microseconds away and a wake-up
- *    from the futex costs tens of microseconds (an IPI to a halted vCPU);
- *  - nothing in flight: a short yield, so that back-to-back ops find the thread awake.
- */
-static void park(struct emu_device *dev, uint32_t thread, uint32_t snapshot,
-		 enum dpa_engine_load load)
-{
-	struct emu_rank *r = &dev->ranks[dev->attr.rank];
-	uint32_t yield_us;
-
-	if (load == DPA_ENGINE_BULK || job_bulk(dev))
-		yield_us = 0;
-	else if (load == DPA_ENGINE_SMALL)
-		yield_us = dev->attr.yield_us;
-	else
-		yield_us = dev->attr.yield_us < EMU_IDLE_YIELD_US ? dev->attr.yield_us :
-								    EMU_IDLE_YIELD_US;
-
-	uint64_t start = emu_now_ns();
-	uint64_t spin_end = start + (uint64_t)dev->attr.spin_us * 1000u;
-	uint64_t yield_end = spin_end + (uint64_t)yield_us * 1000u;
-
-	while (off_load_acquire(&r->event) == snapshot && !off_read_once(&dev->stop)) {
-		uint64_t now = emu_now_ns();
-		uint64_t timer = dpa_engine_wake_at(dev->fw_state, thread, now);
-
-		if (timer && timer <= now)
-			return;  /* a firmware timeout expired: no event will say so */
-		if (now < spin_end) {
-			for (int i = 0; i < 64; i++)
-				cpu_relax();
-		} else if (now < yield_end) {
-			sched_yield();
-		} else {
-			int64_t sleep_ns = timer && timer - now < (uint64_t)EMU_SLEEP_SLICE_NS ?
-					   (int64_t)(timer - now) : EMU_SLEEP_SLICE_NS;
-			struct timespec slice = ns_to_ts(sleep_ns);
-
-			off_fetch_add(&r->sleepers, 1);
-			off_fence();
-			if (off_load_acquire(&r->event) == snapshot && !off_read_once(&dev->stop))
-				futex(&r->event, FUTEX_WAIT, snapshot, &slice);
-			off_fetch_sub(&r->sleepers, 1);
-			return;
-		}
-	}
-}
-
 void dpa_hal_notify(struct dpa_hal *hal)
 {
-	emu_wake_rank(hal->dev, hal->dev->attr.rank);
+	emu_kick_rank(hal->dev, hal->dev->attr.rank);
 }
 
 void dpa_hal_host_notify(struct dpa_hal *hal)
 {
 	struct offload_ring_hdr *ring = hal->dev->win.ring;
 
-	futex(&ring->cq_tail, FUTEX_WAKE_PRIVATE, INT_MAX, NULL);
+	emu_wake_word(hal->dev, &ring->cq_tail);
 }
 
 uint64_t dpa_hal_time_ns(struct dpa_hal *hal)
@@ -155,49 +38,12 @@ uint64_t dpa_hal_time_ns(struct dpa_hal *hal)
 	return emu_now_ns();
 }
 
-static void *progress_thread(void *arg)
-{
-	struct dpa_hal *hal = arg;
-	struct emu_device *dev = hal->dev;
-	char name[16];
-
-	snprintf(name, sizeof(name), "dpa-r%u-t%u", dev->attr.rank, hal->index);
-	pthread_setname_np(pthread_self(), name);
-	struct emu_rank *self = &dev->ranks[dev->attr.rank];
-
-	while (!off_read_once(&dev->stop)) {
-		uint32_t snap = event_snapshot(dev);
-		int work;
-
-		emu_sync_peers(dev);
-		work = dpa_progress(dev->fw_state, hal);
-		enum dpa_engine_load load = dpa_engine_load(dev->fw_state);
-
-		/* Published for every rank's park() and host waits (see job_bulk()). */
-		if (off_read_once(&self->load) != (uint32_t)load)
-			off_write_once(&self->load, (uint32_t)load);
-		if (!work)
-			park(dev, hal->index, snap, load);
-	}
-	return NULL;
-}
-
-static void stop_threads(struct emu_device *dev)
-{
-	off_store_release(&dev->stop, 1);
-	emu_watch_stop(dev);
-	if (dev->ranks)
-		emu_wake_rank(dev, dev->attr.rank);
-	for (uint32_t i = 0; i < dev->nthreads_started; i++)
-		pthread_join(dev->threads[i], NULL);
-	dev->nthreads_started = 0;
-}
-
 static void emu_close(struct host_device *hd)
 {
 	struct emu_device *dev = to_emu(hd);
 
-	stop_threads(dev);
+	emu_threads_stop(dev);
+	emu_watch_stop(dev);
 	emu_job_close(dev);
 	emu_job_release(dev);
 	free(dev->threads);
@@ -270,23 +116,16 @@ static int emu_start(struct host_device *hd, const struct dpa_engine_params *par
 	rc = dpa_engine_init(dev->fw_state, params);
 	if (rc)
 		return rc;
-	for (uint32_t i = 0; i < n; i++) {
-		dev->hals[i].dev = dev;
-		dev->hals[i].index = i;
-		rc = pthread_create(&dev->threads[i], NULL, progress_thread, &dev->hals[i]);
-		if (rc) {
-			stop_threads(dev);
-			return -rc;
-		}
-		dev->nthreads_started++;
-	}
+	rc = emu_threads_start(dev);
+	if (rc)
+		return rc;
 	/* A port set to fail after 0 bytes is down from the start. */
 	for (uint32_t r = 0; r < dev->attr.rails; r++)
 		if (dev->attr.rail_down_after[r] == 0)
 			emu_rail_down(dev, r);
 	rc = emu_watch_start(dev);
 	if (rc)
-		stop_threads(dev);
+		emu_threads_stop(dev);
 	return rc;
 }
 
@@ -410,7 +249,7 @@ static void emu_doorbell(struct host_device *hd)
 {
 	struct emu_device *dev = to_emu(hd);
 
-	emu_wake_rank(dev, dev->attr.rank);
+	emu_kick_rank(dev, dev->attr.rank);
 }
 
 static int emu_peer_ctrl(struct host_device *hd, uint32_t rank, struct offload_peer *out)
@@ -438,25 +277,13 @@ static int emu_set_mcast_faults(struct host_device *hd, uint32_t loss_ppm, uint3
 
 static int emu_poll_worthwhile(struct host_device *hd)
 {
-	return !job_bulk(to_emu(hd));
+	return emu_spin_worthwhile(to_emu(hd));
 }
 
 static int emu_wait_completion(struct host_device *hd, uint32_t *word, uint32_t seen,
 			       int64_t timeout_ns)
 {
-	struct timespec ts = ns_to_ts(timeout_ns);
-
-	(void)hd;
-	if (futex(word, FUTEX_WAIT_PRIVATE, seen, timeout_ns >= 0 ? &ts : NULL) < 0 &&
-	    errno == ETIMEDOUT)
-		return -ETIMEDOUT;
-	return 0;
-}
-
-static void emu_wake_waiters(struct host_device *hd, uint32_t *word)
-{
-	(void)hd;
-	futex(word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL);
+	return emu_wait_word(to_emu(hd), word, seen, timeout_ns);
 }
 
 const struct host_device_ops emu_device_ops = {
@@ -464,6 +291,8 @@ const struct host_device_ops emu_device_ops = {
 	.alloc_shared = emu_alloc_shared,
 	.close = emu_close,
 	.doorbell = emu_doorbell,
+	.drive = emu_drive,
+	.drive_stats = emu_drive_stats,
 	.free_shared = emu_free_shared,
 	.mr_dereg = emu_dereg,
 	.mr_reg = emu_reg,

@@ -14,6 +14,7 @@
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 
 #include "dpa_hal.h"
 #include "host_device.h"
@@ -69,6 +70,17 @@ struct emu_job_hdr {
 	 * a rank of another job given the same name finds another key and stays out. */
 	uint64_t key;
 	uint32_t resv[2];
+	/* Own line: threads of the job asleep in a wait (progress threads, host threads), so
+	 * that a waiter knows whether spinning would keep another one off its core. A sleeper
+	 * adds itself; whoever wakes it takes it off (FUTEX_WAKE says how many it woke), so a
+	 * thread woken but not yet running already counts as awake. */
+	uint32_t asleep;
+	uint32_t resv_asleep[15];
+	/* Own line: the futex every waiting thread of the job sleeps on, bumped before each
+	 * wake-up, so that one FUTEX_WAKE wakes all the ranks a pass wrote to (bitset: bit
+	 * 2r % 32 for rank r's progress threads, 2r + 1 for its driving host thread). */
+	uint32_t bell;
+	uint32_t resv_bell[15];
 };
 
 struct emu_rank {
@@ -81,11 +93,21 @@ struct emu_rank {
 	 * CLOSED: peers that see it closed learn of those deaths at the same moment. */
 	uint64_t dead_seen;
 	uint32_t resv0[8];
-	/* Own line: bumped by doorbells and remote signals, slept on by progress threads. */
+	/* Own line: bumped by doorbells and remote signals, slept on by progress threads
+	 * (futex bitset EMU_WAKE_DPA) and by a host thread driving the engine (EMU_WAKE_HOST). */
 	uint32_t event;
-	uint32_t sleepers;
-	uint32_t load;        /* enum dpa_engine_load, published when a thread parks */
-	uint32_t resv1[13];
+	uint32_t load;        /* enum dpa_engine_load, published after each pass */
+	/* Progress threads asleep on event, a bit per DPA thread: a waker takes them all at
+	 * once, and a sleeper that wakes knows whether it was taken (its bit gone). A count
+	 * could not say: a sibling that woke, then slept again, would be taken out by us. */
+	uint64_t sleepers;
+	uint32_t driving;     /* a host thread runs this rank's engine (cooperative progress) */
+	uint32_t armed;       /* that host thread sleeps: the first waker clears it and wakes it */
+	uint32_t wake_event;  /* ... once event reaches this (peers' writes; kicks ignore it) */
+	uint32_t resv1;
+	uint64_t wake_ns;     /* when the last futex wake of this rank was issued */
+	uint64_t waking_ns;   /* a sleeper of this rank was woken then and has not run yet */
+	uint32_t resv2[4];
 };
 
 struct emu_mr {
@@ -145,7 +167,9 @@ struct emu_mcast_slot {
 	uint32_t resv[8];
 };
 
-_Static_assert(sizeof(struct emu_job_hdr) == 64, "job header: one line");
+_Static_assert(sizeof(struct emu_job_hdr) == 3 * 64, "job header: three lines");
+_Static_assert(offsetof(struct emu_job_hdr, asleep) == 64, "asleep on its own line");
+_Static_assert(offsetof(struct emu_job_hdr, bell) == 128, "the bell on its own line");
 _Static_assert(offsetof(struct emu_rank, event) == 64, "a rank's event word on its own line");
 _Static_assert(sizeof(struct emu_rank) == 128, "rank entry: two lines");
 _Static_assert(sizeof(struct emu_mcast_member) == 64, "a cursor per cache line");
@@ -182,6 +206,10 @@ struct emu_device;
 struct dpa_hal {
 	struct emu_device *dev;
 	uint32_t index;
+	uint32_t busy;        /* lock: a pass runs on this thread's queues (its progress thread's,
+			       * or a host thread's: see emu_progress.c) */
+	uint32_t wake_bits;   /* wake-ups this pass owes (futex bitset on the job's bell) */
+	uint64_t wake_ranks;  /* ... and to which ranks */
 	uint8_t rail[OFFLOAD_MAX_RANKS];  /* per peer: the rail this thread posts on */
 	uint32_t cq_head;     /* consumer and producer are both this thread */
 	uint32_t cq_tail;
@@ -217,6 +245,13 @@ struct emu_device {
 	pthread_t *threads;
 	uint32_t nthreads_started;
 	uint32_t stop;
+	/* cooperative progress (emu_progress.c) */
+	uint32_t drive_lock;          /* one host thread drives at a time */
+	uint32_t closing;             /* host threads leave (emu_wake_waiters): no drive runs */
+	uint32_t ncores;              /* CPUs this process may run on */
+	uint64_t wake_cost_ns;        /* measured futex wake-up latency (moving average) */
+	uint64_t host_ops;            /* ops completed by passes host threads ran */
+	uint64_t host_passes;
 	uint32_t rail_faults;         /* a rail of this rank is set to fail */
 	uint64_t unreachable_seen;    /* job's unreachable ranks already in failed_ranks */
 	uint64_t closed_seen;         /* job's closed ranks already in closed_ranks */
@@ -290,8 +325,36 @@ void emu_mcast_forget(struct emu_device *dev);
 /* emu_copy.c: a copy into memory mapped here, as the NIC's DMA would do it */
 void emu_dma_copy(void *dst, const void *src, uint64_t len);
 
-/* emu_device.c */
-void emu_wake_rank(struct emu_device *dev, uint32_t rank);
+/* emu_progress.c: who runs the firmware (progress threads, or a waiting host thread) */
+/* A peer's write reached rank (an event for its firmware): wake whoever runs it, unless
+ * it has no op to progress, or its driver asked to sleep through more of them. With a
+ * pass's hal, the futex call waits for the end of the pass (one for all its writes). */
+void emu_wake_rank(struct emu_device *dev, uint32_t rank, struct dpa_hal *pass);
+/* Ring now for what the pass wrote so far (before a long copy: a peer must not wait for a
+ * ready or a signal until the copy is over). */
+void emu_flush_wakes(struct dpa_hal *pass);
+#define EMU_FLUSH_BEFORE (64u * 1024u)  /* copies at least this long flush first */
+/* The same, unconditionally: doorbells, sibling notifications, failures, stop. */
+void emu_kick_rank(struct emu_device *dev, uint32_t rank);
+int emu_threads_start(struct emu_device *dev);
+void emu_threads_stop(struct emu_device *dev);
+int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t timeout_ns,
+	      uint32_t flags);
+void emu_drive_stats(struct host_device *hd, uint64_t *ops, uint64_t *passes);
+/* host_device_ops.wake_waiters: host_ctx_shutdown() wants every host thread out of the
+ * device (drivers, sleepers on the completion ring `word`); called until they left. */
+void emu_wake_waiters(struct host_device *hd, uint32_t *word);
+/* Would a waiting host thread's spin help: no rank copies in bulk (it would take the
+ * copiers' core) and every awake thread of the job has a core? */
+int emu_spin_worthwhile(const struct emu_device *dev);
+long emu_futex(uint32_t *word, int op, uint32_t val, const struct timespec *ts, uint32_t bits);
+struct timespec emu_ns_to_ts(int64_t ns);
+/* Sleep on a private futex word while it reads `seen`, counted in the job's asleep (the
+ * completion ring's cq_tail); emu_wake_word() is its waker. */
+int emu_wait_word(struct emu_device *dev, uint32_t *word, uint32_t seen, int64_t timeout_ns);
+void emu_wake_word(struct emu_device *dev, uint32_t *word);
+
+/* emu_hal.c: our port `rail` failed (all of them: this rank is unreachable) */
 void emu_rail_down(struct emu_device *dev, uint32_t rail);
 /* What the NIC tells its firmware about a peer it lost (a refused or failed access): the
  * peer closed its context (OFFLOAD_ERR_PEER_CLOSED, and the deaths it knew of are passed

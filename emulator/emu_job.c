@@ -291,7 +291,7 @@ void emu_job_close(struct emu_device *dev)
 		__atomic_fetch_or(&dev->hdr->closed_mask, me, __ATOMIC_SEQ_CST);
 		for (uint32_t r = 0; r < dev->attr.size; r++)  /* their waits on us end now */
 			if (r != dev->attr.rank)
-				emu_wake_rank(dev, r);
+				emu_kick_rank(dev, r);
 		dev->joined = 0;
 		if (off_fetch_add(&dev->hdr->closed, 1) + 1 == dev->attr.size) {
 			snprintf(name, sizeof(name), "/%s", dev->job);
@@ -345,18 +345,27 @@ int emu_mr_reg(struct emu_device *dev, uint64_t addr, uint64_t len, uint32_t acc
 	for (uint32_t i = 0; i < EMU_MAX_MRS; i++) {
 		struct emu_mr *mr = &table[i];
 
-		if (off_read_once(&mr->key))
+		/* Acquire: pairs with the release of whoever freed the slot (emu_mr_dereg's CAS,
+		 * a close or a reap), so that what the previous registration's users did with it
+		 * (a DPA thread's copy for an op the host reaped since) happens before we reuse
+		 * the slot. */
+		if (off_load_acquire(&mr->key))
 			continue;
 		do {
 			k = (next_random(dev) << EMU_KEY_BITS) | i;
 		} while ((k >> EMU_KEY_BITS) == 0);
-		mr->access = access;
-		mr->addr = addr;
-		mr->len = len;
-		mr->kind = kind;
-		mr->serial = serial;
-		mr->shm_offset = shm_offset;
-		mr->nonce = nonce;
+		/* A reader holding a stale key (a peer's) may still be copying the slot (see
+		 * emu_mr_resolve): the fields are atomic words, and this fence pairs with its
+		 * acquire fence, so that a reader which sees any field below also sees key 0
+		 * (or k) on its second look, never the old key. */
+		__atomic_thread_fence(__ATOMIC_RELEASE);
+		off_write_once(&mr->access, access);
+		off_write_once(&mr->addr, addr);
+		off_write_once(&mr->len, len);
+		off_write_once(&mr->kind, kind);
+		off_write_once(&mr->serial, serial);
+		off_write_once(&mr->shm_offset, shm_offset);
+		off_write_once(&mr->nonce, nonce);
 		off_store_release(&mr->key, k);  /* publishes the fields above to peers */
 		pthread_mutex_unlock(&dev->mr_lock);
 		*key = k;
@@ -456,10 +465,19 @@ int32_t emu_mr_resolve(struct emu_device *dev, uint32_t rank, uint32_t key, uint
 	if (off_load_acquire(&dev->ranks[rank].state) != EMU_RANK_ALIVE)
 		return emu_peer_lost(dev, rank);
 	mr = &dev->mrs[(uint64_t)rank * EMU_MAX_MRS + (key & (EMU_MAX_MRS - 1))];
+	/* Pairs with emu_mr_reg's release of key: the fields are the registration's. */
 	if (!key || off_load_acquire(&mr->key) != key)
 		return OFFLOAD_ERR_REMOTE_ACCESS;
-	snap = *mr;
-	/* The owner clears key before rewriting fields: a stable key means a stable snapshot. */
+	/* A seqlock read: the owner may deregister and reuse the slot while we copy (it
+	 * clears key before rewriting fields), so each field is read as an atomic word and
+	 * the key checked again after the acquire fence, which pairs with emu_mr_reg's
+	 * release fence: a stable key means a stable snapshot. */
+	snap = (struct emu_mr){
+		.access = off_read_once(&mr->access), .addr = off_read_once(&mr->addr),
+		.len = off_read_once(&mr->len), .kind = off_read_once(&mr->kind),
+		.serial = off_read_once(&mr->serial), .shm_offset = off_read_once(&mr->shm_offset),
+		.nonce = off_read_once(&mr->nonce),
+	};
 	__atomic_thread_fence(__ATOMIC_ACQUIRE);
 	if (off_read_once(&mr->key) != key)
 		return OFFLOAD_ERR_REMOTE_ACCESS;

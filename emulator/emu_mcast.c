@@ -244,7 +244,7 @@ static void wake_mask(struct emu_device *dev, uint64_t mask)
 		uint32_t r = (uint32_t)__builtin_ctzll(mask);
 
 		if (r < dev->attr.size)
-			emu_wake_rank(dev, r);
+			emu_wake_rank(dev, r, NULL);
 	}
 }
 

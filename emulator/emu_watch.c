@@ -122,7 +122,7 @@ static void peer_failed(struct emu_device *dev, uint32_t rank)
 		return;
 	__atomic_fetch_or(&ring->failed_ranks, 1ull << rank, __ATOMIC_SEQ_CST);
 	reap_dead_rank(dev, rank);
-	emu_wake_rank(dev, dev->attr.rank);
+	emu_kick_rank(dev, dev->attr.rank);
 }
 
 static void *watch_thread(void *arg)

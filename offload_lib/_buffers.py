@@ -60,9 +60,17 @@ _TORCH_DTYPES = {
 }
 
 
+_UINTPTR = ffi.typeof("uintptr_t")
+# A small op's whole call costs a few microseconds: describing a numpy array goes the short
+# way (the namedtuple's own __new__ handles defaults at ~3x the cost; dtype.str builds a
+# string each time).
+_new_buffer = tuple.__new__
+_dtype_str: dict[np.dtype, str] = {}
+
+
 def _address(obj: Any) -> int:
     # from_buffer is the cheapest way to an address (~0.3 us against ~1 us for .ctypes).
-    return int(ffi.cast("uintptr_t", ffi.from_buffer(obj)))
+    return int(ffi.cast(_UINTPTR, ffi.from_buffer(obj)))
 
 
 def _refuse_objects(dtype: np.dtype, name: str) -> None:
@@ -81,12 +89,20 @@ _FIELD_NAME = re.compile(r":[^:]*:")
 
 
 def _from_ndarray(a: np.ndarray, writable: bool, name: str) -> Buffer:
-    _refuse_objects(a.dtype, name)
-    if not a.flags.c_contiguous:
+    dt = a.dtype
+    if dt.hasobject:
+        _refuse_objects(dt, name)
+    flags = a.flags
+    if not flags.c_contiguous:
         raise InvalidArgument(f"{name} is not C-contiguous: pass np.ascontiguousarray({name})")
-    if writable and not a.flags.writeable:
+    if writable and not flags.writeable:
         raise InvalidArgument(f"{name} is read-only: the collective writes into it")
-    return Buffer(_address(a) if a.nbytes else 0, a.nbytes, a.itemsize, a.dtype.str, a)
+    nbytes = a.nbytes
+    dtype = _dtype_str.get(dt)
+    if dtype is None:
+        dtype = _dtype_str.setdefault(dt, dt.str)
+    return _new_buffer(Buffer, (_address(a) if nbytes else 0, nbytes, dt.itemsize, dtype, a,
+                                -1, 0))
 
 
 def _from_torch(t: Any, writable: bool, name: str) -> Buffer:

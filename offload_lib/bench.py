@@ -10,6 +10,7 @@ and table live in offload_lib.bench_moe (the registry's ``suite``).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime
 import json
 import math
@@ -22,7 +23,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -474,6 +475,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "the throughput ratio")
     p.add_argument("--timeout", type=_positive_seconds, default=600.0, metavar="S",
                    help="stop the ranks after S seconds (default 600)")
+    p.add_argument("--background-load", action="store_true",
+                   help="run one 'nice -n 19' busy loop per core for the whole benchmark (a "
+                        "machine where something else is always runnable); stopped at the end")
     moe = p.add_argument_group("moe", "options of the moe benchmark (it takes no --sizes)")
     for flag, default, what in MOE_OPTIONS:
         moe.add_argument(flag, type=_int_at_least(1), default=None, metavar="N",
@@ -738,8 +742,10 @@ def header_lines(meta: dict[str, Any]) -> list[str]:
         f"({meta.get('cpus', '?')} CPUs)",
         f"# collective: {meta.get('collective', '?')}  n: {meta.get('nranks', '?')}  "
         f"backend: {meta.get('backend', '?')}  dpa_threads: {cfg.get('dpa_threads', '?')}  "
-        f"chunk_size: {cfg.get('chunk_size', '?')}",
-    ]
+        f"chunk_size: {cfg.get('chunk_size', '?')}  progress: {cfg.get('progress', '?')}  "
+        f"eager_max: {cfg.get('eager_max', '?')}",
+    ] + (["# background load: one 'nice -n 19' busy loop per core, all the run long"]
+         if meta.get("background_load") else [])
 
 
 def format_table(meta: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
@@ -962,6 +968,27 @@ def _check_size_args(coll: Collective, args: argparse.Namespace) -> str | None:
     return None
 
 
+# One per core, at the lowest priority: the load a data loader or a logger puts on a
+# machine, which must not slow a collective down (the ranks do not yield to it).
+_BUSY_LOOP = "import os\nos.nice(19)\nwhile True:\n    pass\n"
+
+
+@contextlib.contextmanager
+def _background_load(on: bool) -> Iterator[None]:
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        if on:
+            for _ in range(len(os.sched_getaffinity(0))):
+                procs.append(subprocess.Popen([sys.executable, "-c", _BUSY_LOOP],
+                                              stdin=subprocess.DEVNULL))
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+        for proc in procs:
+            proc.wait()
+
+
 def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     coll = COLLECTIVES.get(args.collective)
     if coll is None:
@@ -989,7 +1016,8 @@ def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
             return 2
 
     started = datetime.datetime.now().astimezone()
-    with tempfile.TemporaryDirectory(prefix="dpa-offload-bench-") as result_dir:
+    with tempfile.TemporaryDirectory(prefix="dpa-offload-bench-") as result_dir, \
+            _background_load(args.background_load):
         rc = _run_ranks(args, result_dir)
         if rc != 0:
             why = {124: f"timed out after {args.timeout:g} s",
@@ -1007,6 +1035,7 @@ def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
         "collective": coll.name, "nranks": args.nranks, "buffers": args.buffers,
         "dtype": args.dtype.name, "persistent": args.persistent,
         "iters": args.iters, "warmup": args.warmup, "compare": args.compare, "loss": args.loss,
+        "background_load": args.background_load,
         "mpi_op": coll.mpi_desc,
         **per_rank[0]["meta"],
     }

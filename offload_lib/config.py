@@ -291,13 +291,23 @@ TUNABLES: tuple[Tunable, ...] = (
             "seconds to wait for all ranks to join at init (> 0)",
             _seconds(0.0, inclusive=False)),
     Tunable("spin_us", int, 20,
-            "microseconds an idle progress thread busy-polls before yielding (0..100000); "
-            "skipped when the emulated threads outnumber the cores",
+            "microseconds a waiting thread (progress thread, or host thread waiting for a "
+            "small op) spins before it sleeps on a futex, and never longer than a wake-up "
+            "was measured to cost (0..100000); skipped where the ranks outnumber the cores",
             _int_range(0, 100_000)),
-    Tunable("yield_us", int, 2000,
-            "microseconds an idle progress thread yields the core before sleeping on a "
-            "futex (0..1000000)",
-            _int_range(0, 1_000_000)),
+    Tunable("progress", str, "cooperative",
+            "emulator: 'cooperative' lets a host thread that posts, tests or waits for a "
+            "small op (at most 1 MiB per rank) run its rank's firmware itself, so a small "
+            "exchange needs no hand-off to a progress thread (that CPU is the calling "
+            "thread's); 'threads' leaves all of it to the progress threads (the offload "
+            "as on a card: use it to measure what the host is spared)",
+            _choice("cooperative", "threads")),
+    Tunable("eager_max", int, 8 * KiB,
+            "all-to-all blocks up to this many bytes per peer go eagerly: straight into "
+            "the receiver's pre-registered slots, with no ready round trip, and the "
+            "receiver copies them out (0 turns it off; at most 8 KiB, the slot size; "
+            "every rank must use the same value)",
+            _size_range(0, 8 * KiB)),
 )
 
 _TABLE: dict[str, Tunable] = {t.name: t for t in TUNABLES}
@@ -316,7 +326,17 @@ def _check(t: Tunable, value: Any, source: str) -> Any:
         ) from None
 
 
+# Keys that existed once: naming one says what replaced it, not just "unknown".
+_REMOVED = {
+    "yield_us": "nothing yields the core any more (a yielding waiter hands it to any "
+                "runnable task for a slice); waits spin at most spin_us, then sleep",
+}
+
+
 def _unknown_key(key: Any, source: str) -> ConfigError:
+    if key in _REMOVED:
+        return ConfigError(f"config key {key!r} ({source}) was removed: {_REMOVED[key]}; "
+                           "drop it from the config")
     hint = ""
     if isinstance(key, str):
         close = difflib.get_close_matches(key.lower(), _TABLE, n=1)
@@ -351,7 +371,8 @@ class Config:
     mcast_seed: int = _default("mcast_seed")
     bootstrap_timeout: float = _default("bootstrap_timeout")
     spin_us: int = _default("spin_us")
-    yield_us: int = _default("yield_us")
+    progress: str = _default("progress")
+    eager_max: int = _default("eager_max")
 
     def __post_init__(self) -> None:
         for t in TUNABLES:

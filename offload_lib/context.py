@@ -38,13 +38,17 @@ _LOCAL_READ, _LOCAL_WRITE, _REMOTE_READ, _REMOTE_WRITE = 1, 2, 4, 8
 SRC_ACCESS = _LOCAL_READ | _REMOTE_READ
 DST_ACCESS = _LOCAL_READ | _LOCAL_WRITE | _REMOTE_WRITE
 
-# Waiting polls (yielding the core) for ops this small, and sleeps at once for larger ones:
-# a wake-up costs tens of microseconds here, which only small ops notice, while polling
-# through a long op would take the CPU that offloading is meant to free.
-_POLL_MAX_BYTES = 1024 * 1024
-_POLL_NS = 1_000_000
+# Ops this small are driven by the calling thread (cooperative progress), or else waited
+# for spinning briefly before sleeping: a wake-up costs tens of microseconds here, which
+# only small ops notice, while spinning through a long op would take the CPU that
+# offloading is meant to free.
+_SMALL_MAX_BYTES = 1024 * 1024
 
 _MAX_COUNT = 2**62  # elements; counts*itemsize must stay far from uint64 overflow
+
+# cffi types looked up once: a small op's whole call costs a few microseconds
+_OP = ffi.typeof("struct host_op *")
+_TAG = ffi.typeof("uint32_t *")
 
 MAX_TEAMS = 16
 MAX_RANKS = 64
@@ -166,7 +170,7 @@ def _alltoallv_op(team: Team, s: Buffer, d: Buffer, send_bytes: np.ndarray,
             args[at:at + nwords].view(np.uint32)[:arr.size] = arr
             args[field] = args.ctypes.data + at * 8
         at += nwords
-    op = ffi.new("struct host_op *")
+    op = ffi.new(_OP)
     op.opcode = OP_ALLTOALLV
     op.team = team.id
     op.src_addr, op.src_len, op.count = s.addr, s.nbytes, s.nbytes
@@ -255,6 +259,7 @@ class Team:
         self.ranks = tuple(ranks)
         self.size = len(self.ranks)
         self.rank = self.ranks.index(ctx.rank)
+        self._barrier_op: Any = None
 
     def __repr__(self) -> str:
         return f"<Team id={self.id} rank={self.rank}/{self.size}>"
@@ -274,7 +279,7 @@ class Team:
         return s, d
 
     def _alltoall_op(self, s: Buffer, d: Buffer) -> Any:
-        op = ffi.new("struct host_op *")
+        op = ffi.new(_OP)
         op.opcode = OP_ALLTOALL
         op.team = self.id
         op.src_addr, op.src_len = s.addr, s.nbytes
@@ -441,7 +446,7 @@ class Team:
             raise InvalidArgument(f"root must be a team rank from 0 to {self.size - 1}, got {root!r}")
         root = int(root)
         b = as_buffer(buf, writable=self.rank != root, name="buf")
-        op = ffi.new("struct host_op *")
+        op = ffi.new(_OP)
         op.opcode = OP_BROADCAST
         op.team = self.id
         op.root = root
@@ -469,7 +474,7 @@ class Team:
                 f"dst has {d.count} elements but all-gather needs src's {s.count} x "
                 f"{self.size} ranks = {s.count * self.size}"
             )
-        op = ffi.new("struct host_op *")
+        op = ffi.new(_OP)
         op.opcode = OP_ALLGATHER
         op.team = self.id
         op.count = s.nbytes
@@ -498,9 +503,11 @@ class Team:
     # -- barrier ----------------------------------------------------------------------------
     def barrier(self) -> Request:
         self._ctx._check_open()
-        op = ffi.new("struct host_op *")
-        op.opcode = OP_BARRIER
-        op.team = self.id
+        op = self._barrier_op
+        if op is None:  # the same command every time (host_post copies it)
+            op = self._barrier_op = ffi.new(_OP)
+            op.opcode = OP_BARRIER
+            op.team = self.id
         return self._ctx._post(op, "barrier", ())
 
 
@@ -538,12 +545,15 @@ class Context:
         params.backend_lib = lib_c
         params.rank, params.size = world.rank, world.size
         params.num_threads = self.dpa_threads = _resolve_threads(config, world.size)
-        # Busy-polling only pays when every emulated thread has a core of its own.
-        oversubscribed = world.size * (self.dpa_threads + 1) > _cores()
+        self.progress = config.progress if backend == "emulator" else "threads"
+        params.coop = self.progress == "cooperative"
+        # The emulator spins only while every awake thread of the job has a core; a host
+        # thread that waits on the completion ring (threads mode) spins as long, then sleeps.
+        params.spin_us = config.spin_us
+        self._poll_ns = config.spin_us * 1000
+        params.eager_max = config.eager_max
         params.ring_entries = config.ring_entries
         params.chunk_size = config.chunk_size
-        params.spin_us = 0 if oversubscribed else config.spin_us
-        params.yield_us = config.yield_us
         params.bootstrap_timeout_ns = int(config.bootstrap_timeout * 1e9)
         params.op_timeout_ms = int(round(config.op_timeout * 1000))
         # Hardware backends connect their queues through the bootstrap (see _allgather).
@@ -772,15 +782,21 @@ class Context:
 
     def _post(self, op: Any, what: str, keep: tuple[Any, ...], result: Result | None = None,
               nbytes: int = 0, itemsize: int | None = None) -> Request:
+        tag = self._post_tag(op, what, nbytes, ffi.new(_TAG))
+        return Request(self, tag, what, keep, result,
+                       self._poll_ns if nbytes <= _SMALL_MAX_BYTES else 0, itemsize)
+
+    def _post_tag(self, op: Any, what: str, nbytes: int, tagp: Any) -> int:
+        """Post op (moving nbytes per rank) and return its tag."""
         if self._stager is not None:
             self._stager.drain()  # staged ops called earlier take their place in line first
-        tag = ffi.new("uint32_t *")
         if self._orphans:
             self._reap_orphans()
-        rc = lib.host_post(self._handle(), op, self._post_timeout_ns, tag)
-        self._check(rc, f"posting {what}")
-        poll_ns = _POLL_NS if nbytes <= _POLL_MAX_BYTES else 0
-        return Request(self, int(tag[0]), what, keep, result, poll_ns, itemsize)
+        op.small = nbytes <= _SMALL_MAX_BYTES
+        rc = lib.host_post(self._handle(), op, self._post_timeout_ns, tagp)
+        if rc:
+            self._check(rc, f"posting {what}")
+        return int(tagp[0])
 
     def _persistent(self, op: Any, what: str, keys: list[int], keep: tuple[Any, ...],
                     result: Result | None = None, nbytes: int = 0) -> PersistentRequest:
@@ -851,6 +867,8 @@ class Context:
             for t in range(n)
         ]
         totals = {f: sum(t[f] for t in per_thread) for f in _STAT_FIELDS}
+        host = ffi.new("uint64_t[2]")
+        lib.host_drive_stats(self._ptr, host, host + 1)
         gpu = {"path": "none", "ops": 0, "pieces": 0, "d2h_bytes": 0, "h2d_bytes": 0}
         if self._stager is not None:
             gpu.update(self._stager.stats)
@@ -861,5 +879,10 @@ class Context:
             "bytes": totals["bytes_written"],
             "chunks": totals["writes"],
             **totals,
+            # cooperative progress: what host threads did of the above (ops whose completion
+            # a host thread's pass wrote, and the passes it ran)
+            "progress": self.progress,
+            "host_ops": int(host[0]),
+            "host_passes": int(host[1]),
             "threads": per_thread,
         }

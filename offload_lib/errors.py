@@ -73,6 +73,7 @@ _MISMATCH_OP, _MISMATCH_ROOT, _MISMATCH_SIZE, _MISMATCH_TEAM = 1, 2, 3, 4
 _OP_NAMES = {2: "barrier", 3: "all-to-all", 4: "all-to-all-v", 6: "broadcast", 7: "all-gather",
              8: "create_team or shrink (an agreement)"}
 _F_SLOTS, _F_PLACE = 4, 8
+_SIG_EAGER = 0x80  # OFFLOAD_SIG_EAGER: an all-to-all whose blocks go eagerly (eager_max)
 
 
 def _op_name(sig_op: int) -> str:
@@ -91,6 +92,13 @@ def _mismatch_error(what: str, peer: int, result0: int, theirs: int,
     kind, ours = result0 >> 56, result0 & ((1 << 56) - 1)
     tail = ("; every rank must post the same collectives, in the same order and with the"
             " same arguments, on a team: nothing was moved and the team goes on")
+    if kind == _MISMATCH_OP and ours ^ theirs == _SIG_EAGER << 8:
+        how = ("eagerly (the size is within its eager_max)", "with a ready (the size is above"
+               " its eager_max)")
+        mine, other = (how[0], how[1]) if ours & (_SIG_EAGER << 8) else (how[1], how[0])
+        return InvalidArgument(f"{what}: rank {peer} sends its all-to-all blocks {other} where"
+                               f" this rank sends them {mine}: set the same eager_max on every"
+                               " rank; nothing was moved and the team goes on")
     if kind == _MISMATCH_OP:
         return InvalidArgument(f"{what}: rank {peer} runs {_op_name(theirs)} where this rank"
                                f" runs {_op_name(ours)}{tail}")

@@ -21,6 +21,9 @@ if TYPE_CHECKING:
 
 # Sleep in slices so Ctrl-C reaches Python while an op runs for a long time.
 _WAIT_SLICE_S = 0.25
+_WAIT_SLICE_NS = int(_WAIT_SLICE_S * 1e9)
+_COMP = ffi.typeof("struct host_completion *")
+_TAG = ffi.typeof("uint32_t *")
 
 Result = Callable[[Any], Any]
 
@@ -75,7 +78,8 @@ class Request:
             self._error = completion_error(self._what, comp.status, comp.detail, comp.result0,
                                            comp.result1, self._itemsize)
             raise self._error
-        self._value = self._result(comp) if self._result else None
+        if self._result is not None:
+            self._value = self._result(comp)
         del keep
 
     def _outcome(self) -> Any:
@@ -111,7 +115,7 @@ class Request:
         if self._done:
             self._outcome()
             return True
-        comp = ffi.new("struct host_completion *")
+        comp = ffi.new(_COMP)
         rc = lib.host_test(self._ctx._handle(), self._tag, comp)
         self._ctx._check(rc, self._what)
         if rc == 0:
@@ -126,7 +130,12 @@ class Request:
             raise InvalidArgument(f"timeout must be a number of seconds or None, got {timeout!r}")
         if self._done:
             return self._outcome()
-        comp = ffi.new("struct host_completion *")
+        comp = ffi.new(_COMP)
+        if timeout is None:  # the common case, kept short: small ops take microseconds
+            rc = lib.host_wait(self._ctx._handle(), self._tag, _WAIT_SLICE_NS, self._poll_ns, comp)
+            if rc == 0:
+                self._finish(comp)
+                return self._value
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         while True:
             left = _WAIT_SLICE_S if deadline is None else min(_WAIT_SLICE_S, deadline - time.monotonic())
@@ -152,7 +161,11 @@ class Request:
 
 
 class PersistentRequest:
-    """An op set up once and posted many times (``*_init``); buffers stay registered."""
+    """An op set up once and posted many times (``*_init``); buffers stay registered.
+
+    post() and test() are the calls a loop makes between other work: they keep the tag
+    themselves and call the C API straight away (a Request is made only for wait() and
+    cancel())."""
 
     def __init__(self, ctx: Context, what: str, op: Any, keys: list[int], keep: tuple[Any, ...],
                  result: Result | None = None, nbytes: int = 0) -> None:
@@ -163,11 +176,14 @@ class PersistentRequest:
         self._keep = keep
         self._result = result
         self._nbytes = nbytes
-        self._active: Request | None = None
+        self._tag = 0                     # posted, completion not seen yet
+        self._req: Request | None = None  # the posted op's, once wait() or cancel() needed it
+        self._tagp = ffi.new(_TAG)
+        self._comp = ffi.new(_COMP)
         self._freed = False
 
     def __repr__(self) -> str:
-        state = "freed" if self._freed else ("posted" if self._active else "idle")
+        state = "freed" if self._freed else ("posted" if self._tag else "idle")
         return f"<PersistentRequest {self._what} {state}>"
 
     def _check(self) -> None:
@@ -179,50 +195,73 @@ class PersistentRequest:
 
     def post(self) -> PersistentRequest:
         self._check()
-        if self._active is not None:
+        if self._tag:
             raise InvalidArgument(
                 f"{self._what}: already posted and not complete; call wait() before post()"
             )
-        self._active = self._ctx._post(self._op, self._what, self._keep, self._result,
-                                       nbytes=self._nbytes)
+        self._tag = self._ctx._post_tag(self._op, self._what, self._nbytes, self._tagp)
         return self
+
+    def _request(self) -> Request:
+        if self._req is None:
+            self._req = Request(self._ctx, self._tag, self._what, self._keep, self._result,
+                                self._ctx._poll_ns)
+        return self._req
 
     def cancel(self) -> bool:
         """Abort the posted op (see Request.cancel); False if none was in flight."""
         self._check()
-        req, self._active = self._active, None
-        return req.cancel() if req is not None else False
+        if not self._tag:
+            return False
+        req = self._request()
+        self._tag, self._req = 0, None
+        return req.cancel()
 
     def test(self) -> bool:
         self._check()
-        if self._active is None:
+        if not self._tag:
             return True
-        if not self._active.test():
+        if self._req is not None:  # a wait() timed out on it before
+            if not self._req.test():
+                return False
+            self._tag, self._req = 0, None
+            return True
+        comp = self._comp
+        rc = lib.host_test(self._ctx._handle(), self._tag, comp)
+        if rc == 0:
             return False
-        self._active = None
+        self._tag = 0
+        if rc < 0:
+            self._ctx._check(rc, self._what)
+        if comp.status != 0:
+            raise completion_error(self._what, comp.status, comp.detail, comp.result0,
+                                   comp.result1)
         return True
 
     def wait(self, timeout: float | None = None) -> Any:
         self._check()
-        req = self._active
-        if req is None:
+        if not self._tag:
             raise InvalidArgument(f"{self._what}: wait() without a post()")
+        req = self._request()
         try:
             return req.wait(timeout)
         except Timeout:
+            if not req._done:
+                raise  # still posted: wait() or test() again
+            self._tag, self._req = 0, None
             raise
         except OffloadError:
-            self._active = None
+            self._tag, self._req = 0, None
             raise
         finally:
             if req._done:
-                self._active = None
+                self._tag, self._req = 0, None
 
     def free(self) -> None:
         """Release the registrations; waits for a posted op first."""
         if self._freed:
             return
-        if self._active is not None and not self._ctx.closed:
+        if self._tag and not self._ctx.closed:
             self.wait()
         self._freed = True
         if not self._ctx.closed:

@@ -273,6 +273,28 @@ def test_stats_counts_bytes_and_threads():
 
 
 @pytest.mark.timeout(30)
+@pytest.mark.parametrize("progress", ["cooperative", "threads"])
+def test_stats_count_what_host_threads_ran(progress, monkeypatch):
+    """stats() says who ran the firmware: with cooperative progress the thread that posts
+    and waits (host_ops, host_passes), with progress: threads the DPA threads alone."""
+    monkeypatch.setenv("OFFLOAD_PROGRESS", progress)  # the suite may run with another one
+    with ol.init({"progress": progress}) as c:
+        before = c.stats()
+        assert before["progress"] == progress, before
+        for _ in range(5):
+            c.world.alltoall(np.arange(4.0), np.zeros(4)).wait(timeout=10)
+            c.world.barrier().wait(timeout=10)
+        st = c.stats()
+        ops = st["ops_completed"] - before["ops_completed"]
+        host_ops = st["host_ops"] - before["host_ops"]
+        assert ops == 10, (before, st)
+        if progress == "cooperative":
+            assert 1 <= host_ops <= ops and st["host_passes"] > before["host_passes"], st
+        else:
+            assert st["host_ops"] == st["host_passes"] == 0, st
+
+
+@pytest.mark.timeout(30)
 def test_empty_array_properties(ctx):
     a = ctx.empty(10, np.int32)
     assert a.shape == (10,) and a.dtype == np.int32 and a.flags.writeable

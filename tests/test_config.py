@@ -31,7 +31,8 @@ DEFAULTS = {
     "mcast_seed": 1,
     "bootstrap_timeout": 60.0,
     "spin_us": 20,
-    "yield_us": 2000,
+    "progress": "cooperative",
+    "eager_max": 8192,
 }
 
 
@@ -83,9 +84,9 @@ def test_offload_config_env_names_the_file(tmp_path):
 
 def test_env_overrides_file_and_mapping(tmp_path):
     path = write(tmp_path, "dpa_threads: 4\nspin_us: 10\n")
-    env = {"OFFLOAD_DPA_THREADS": "8", "OFFLOAD_YIELD_US": "15", "OFFLOAD_CHUNK_SIZE": "64KiB"}
+    env = {"OFFLOAD_DPA_THREADS": "8", "OFFLOAD_EAGER_MAX": "1K", "OFFLOAD_CHUNK_SIZE": "64KiB"}
     cfg = load_config(path, env=env)
-    assert (cfg.dpa_threads, cfg.spin_us, cfg.yield_us, cfg.chunk_size) == (8, 10, 15, 65536)
+    assert (cfg.dpa_threads, cfg.spin_us, cfg.eager_max, cfg.chunk_size) == (8, 10, 1024, 65536)
     assert load_config({"dpa_threads": 4}, env=env).dpa_threads == 8
     assert load_config(Config(dpa_threads=4), env=env).dpa_threads == 8
     assert load_config(Config(dpa_threads=4), env={}).dpa_threads == 4
@@ -135,7 +136,8 @@ BAD_VALUES = [
     ("op_timeout", -1), ("op_timeout", 86401), ("op_timeout", "inf"), ("op_timeout", "never"),
     ("bootstrap_timeout", 0.0), ("bootstrap_timeout", "nan"), ("bootstrap_timeout", False),
     ("spin_us", -1), ("spin_us", 100_001), ("spin_us", "1e3"),
-    ("yield_us", -5), ("yield_us", 1_000_001),
+    ("progress", "threads-only"), ("progress", 1),
+    ("eager_max", "16K"), ("eager_max", -1), ("eager_max", "lots"),
 ]
 
 
@@ -157,6 +159,11 @@ def test_bad_env_value_names_the_variable(key, value):
 
 def test_every_key_is_covered_by_a_bad_value():
     assert {k for k, _ in BAD_VALUES} == set(KEYS)
+
+
+def test_a_removed_key_says_what_replaced_it():
+    with pytest.raises(ConfigError, match=r"'yield_us' .*was removed: .*spin_us"):
+        load_config({"yield_us": 2000}, env={})
 
 
 def test_bad_value_in_yaml_names_the_file(tmp_path):

@@ -147,7 +147,9 @@ def test_create_team_and_other_integers_must_be_integers(ctx):
 # 1 never posts them) and post in a loop: every thread must get OffloadError naming the
 # closed context, nothing may crash, and requests, persistent requests and teams that
 # outlive the context must keep raising. Before the fix a waiter touched the freed ring
-# (3 of 3 runs segfaulted).
+# (3 of 3 runs segfaulted). With cooperative progress the waiters and posters run the
+# firmware themselves (one at a time; the driver asleep between its passes, with eager
+# blocks until every peer's block is in): the closer must get them out of it too.
 CLOSE_FROM_ANOTHER_THREAD = r'''
 import threading
 import gc
@@ -156,7 +158,7 @@ ctx = ol.init()
 w = ctx.world
 w.barrier().wait(timeout=20)
 if rank == 0:
-    src = np.arange(4096, dtype=np.int64)
+    src = np.arange(int(os.environ["ELEMS"]), dtype=np.int64)
     dst = np.zeros_like(src)
     errors, started = [], threading.Barrier(8)
     p = w.alltoall_init(src, dst)
@@ -230,9 +232,14 @@ print("ok")
 
 
 @pytest.mark.timeout(90)
-def test_close_from_another_thread_while_others_wait_and_post(tmp_path):
+@pytest.mark.parametrize("progress, elems", [("cooperative", 4096), ("cooperative", 64),
+                                             ("threads", 4096)],
+                         ids=["cooperative", "cooperative-eager", "threads"])
+def test_close_from_another_thread_while_others_wait_and_post(tmp_path, progress, elems):
     for attempt in range(3):
-        out = run_ranks(2, CLOSE_FROM_ANOTHER_THREAD, timeout=60, env={"FLAG_DIR": str(tmp_path)})
+        out = run_ranks(2, CLOSE_FROM_ANOTHER_THREAD, timeout=60,
+                        env={"FLAG_DIR": str(tmp_path), "OFFLOAD_PROGRESS": progress,
+                             "ELEMS": str(elems)})
         assert "ok" in out[0], out
         for f in tmp_path.iterdir():
             f.unlink()

@@ -63,10 +63,14 @@ def expect(exc, req, words, bound=1.0):
 # Rank 2 closes its context (and exits) after ranks 0 and 1 posted an op that needs it,
 # for every kind; then their later ops fail at once too. Before the fix they waited for
 # op_timeout (and failed_ranks stayed empty, which is right: rank 2 did not fail).
+# All-to-alls of 512 B per peer go eagerly, of 16 KiB with a ready; with cooperative
+# progress the waiting thread runs the firmware and sleeps on the job's bell, which the
+# closing rank's notice must ring (progress: threads, the progress threads sleep on it).
 PEER_CLOSED = POST + r'''
 ctx = ol.init()
 w = ctx.world
 kind = os.environ["KIND"]
+PER = int(os.environ.get("PER", "64"))
 w.barrier().wait(timeout=20)
 if rank == 2:
     wait_flag("posted0")
@@ -74,13 +78,14 @@ if rank == 2:
     ctx.close()
     set_flag("closed")
 else:
-    req = post(w, kind)
+    req = post(w, kind, per=PER)
     set_flag(f"posted{rank}")
     wait_flag("closed")
     e = expect(ol.PeerFailure, req, ["rank 2", "closed its context"])
     assert isinstance(e, ol.PeerClosed) and e.rank == 2, (type(e), e.rank)
     for later in ("barrier", kind):
-        expect(ol.PeerClosed, post(w, later), ["rank 2", "closed its context"], bound=0.5)
+        expect(ol.PeerClosed, post(w, later, per=PER), ["rank 2", "closed its context"],
+               bound=0.5)
     assert ctx.failed_ranks() == [], ctx.failed_ranks()
     assert ctx.closed_ranks() == [2], ctx.closed_ranks()
     # a team without rank 2 goes on
@@ -91,10 +96,17 @@ else:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("kind", ["alltoall", "alltoallv", "broadcast", "allgather", "barrier"])
-def test_a_peer_that_closes_fails_pending_and_later_ops_at_once(kind, tmp_path):
+@pytest.mark.parametrize("kind, per, progress", [
+    ("alltoall", 64, "cooperative"), ("alltoall", 2048, "cooperative"),
+    ("alltoall", 64, "threads"), ("alltoallv", 64, "cooperative"),
+    ("broadcast", 64, "cooperative"), ("allgather", 64, "cooperative"),
+    ("barrier", 64, "cooperative"), ("barrier", 64, "threads")],
+    ids=["alltoall-eager", "alltoall", "alltoall-eager-threads", "alltoallv", "broadcast",
+         "allgather", "barrier", "barrier-threads"])
+def test_a_peer_that_closes_fails_pending_and_later_ops_at_once(kind, per, progress, tmp_path):
     run_ranks(3, PEER_CLOSED, timeout=60,
-              env={"KIND": kind, "FLAG_DIR": str(tmp_path), **SLOW_TIMEOUT})
+              env={"KIND": kind, "PER": str(per), "OFFLOAD_PROGRESS": progress,
+                   "FLAG_DIR": str(tmp_path), **SLOW_TIMEOUT})
 
 
 # Rank 3 dies at a random point of a stream of large all-to-alls; as soon as a survivor's op
@@ -144,6 +156,7 @@ MISMATCH = POST + r'''
 ctx = ol.init()
 w = ctx.world
 case = os.environ["CASE"]
+PER = int(os.environ["PER"])
 w.barrier().wait(timeout=20)
 mine = {
     "alltoall/allgather": ("alltoall", 0) if rank == 0 else ("allgather", 0),
@@ -151,10 +164,11 @@ mine = {
     "broadcast/allgather": ("broadcast", 0) if rank != 2 else ("allgather", 0),
     "roots": ("broadcast", 0 if rank == 0 else 1),
     "sizes": ("allgather", 0),
+    "alltoall-sizes": ("alltoall", 0),
 }[case]
-per = 64 + (8 if case == "sizes" and rank == 1 else 0)
+per = PER + (8 if case.endswith("sizes") and rank == 1 else 0)
 req = post(w, mine[0], root=mine[1], per=per)
-word = {"roots": "root", "sizes": "size"}.get(case, "runs")
+word = {"roots": "root", "sizes": "size", "alltoall-sizes": "size"}.get(case, "runs")
 expect(ol.InvalidArgument, req, [word], bound=1.0)
 # the team goes on: the next op pairs up, exact
 src = np.arange(4 * size, dtype=np.int64) + 100 * rank
@@ -166,11 +180,19 @@ ctx.close()
 '''
 
 
+# Int64 elements per peer: 64 (512 B) runs an all-to-all eagerly, its signature in the
+# slots' headers; 2048 (16 KiB) with a ready, through the gate; 1024 against 1032 puts rank
+# 1 (8256 B) above eager_max (8 KiB) and the others at it: eager against gated.
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("case", ["alltoall/allgather", "barrier/alltoall", "broadcast/allgather",
-                                  "roots", "sizes"])
-def test_mismatched_collectives_fail_on_every_rank(case):
-    run_ranks(3, MISMATCH, timeout=60, env={"CASE": case, **SLOW_TIMEOUT})
+@pytest.mark.parametrize("case, per", [
+    ("alltoall/allgather", 64), ("alltoall/allgather", 2048), ("barrier/alltoall", 64),
+    ("barrier/alltoall", 2048), ("broadcast/allgather", 64), ("roots", 64), ("sizes", 64),
+    ("alltoall-sizes", 64), ("alltoall-sizes", 1024), ("alltoall-sizes", 2048)],
+    ids=["alltoall/allgather-eager", "alltoall/allgather", "barrier/alltoall-eager",
+         "barrier/alltoall", "broadcast/allgather", "roots", "sizes", "alltoall-sizes-eager",
+         "alltoall-sizes-eager/gated", "alltoall-sizes"])
+def test_mismatched_collectives_fail_on_every_rank(case, per):
+    run_ranks(3, MISMATCH, timeout=60, env={"CASE": case, "PER": str(per), **SLOW_TIMEOUT})
 
 
 # create_team from different member lists (or the same members in another order) fails on

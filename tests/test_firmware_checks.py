@@ -484,7 +484,12 @@ if comp is None:
     print("NO_COMPLETION")
     sys.exit(3)
 print("status", comp.status, "detail", comp.detail)
-if rank == 0:
+if os.environ["OFFLOAD_EAGER_MAX"] != "0":
+    # Eager: the key never leaves rank 1, whose own copy out of the slot is refused; rank 0
+    # delivered into the slot and is done.
+    assert (comp.status, comp.detail) == ((OK, 0) if rank == 0 else (ERR_REMOTE_ACCESS, 1)), (
+        comp.status, comp.detail)
+elif rank == 0:
     # rank 0's write into rank 1 was refused by the check, and it names rank 1
     assert comp.status == ERR_REMOTE_ACCESS, comp.status
     assert comp.detail == 1, comp.detail
@@ -495,13 +500,18 @@ ctx.close()
 
 
 @pytest.mark.timeout(60)
-def test_forged_rkey_published_to_a_peer_is_refused():
-    run_ranks(2, FORGED_REMOTE_RKEY, timeout=45)
+@pytest.mark.parametrize("eager_max", ["0", "8K"], ids=["rendezvous", "eager"])
+def test_forged_rkey_published_to_a_peer_is_refused(eager_max):
+    """A destination key that does not cover the destination: with the rendezvous
+    protocol (the receiver publishes it) the sender's write is refused and names the
+    receiver; eagerly, the receiver's own copy out is refused. Nothing arrives either way."""
+    run_ranks(2, FORGED_REMOTE_RKEY, timeout=45, env={"OFFLOAD_EAGER_MAX": eager_max})
 
 
 BLOCK_SIZE_MISMATCH = r'''
 ctx = ol.init()
-per_peer = 16 if rank == 0 else 32        # the ranks disagree on the block size
+# the ranks disagree on the block size (both eager, both rendezvous, or one of each)
+per_peer = int(os.environ["PER_PEER_0" if rank == 0 else "PER_PEER_1"])
 src = np.full(2 * per_peer, 10 + rank, np.uint8)
 dst = np.full(2 * per_peer, 0x5A, np.uint8)
 req = ctx.world.alltoall(src, dst)           # each rank's own call is well-formed
@@ -533,8 +543,51 @@ ctx.close()
 
 
 @pytest.mark.timeout(60)
-def test_ranks_disagreeing_on_block_size_get_errors_not_a_hang():
-    run_ranks(2, BLOCK_SIZE_MISMATCH, timeout=45)
+@pytest.mark.parametrize("sizes", [(16, 32), (8192, 16384), (16384, 8192), (65536, 131072)],
+                         ids=["eager", "eager-vs-rendezvous", "rendezvous-vs-eager",
+                              "rendezvous"])
+def test_ranks_disagreeing_on_block_size_get_errors_not_a_hang(sizes):
+    """Blocks of up to eager_max (8 KiB) go eagerly, larger ones with a ready: a rank of each
+    kind must see the other's ready or slot word and fail at once, like two of a kind."""
+    run_ranks(2, BLOCK_SIZE_MISMATCH, timeout=45,
+              env={"PER_PEER_0": str(sizes[0]), "PER_PEER_1": str(sizes[1])})
+
+
+@pytest.mark.timeout(60)
+def test_ranks_disagreeing_on_eager_max_get_errors_not_a_hang():
+    """Same block size, but rank 1 sends everything with a ready (eager_max 0): the eager
+    rank sees its ready and both fail at once; the next all-to-all works again."""
+    run_ranks(2, EAGER_MAX_MISMATCH, timeout=45)
+
+
+EAGER_MAX_MISMATCH = r'''
+ctx = ol.init({"eager_max": 8192 if rank == 0 else 0})
+src = np.full(2 * 64, 10 + rank, np.uint8)
+dst = np.full(2 * 64, 0x5A, np.uint8)
+t0 = time.monotonic()
+try:
+    ctx.world.alltoall(src, dst).wait(timeout=20)
+except ol.Timeout as e:
+    raise AssertionError(f"rank {rank}: the mismatch hung until the timeout: {e}")
+except ol.OffloadError as e:
+    print(f"rank {rank} got {type(e).__name__}: {e}")
+    assert time.monotonic() - t0 < 10, "the error took too long"
+    # the signatures differ in the protocol alone (OFFLOAD_ERR_MISMATCH, as the gate says)
+    assert isinstance(e, ol.InvalidArgument), repr(e)
+    assert f"rank {1 - rank} " in str(e) and "eager_max" in str(e), e
+else:
+    raise AssertionError(f"rank {rank}: an all-to-all across protocols succeeded")
+peer = 1 - rank
+check_equal(dst[peer * 64:(peer + 1) * 64], np.full(64, 0x5A, np.uint8), "nothing arrived")
+# the counters stayed in step: larger blocks (rendezvous on both) and barriers still pair
+src = np.arange(2 * 4096, dtype=np.int64) + 100000 * rank
+dst = np.full(2 * 4096, -1, np.int64)
+ctx.world.alltoall(src, dst).wait(timeout=20)
+check_equal(dst, np.concatenate([np.arange(4096 * rank, 4096 * (rank + 1)) + 100000 * p
+                                 for p in range(2)]), "all-to-all after the mismatch")
+ctx.world.barrier().wait(timeout=20)
+ctx.close()
+'''
 
 
 REJECTED_ON_ONE_RANK = r'''

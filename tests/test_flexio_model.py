@@ -308,10 +308,12 @@ busy = [t["writes"] for t in ctx.stats()["threads"]]
 assert len(busy) == ctx.dpa_threads, busy
 assert sum(1 for b in busy if b) >= min(n, len(busy)), f"idle DPA threads: {busy}"
 
-# last, a forged key: the last rank publishes a key nobody issued for its destination
-victim, SENT = n - 1, -7
-s4 = np.arange(n * 100, dtype=np.int64) + 1_000_000 * rank
-d4 = np.full(n * 100, SENT, np.int64)
+# last, a forged key: the last rank publishes a key nobody issued for its destination.
+# Blocks of 16 KiB, above eager_max: the peers write into the destination with that key
+# (an eager block goes into the victim's slot, and only its own copy out is refused).
+victim, SENT, PER = n - 1, -7, 2048
+s4 = np.arange(n * PER, dtype=np.int64) + 1_000_000 * rank
+d4 = np.full(n * PER, SENT, np.int64)
 plain = ctx._post
 if rank == victim:
     def forged(op, *a, **k):
@@ -332,7 +334,7 @@ else:
     raise AssertionError("an all-to-all into a forged key completed")
 assert time.monotonic() - t0 < 5, f"the error took {time.monotonic() - t0:.1f} s"
 if rank == victim:
-    check_equal(d4, np.full(n * 100, SENT, np.int64), "the forged destination")
+    check_equal(d4, np.full(n * PER, SENT, np.int64), "the forged destination")
 ctx.close()
 import glob
 names = [open(c).read().strip() for c in glob.glob(f"/proc/{os.getpid()}/task/*/comm")]

@@ -156,11 +156,13 @@ FAILOVER = ["-rails", "2", "-rail0_down_after", "1000000"]
 
 
 @pytest.mark.timeout(150)
-@pytest.mark.parametrize("n,extra", [(2, []), (4, FAILOVER), (3, ["-staged"])],
-                         ids=["2", "4-failover", "3-staged"])
+@pytest.mark.parametrize("n,extra", [(2, []), (4, FAILOVER), (3, ["-staged"]),
+                                     (3, ["-threads-only"])],
+                         ids=["2", "4-failover", "3-staged", "3-threads-only"])
 def test_multirank_asan_ubsan(multirank_asan: Path, n: int, extra: list[str]) -> None:
     """Every rank's all-to-all, all-to-all-v and barrier data is right, with no memory error,
-    undefined behaviour or leak in firmware, emulator or host."""
+    undefined behaviour or leak in firmware, emulator or host; small ops driven by the host
+    threads (cooperative progress), or, with -threads-only, by the DPA threads alone."""
     result = _run([str(multirank_asan), "-n", str(n), *extra, "-timeout", "60"], timeout=90,
                   env={"ASAN_OPTIONS": "detect_leaks=1"})
     print(result.stdout)
@@ -178,7 +180,8 @@ def multirank_tsan(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.mark.parametrize("extra", [[], ["-staged"]], ids=["direct", "staged"])
 def test_multirank_tsan(multirank_tsan: Path, extra: list[str]) -> None:
     """No data race between the emulator's DPA threads, the host's threads (two post at
-    once) and the firmware, with multicast placed by id or staged."""
+    once, and run the firmware themselves for small ops) and the firmware, with multicast
+    placed by id or staged."""
     result = _run([str(multirank_tsan), "-n", "2", *FAILOVER, *extra, "-timeout", "60"],
                   timeout=90, env={"TSAN_OPTIONS": "halt_on_error=1:second_deadlock_stack=1"})
     print(result.stdout)

@@ -23,6 +23,8 @@ struct dpa_engine_params {
 	uint32_t op_timeout_ms; /* an op not done this long after intake aborts; 0: never */
 	uint32_t link_mbps;     /* link rate (MB/s): multicast loss shows after size / rate */
 	uint32_t mcast_roots;   /* all-gather: ranks multicasting at once */
+	uint32_t eager_max;     /* all-to-all blocks up to this many bytes go eagerly (0: none;
+				 * at most OFFLOAD_EAGER_BYTES) */
 };
 
 uint64_t dpa_engine_state_size(void);
@@ -42,6 +44,14 @@ enum dpa_engine_load {
 };
 #define DPA_ENGINE_SMALL_BYTES (1024u * 1024u)
 enum dpa_engine_load dpa_engine_load(const void *state);
+/*
+ * How many more events (peers' writes that wake this rank) may arrive before a pass is of
+ * use, at least 1. More than one only while every op in flight waits for input it does not
+ * pass on (an eager all-to-all's blocks: it can complete only once all are in, and nothing
+ * it would do meanwhile unblocks a peer), so the runtime may sleep through the others.
+ * Doorbells, failures and timers wake it regardless.
+ */
+uint32_t dpa_engine_events_needed(const void *state);
 /*
  * A timer the firmware waits on in `thread` (dpa_hal_thread_index; a multicast receiver's
  * loss timeout): run a pass of that thread at or after the returned dpa_hal_time_ns,

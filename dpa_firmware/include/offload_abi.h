@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define OFFLOAD_ABI_VERSION 9u
+#define OFFLOAD_ABI_VERSION 10u
 
 #define OFFLOAD_MAX_RANKS   64u   /* ranks in one job (team members index peer tables) */
 #define OFFLOAD_MAX_TEAMS   16u   /* teams alive at once, world included */
@@ -186,7 +186,7 @@ struct offload_ready {
  * seq is written last, as in a ready.
  */
 struct offload_sig {
-	uint32_t op;          /* opcode | (mode flags: OFFLOAD_CMD_F_SLOTS, _PLACE) << 8 */
+	uint32_t op;          /* opcode | (mode: OFFLOAD_CMD_F_SLOTS, _PLACE; SIG_EAGER) << 8 */
 	uint32_t root;        /* broadcast: the root's team rank; else 0 */
 	uint64_t size;        /* bytes per block, where every rank must agree (all-to-all,
 			       * broadcast, all-gather); else 0 */
@@ -194,6 +194,10 @@ struct offload_sig {
 	uint32_t world_rank;  /* the writer */
 	uint64_t seq;
 };
+
+/* ABI 10, in offload_sig.op's mode: an all-to-all whose blocks go eagerly (at most the
+ * rank's eager_max): ranks that differ in it disagree on the protocol, not just the size. */
+#define OFFLOAD_SIG_EAGER (1u << 7)
 
 /* ABI 9: an agreement's arguments (host memory named by aux_addr, read at intake,
  * written before the completion). Every live member decides the same out values. */
@@ -249,9 +253,32 @@ struct offload_alltoallv_args {
 };
 
 /*
+ * ABI 10: eager all-to-all (blocks of at most OFFLOAD_EAGER_BYTES): a source writes its
+ * block straight into a slot of the receiver's control region (slot = op seq % SLOTS),
+ * then the slot's header behind it on the same queue: the op's signature (struct
+ * offload_sig, with OFFLOAD_SIG_EAGER in its mode), whose seq word, written last, may
+ * carry OFFLOAD_EAGER_ERROR. The receiver judges the signature as the gate would
+ * (signature.c) when it takes the block: an eager op has no separate signature round.
+ * It copies the block out and hands the slot back by writing the seq word it consumed
+ * into the source's eager_credit. A source reuses a slot only once the seq word of that
+ * slot's previous op came back.
+ */
+#define OFFLOAD_EAGER_SLOTS 2u
+#define OFFLOAD_EAGER_BYTES 8192u
+#define OFFLOAD_EAGER_ERROR (1ull << 63)   /* in the seq word: the source failed, no block */
+#define OFFLOAD_EAGER_SEQ(word) ((uint32_t)(word))
+
+struct offload_eager_slot {
+	struct offload_sig sig;  /* sig.size: bytes of the block; sig.seq written last */
+	uint64_t resv[4];
+	uint8_t data[OFFLOAD_EAGER_BYTES];
+};
+
+/*
  * Per-team control words of one rank, written remotely by peers. done[slot][src] is a
  * signal counter: low 32 bits count completed signals from src on that slot, high 32
- * bits count those that carried an error.
+ * bits count those that carried an error. eager_credit[slot][dst]: the word of ours that
+ * dst last consumed from that eager slot (see above).
  */
 struct offload_ctrl_team {
 	struct offload_ready ready[OFFLOAD_OP_WINDOW][OFFLOAD_MAX_RANKS];
@@ -261,10 +288,13 @@ struct offload_ctrl_team {
 	/* ABI 9: agreement words, by the writer's team rank (agree_ft.c) */
 	struct offload_agree_word agree_prop[OFFLOAD_MAX_RANKS];
 	struct offload_agree_word agree_dec[OFFLOAD_MAX_RANKS];
+	uint64_t eager_credit[OFFLOAD_EAGER_SLOTS][OFFLOAD_MAX_RANKS];  /* ABI 10 */
 };
 
+/* The eager slots follow the control words, so that those stay on few pages. */
 struct offload_ctrl {
 	struct offload_ctrl_team teams[OFFLOAD_MAX_TEAMS];
+	struct offload_eager_slot eager[OFFLOAD_MAX_TEAMS][OFFLOAD_MAX_RANKS][OFFLOAD_EAGER_SLOTS];
 };
 
 #define OFFLOAD_SIGNAL_OK    1ull
@@ -324,12 +354,15 @@ _Static_assert(sizeof(struct offload_agree_word) == 32, "agreement word");
 _Static_assert(offsetof(struct offload_agree_word, epoch) == 24, "agreement epoch last");
 _Static_assert(sizeof(struct offload_ctrl_team) ==
 	       OFFLOAD_OP_WINDOW * OFFLOAD_MAX_RANKS * (32 + 8 + 16 + 2 * 32) +
-	       2 * 32 * OFFLOAD_MAX_RANKS,
+	       2 * 32 * OFFLOAD_MAX_RANKS + OFFLOAD_EAGER_SLOTS * 8 * OFFLOAD_MAX_RANKS,
 	       "team control words");
 _Static_assert(sizeof(struct offload_alltoallv_args) == 24 * OFFLOAD_MAX_RANKS + 32,
 	       "alltoallv args");
 _Static_assert(sizeof(struct offload_thread_stats) == 128, "stats are two cache lines");
 _Static_assert(sizeof(struct offload_mcast_op_stats) == 48, "per-op multicast counters");
+_Static_assert(sizeof(struct offload_eager_slot) == 64 + OFFLOAD_EAGER_BYTES, "eager slot");
+_Static_assert(offsetof(struct offload_ctrl, eager) % 64 == 0, "eager slots on cache lines");
+_Static_assert(offsetof(struct offload_eager_slot, sig.seq) == 24, "eager seq word last");
 
 /*
  * ---- FlexIO hardware binding (dpa_firmware/hal/flexio/, host/src/flexio/) ----

@@ -146,16 +146,23 @@ int dpa_out_of_step(struct dpa_engine *eng, struct dpa_hal *hal, const struct dp
 }
 
 /* Member q took our next collective instead of joining this agreement (its signature for
- * that seq is in): the members are not in step. 1 and *their_op if so. */
-static int runs_collective(const struct dpa_team *team, const struct offload_ctrl_team *ctrl,
+ * that seq is in, by the gate or in an eager slot's header): the members are not in step.
+ * 1 and *their_op if so. */
+static int runs_collective(struct dpa_hal *hal, uint32_t team_id, const struct dpa_team *team,
 			   uint32_t q, uint32_t *their_op)
 {
-	const struct offload_sig *sig = &ctrl->sig[team->next_seq % OFFLOAD_SIG_WINDOW][q];
+	const struct offload_sig *gated = dpa_sig_gated(hal, team_id, team->next_seq, q);
+	struct offload_sig eager;
 
-	if (off_load_acquire(&sig->seq) != team->next_seq)
-		return 0;
-	*their_op = sig->op;
-	return 1;
+	if (gated) {
+		*their_op = gated->op;
+		return 1;
+	}
+	if (dpa_sig_eager(hal, team_id, team->next_seq, q, &eager)) {
+		*their_op = eager.op;
+		return 1;
+	}
+	return 0;
 }
 
 /* Our round: every member's proposal (or its being gone), merged into our decision. */
@@ -204,7 +211,7 @@ static int step(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t t)
 		uint32_t their_op;
 
 		if (q == team->my_rank || off_load_acquire(&ctrl->agree_prop[q].epoch) == ag->epoch ||
-		    !runs_collective(team, ctrl, q, &their_op))
+		    !runs_collective(hal, t, team, q, &their_op))
 			continue;
 		/* Not before it is settled: q must not count as gone in the rounds meanwhile
 		 * (it may close once it failed its op for the same reason). */

@@ -138,10 +138,19 @@ static int try_layout(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 	int32_t st = OFFLOAD_OK;
 	uint32_t mismatch = team->size;  /* the first source whose count recv_counts denies */
 
+	/* Pairs with the layouter's release store below: v and the op's results are final. */
 	if (off_load_acquire(&op->layout_done))
 		return 1;
 	if (!off_trylock(&op->layout_lock))
 		return 0;
+	/* Look again under the lock: a sibling may have laid out and unlocked since the look
+	 * above, and its items already publish readies from v. Laying out twice would rewrite
+	 * v under their reads and overwrite a count mismatch's result0/result1. The layouter
+	 * stored layout_done before its unlock, which our trylock's acquire pairs with. */
+	if (off_read_once(&op->layout_done)) {
+		off_unlock(&op->layout_lock);
+		return 1;
+	}
 	for (uint32_t s = 0; s < team->size; s++) {
 		/* Pairs with the sender's seq write, which follows the byte count. Every member
 		 * runs this very op (the gate judged its signature), so the count comes, or its

@@ -111,6 +111,11 @@ static int root_peer(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, stru
 	return work;
 }
 
+static uint32_t team_root_world(const struct dpa_engine *eng, const struct dpa_op *op)
+{
+	return eng->teams[op->team_id].peers[op->cmd.root].world_rank;
+}
+
 /* A receiver's item for the root. */
 static int receiver_root(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 			 struct dpa_hal *hal, uint32_t root)
@@ -126,8 +131,10 @@ static int receiver_root(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 		it->flags |= DPA_ITEM_READY_OUT;
 		work++;
 	}
-	/* Acknowledge once the buffer is whole (or our op failed; the signal says so), and
-	 * the root's own word says we agree on the size (item 0 skips it for empty ops). */
+	/* Acknowledge once the buffer is whole (or our op failed; the signal says so), the
+	 * root's own word says we agree on the size (item 0 skips it for empty ops), and its
+	 * "sent all" is here: the root writes nothing to us after our acknowledgement, which
+	 * lets us complete and close. */
 	if (!(off_load_acquire(&op->mc_flags) & DPA_MC_RECEIVED))
 		return work;
 	if (!(it->flags & DPA_ITEM_READY_IN)) {
@@ -135,6 +142,10 @@ static int receiver_root(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 			return work;
 		it->flags |= DPA_ITEM_READY_IN;
 	}
+	/* Pairs with the root's seq write, which follows the chunk count. */
+	if (off_load_acquire(&dpa_my_ctrl(hal, op->team_id)->counts[op->slot][root].seq) != op->seq &&
+	    !off_load_acquire(&op->fail) && !dpa_peer_gone(eng, op, hal, team_root_world(eng, op)))
+		return work;
 	if (dpa_signal_done(eng, op, hal, root, off_load_acquire(&op->fail) != 0) == DPA_HAL_EAGAIN)
 		return work;
 	it->flags |= DPA_ITEM_SIGNALED | DPA_ITEM_FINISHED;

@@ -42,7 +42,7 @@ int dpa_engine_init(void *state, const struct dpa_engine_params *p)
 	    p->world_size > OFFLOAD_MAX_RANKS || p->world_rank >= p->world_size ||
 	    p->num_threads == 0 || p->num_threads > OFFLOAD_MAX_THREADS ||
 	    !is_pow2(p->sq_entries) || !is_pow2(p->cq_entries) || p->chunk_size == 0 ||
-	    p->chunks_per_pass == 0)
+	    p->chunks_per_pass == 0 || p->eager_max > OFFLOAD_EAGER_BYTES)
 		return -EINVAL_;
 	for (uint64_t i = 0; i < sizeof(*eng); i++)
 		bytes[i] = 0;
@@ -364,6 +364,18 @@ static int32_t cancel_op(struct dpa_engine *eng, struct dpa_hal *hal, uint64_t t
 	return OFFLOAD_ERR_INVALID;  /* no such op in flight: it completed already */
 }
 
+/* The algorithm of a collective, from what every rank of the op has alike (opcode, flags,
+ * block size, team size), so that all pick the same. */
+static const struct dpa_algo *pick_algo(const struct dpa_engine *eng, const struct offload_cmd *cmd)
+{
+	if (cmd->opcode == OFFLOAD_OP_ALLTOALLV && (cmd->flags & OFFLOAD_CMD_F_SLOTS))
+		return &dpa_algo_alltoallv_slots;
+	if (cmd->opcode == OFFLOAD_OP_ALLTOALL && eng->params.eager_max &&
+	    cmd->count <= eng->params.eager_max)
+		return &dpa_algo_alltoall_eager;
+	return dpa_algos[cmd->opcode];
+}
+
 /* Returns 1 if the command was consumed, 0 if it must wait for a free op slot. */
 static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd)
 {
@@ -416,10 +428,10 @@ static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct 
 	op->mc_stats = (struct offload_mcast_op_stats){ 0 };
 	op->deadline_ns = eng->params.op_timeout_ms ?
 		dpa_hal_time_ns(hal) + (uint64_t)eng->params.op_timeout_ms * 1000000u : UINT64_MAX;
-	op->algo = cmd->opcode == OFFLOAD_OP_ALLTOALLV && (cmd->flags & OFFLOAD_CMD_F_SLOTS) ?
-		   &dpa_algo_alltoallv_slots : dpa_algos[cmd->opcode];
+	op->algo = pick_algo(eng, cmd);
 	for (uint32_t i = 0; i < team->size; i++)
 		op->items[i] = (struct dpa_item){ 0 };
+	dpa_sig_init(eng, op);  /* start() may mark its protocol in it (eager) */
 	/*
 	 * A command the algorithm rejects still takes its place in the team's sequence: the
 	 * op runs refusing everything (no data either way, error signals to every peer), so
@@ -432,12 +444,16 @@ static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct 
 	op->nitems = (uint32_t)n;
 	op->remaining = (uint32_t)n;
 	/* Our signature to every member now, as far as the control log takes them (the
-	 * items post the rest); the gate opens once every member's agreed (signature.c). */
-	dpa_sig_init(eng, op);
+	 * items post the rest); the gate opens once every member's agreed (signature.c).
+	 * An op whose signature travels with its data has no gate: its items judge. */
 	op->gate_fail = 0;
-	op->sig_pending = team->size - 1;
+	op->sig_pending = op->algo->carries_sig ? 0 : team->size - 1;
 	op->items[0].flags |= DPA_ITEM_SIG_OUT | DPA_ITEM_SIG_IN;
 	for (uint32_t i = 1; i < team->size; i++) {
+		if (op->algo->carries_sig) {
+			op->items[i].flags |= DPA_ITEM_SIG_IN;
+			continue;
+		}
 		if (dpa_sig_post(eng, op, hal, i) == DPA_HAL_EAGAIN)
 			break;
 		op->items[i].flags |= DPA_ITEM_SIG_OUT;
@@ -488,6 +504,8 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
 		uint32_t item = (uint32_t)(cqes[i].wr_id >> 8) & 0xffu;
 		uint32_t kind = (uint32_t)cqes[i].wr_id & 0xffu;
 		uint32_t named = UINT32_MAX;  /* the one team peer a data completion concerns */
+		uint32_t self = kind == DPA_WR_DATA_SELF, refetch = kind == DPA_WR_REFETCH;
+		uint32_t credit = kind == DPA_WR_CREDIT;
 		struct dpa_op *op;
 		struct dpa_team *team;
 
@@ -496,6 +514,8 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
 			item = 0;
 			kind = DPA_WR_DATA;
 		}
+		if (self || credit)
+			kind = DPA_WR_DATA;
 		/* Control words are resent from the log even after their op finished. */
 		if (kind != DPA_WR_DATA && dpa_ctrl_completed(eng, hal, &cqes[i]) &&
 		    cqes[i].status == OFFLOAD_ERR_LINK_DOWN)
@@ -509,19 +529,21 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
 		 * for it and the slot holds a later op now. Nothing of that op's to update. */
 		if (seq16 != (op->seq & 0xffffu))
 			continue;
+		if (self)
+			named = team->my_rank;
 		if (kind == DPA_WR_DATA) {
 			struct dpa_item *it = &op->items[item];
 
 			it->inflight--;
+			if (cqes[i].status == OFFLOAD_OK && credit)
+				continue;
 			if (cqes[i].status == OFFLOAD_OK) {
 				it->acked += cqes[i].bytes;
 				dpa_stats(hal)->writes++;
 				dpa_stats(hal)->bytes_written += cqes[i].bytes;
 			} else if (cqes[i].status == OFFLOAD_ERR_LINK_DOWN &&
 				   !(it->flags & DPA_ITEM_FAILED)) {
-				uint32_t refetch = named != UINT32_MAX;
-
-				if (!refetch && !op->algo->multicast)
+				if (named == UINT32_MAX && !op->algo->multicast)
 					named = (team->my_rank + item) % team->size;
 				for (uint32_t p = 0; p < team->size; p++)
 					if (named == UINT32_MAX || p == named)
@@ -533,8 +555,10 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
 					it->flags |= DPA_ITEM_RESEND;
 				continue;
 			}
-			if (named != UINT32_MAX && cqes[i].status == OFFLOAD_OK)
+			if (refetch && cqes[i].status == OFFLOAD_OK)
 				dpa_mcast_read_completed(eng, op, hal, named, &cqes[i]);
+			if (credit)
+				continue;  /* its peer is gone: it needs its slot no more */
 		}
 		if (cqes[i].status != OFFLOAD_OK) {
 			/* DATA wr_ids carry the item, CTRL and REFETCH ones the team peer. */
@@ -696,6 +720,40 @@ enum dpa_engine_load dpa_engine_load(const void *state)
 	if (off_read_once(&eng->inflight_bulk))
 		return DPA_ENGINE_BULK;
 	return off_read_once(&eng->inflight) ? DPA_ENGINE_SMALL : DPA_ENGINE_IDLE;
+}
+
+/* One op's part of dpa_engine_events_needed(). In the gate, once our signature went to
+ * every member, each missing one is at least an event and nothing we do meanwhile helps a
+ * peer; past it, the algorithm's say. */
+static uint32_t events_needed(const struct dpa_op *op)
+{
+	uint32_t pending = off_load_acquire(&op->sig_pending);
+
+	if (pending) {
+		for (uint32_t i = 1; i < op->nitems; i++)
+			if (!(off_read_once(&op->items[i].flags) & DPA_ITEM_SIG_OUT))
+				return 1;
+		return pending;
+	}
+	return op->algo->events_needed ? op->algo->events_needed(op) : 1;
+}
+
+uint32_t dpa_engine_events_needed(const void *state)
+{
+	const struct dpa_engine *eng = state;
+	uint32_t need = UINT32_MAX;
+
+	for (uint32_t o = 0; o < OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW && need > 1; o++) {
+		const struct dpa_op *op = &eng->ops[o];
+
+		if (off_load_acquire(&op->state) != DPA_OP_ACTIVE)
+			continue;
+		uint32_t n = off_read_once(&op->aborted) ? 1 : events_needed(op);
+
+		if (n < need)
+			need = n;
+	}
+	return need == UINT32_MAX || need == 0 ? 1 : need;
 }
 
 uint64_t dpa_engine_wake_at(void *state, uint32_t thread, uint64_t now)

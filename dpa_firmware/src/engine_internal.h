@@ -44,6 +44,12 @@ struct dpa_item {
 #define DPA_ITEM_ABORTED   (1u << 11) /* the algorithm's abort step for this item is done */
 #define DPA_ITEM_SIG_OUT   (1u << 12) /* our signature is posted to peer me + i */
 #define DPA_ITEM_SIG_IN    (1u << 13) /* peer me + i's signature agreed (or it is gone) */
+/* Eager all-to-all (alltoall_eager.c): item j exchanges with peer me + j both ways. */
+#define DPA_ITEM_PUT       (1u << 14) /* our block is in the peer's slot (or there is none) */
+#define DPA_ITEM_COPIED    (1u << 15) /* the peer's block is copied out (or dropped) */
+#define DPA_ITEM_FALLBACK  (1u << 16) /* the peer runs a gated op: its gate needs our
+				       * signature (SIG_OUT once posted) */
+#define DPA_ITEM_JUDGED    (1u << 17) /* the peer's slot header (signature) was judged */
 
 struct dpa_team {
 	uint32_t active;
@@ -61,6 +67,11 @@ struct dpa_team {
 	/* Done-counter bookkeeping per slot and source; touched only by the item owning it. */
 	uint32_t expect_lo[OFFLOAD_OP_WINDOW][OFFLOAD_MAX_RANKS];
 	uint32_t errs_seen[OFFLOAD_OP_WINDOW][OFFLOAD_MAX_RANKS];
+	/* Eager all-to-all: the seq of the last eager op started in each slot (intake), and,
+	 * per slot and peer, a seq whose slot the peer will never hand back because it ran
+	 * another op (only that peer's item touches it). */
+	uint32_t eager_last[OFFLOAD_EAGER_SLOTS];
+	uint32_t eager_skip[OFFLOAD_EAGER_SLOTS][OFFLOAD_MAX_RANKS];
 };
 
 struct dpa_engine;
@@ -80,6 +91,13 @@ struct dpa_algo {
 	 * one of its data completions is given up for every peer, except a refetch read's
 	 * (DPA_WR_REFETCH names its owner). */
 	uint32_t multicast;
+	/* Peers' writes the op waits for that it does not pass on (see
+	 * dpa_engine_events_needed); NULL: 1, every event may let it unblock a peer. */
+	uint32_t (*events_needed)(const struct dpa_op *op);
+	/* The op's signature travels with its data (eager: in the slot's header), so it has
+	 * no gate round: the algorithm judges each peer's signature itself (dpa_sig_judge)
+	 * and answers a peer that runs a gated op instead with ours (signature.c). */
+	uint32_t carries_sig;
 };
 
 /* All-to-all-v layout of one op, by team rank: where each block comes from and goes. */
@@ -136,7 +154,11 @@ struct dpa_op {
 	uint32_t mc_flags;     /* multicast: DPA_MC_* (item 0 sets, other items read) */
 	uint32_t mc_readies;   /* multicast: peers whose ready arrived */
 	uint32_t mc_next;      /* multicast: next chunk to inject */
-	uint32_t mc_resv;
+	uint32_t eager_prev;   /* eager: seq of the slot's previous eager op, 0 if none */
+	/* Eager: peers whose slot header (their signature) is not judged yet, and whether one
+	 * disagreed or never came: nothing is copied out before every one agreed. */
+	uint32_t hdr_pending;
+	uint32_t hdr_fail;
 	struct offload_mcast_op_stats mc_stats;  /* multicast: item 0 counts, completion reports */
 	uint64_t result0;      /* completion's result0/result1 */
 	uint64_t result1;
@@ -284,6 +306,7 @@ static inline void dpa_mc_raise(struct dpa_op *op, struct dpa_hal *hal, uint32_t
 extern const struct dpa_algo dpa_algo_broadcast_mcast;
 extern const struct dpa_algo dpa_algo_allgather_mcast;
 extern const struct dpa_algo dpa_algo_alltoall_pairwise;
+extern const struct dpa_algo dpa_algo_alltoall_eager;
 extern const struct dpa_algo dpa_algo_barrier;
 extern const struct dpa_algo dpa_algo_alltoallv;
 extern const struct dpa_algo dpa_algo_alltoallv_slots;
@@ -389,6 +412,19 @@ void dpa_sig_init(struct dpa_engine *eng, struct dpa_op *op);
 int dpa_sig_post(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal, uint32_t i);
 /* Item i's part of the gate: our signature out, peer me + i's judged. Returns work done. */
 int dpa_sig_step(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal, uint32_t i);
+/* Peer `world`'s signature against ours: 1 if it agrees; else the op fails with
+ * OFFLOAD_ERR_MISMATCH naming it and what differs (the first failure wins) and 0. */
+int dpa_sig_judge(struct dpa_op *op, const struct offload_sig *theirs, uint32_t world);
+/* Team peer p's signature of op seq as the gate posts it, if it arrived; else NULL. */
+const struct offload_sig *dpa_sig_gated(struct dpa_hal *hal, uint32_t team_id, uint32_t seq,
+				       uint32_t p);
+/* ... or as an eager op carries it (its slot header): 1 and a copy in *out if there. */
+int dpa_sig_eager(struct dpa_hal *hal, uint32_t team_id, uint32_t seq, uint32_t p,
+		  struct offload_sig *out);
+/* Item i's peer p has sent nothing for this op: 1 if the op fails for it (p runs an
+ * agreement instead, once settled: OFFLOAD_ERR_MISMATCH; p is gone), 0 to wait on. */
+int dpa_sig_absent(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal, uint32_t i,
+		   uint32_t p);
 
 /* Helpers for algorithms (engine.c). */
 void dpa_op_fail(struct dpa_op *op, int32_t status, uint32_t world_rank);
@@ -443,6 +479,15 @@ static inline uint64_t dpa_wr_id(const struct dpa_op *op, uint32_t item, uint32_
 #define DPA_WR_SIG     7u  /* the op's signature (a control word: item is the team peer) */
 #define DPA_WR_AGREE   8u  /* an agreement word: op index DPA_AGREE_OPI + team, seq the epoch */
 #define DPA_AGREE_OPI  (OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW)
+/* Item's data written into this rank's own memory (an eager block copied out of its
+ * slot): counted like DATA, a failed rail is ours. */
+#define DPA_WR_DATA_SELF 9u
+/* Control word: an eager slot's header (the op's signature, its seq word last). */
+#define DPA_WR_EAGER  10u
+/* Item's write handing a peer's eager slot back (the consumed seq word): counted like
+ * DATA, but a peer that closed or died no longer needs it, so only a failed rail (it goes
+ * again) matters, and it is no payload for the counters. */
+#define DPA_WR_CREDIT 11u
 
 /* Offsets of one rank's control words inside struct offload_ctrl. */
 static inline uint64_t dpa_ctrl_team_off(uint32_t team)
@@ -473,6 +518,20 @@ static inline uint64_t dpa_ctrl_sig_off(uint32_t team, uint32_t seq, uint32_t sr
 	return dpa_ctrl_team_off(team) + offsetof(struct offload_ctrl_team, sig) +
 	       ((uint64_t)(seq % OFFLOAD_SIG_WINDOW) * OFFLOAD_MAX_RANKS + src) *
 	       sizeof(struct offload_sig);
+}
+
+static inline uint64_t dpa_ctrl_credit_off(uint32_t team, uint32_t slot, uint32_t dst)
+{
+	return dpa_ctrl_team_off(team) + offsetof(struct offload_ctrl_team, eager_credit) +
+	       ((uint64_t)slot * OFFLOAD_MAX_RANKS + dst) * sizeof(uint64_t);
+}
+
+/* Source src's eager slot of this team in a rank's control region. */
+static inline uint64_t dpa_ctrl_eager_off(uint32_t team, uint32_t src, uint32_t slot)
+{
+	return offsetof(struct offload_ctrl, eager) +
+	       (((uint64_t)team * OFFLOAD_MAX_RANKS + src) * OFFLOAD_EAGER_SLOTS + slot) *
+	       sizeof(struct offload_eager_slot);
 }
 
 #endif /* DPA_ENGINE_INTERNAL_H */

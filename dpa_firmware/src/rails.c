@@ -48,10 +48,17 @@ static struct dpa_ctrl_msg *log_of(struct dpa_engine *eng, struct dpa_hal *hal)
 	return eng->ctrl_log[dpa_hal_thread_index(hal)];
 }
 
+/* Completions a logged word's post produces: a signal, or a write of the seq word alone
+ * (len 0, e.g. an eager slot's word), is one post; a body and its seq word are two. */
+static uint8_t msg_posts(const struct dpa_ctrl_msg *m)
+{
+	return m->kind == DPA_WR_SIGNAL || !m->len ? 1 : 2;
+}
+
 static int post_msg(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa_ctrl_msg *m)
 {
 	uint32_t rail = dpa_rail_select(eng, hal, m->peer);
-	int rc;
+	int rc = 0;
 
 	if (rail == DPA_NO_RAIL)
 		return OFFLOAD_ERR_LINK_DOWN;
@@ -59,7 +66,9 @@ static int post_msg(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa_ctrl
 		return dpa_hal_rdma_signal_add(hal, m->peer, m->raddr, m->rkey, m->value, m->wr_id);
 	/* The body, then the seq word: writes on one queue land in order, so a reader that
 	 * sees this op's seq sees the body. */
-	rc = dpa_hal_rdma_write_inline(hal, m->peer, m->body, m->len, m->raddr, m->rkey, m->wr_id);
+	if (m->len)
+		rc = dpa_hal_rdma_write_inline(hal, m->peer, m->body, m->len, m->raddr, m->rkey,
+					       m->wr_id);
 	if (!rc)
 		rc = dpa_hal_rdma_write_inline(hal, m->peer, &m->value, sizeof(m->value),
 					       m->raddr + m->seq_off, m->rkey, m->wr_id);
@@ -90,7 +99,7 @@ int dpa_ctrl_post(struct dpa_engine *eng, struct dpa_hal *hal, const struct dpa_
 	__atomic_store_n(&m->wr_id, msg->wr_id, __ATOMIC_RELAXED);
 	rc = post_msg(eng, hal, m);
 	if (rc == 0)  /* release: dpa_ctrl_pending() on other threads reads wr_id after it */
-		__atomic_store_n(&m->pending, m->kind == DPA_WR_SIGNAL ? 1 : 2, __ATOMIC_RELEASE);
+		__atomic_store_n(&m->pending, msg_posts(m), __ATOMIC_RELEASE);
 	return rc;
 }
 
@@ -142,8 +151,7 @@ int dpa_ctrl_resend(struct dpa_engine *eng, struct dpa_hal *hal)
 		(*resends)--;
 		if (rc == 0) {
 			m->resend = 0;
-			__atomic_store_n(&m->pending, m->kind == DPA_WR_SIGNAL ? 1 : 2,
-					 __ATOMIC_RELEASE);
+			__atomic_store_n(&m->pending, msg_posts(m), __ATOMIC_RELEASE);
 			work++;
 			continue;
 		}

@@ -15,6 +15,13 @@
  * One round of n - 1 control words per op and rank; the readies and counts the algorithm
  * publishes at intake travel in the same round.
  *
+ * An eager all-to-all (alltoall_eager.c) has no such round, which would double its one-way
+ * latency: its signature is the header of each block's slot, and its items judge a peer's
+ * with dpa_sig_judge() when they take the block, before copying anything out. Against a
+ * peer that runs a gated op at the same point (its signature is here, not a slot header),
+ * the eager item fails naming it and posts our signature to it, so that its gate fails
+ * naming us: both at once, with the same messages, and nothing moved on either side.
+ *
  * Nobody acknowledges a signature, so a member must not overwrite one another member has
  * not read: words are kept per seq % OFFLOAD_SIG_WINDOW (two op windows). To post op
  * s + 2W, a rank needs its op s + W completed, hence peer q's signature for s + W, which q
@@ -71,16 +78,20 @@ int dpa_sig_post(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 }
 
 /* The first difference of theirs from ours, as enum offload_mismatch (0: none), with both
- * values. The team comes first: with another team, nothing else compares. */
+ * values. The team comes first: with another team, nothing else compares. The protocol
+ * (eager or not) comes last: ranks whose sizes differ across eager_max differ in size, and
+ * only ranks that agree on everything else differ in their eager_max. */
 static uint32_t differs(const struct offload_sig *ours, const struct offload_sig *theirs,
 			uint32_t world, uint64_t *mine, uint64_t *other)
 {
+	const uint32_t eager = OFFLOAD_SIG_EAGER << 8;
+
 	if (theirs->team_fp != ours->team_fp || theirs->world_rank != world) {
 		*mine = ours->team_fp;
 		*other = theirs->team_fp;
 		return OFFLOAD_MISMATCH_TEAM;
 	}
-	if (theirs->op != ours->op) {
+	if ((theirs->op & ~eager) != (ours->op & ~eager)) {
 		*mine = ours->op;
 		*other = theirs->op;
 		return OFFLOAD_MISMATCH_OP;
@@ -95,13 +106,15 @@ static uint32_t differs(const struct offload_sig *ours, const struct offload_sig
 		*other = theirs->size;
 		return OFFLOAD_MISMATCH_SIZE;
 	}
+	if (theirs->op != ours->op) {
+		*mine = ours->op;
+		*other = theirs->op;
+		return OFFLOAD_MISMATCH_OP;
+	}
 	return 0;
 }
 
-/* Peer p's signature arrived: 1 if it agrees; else the op fails naming p and what differs
- * (the first such failure wins the op, results included) and 0. */
-static int judge(struct dpa_engine *eng, struct dpa_op *op, const struct offload_sig *theirs,
-		 uint32_t world)
+int dpa_sig_judge(struct dpa_op *op, const struct offload_sig *theirs, uint32_t world)
 {
 	uint64_t mine = 0, other = 0, none = 0;
 	/* Copy the body once: the peer may not write it again for this seq, but read it in
@@ -109,7 +122,6 @@ static int judge(struct dpa_engine *eng, struct dpa_op *op, const struct offload
 	struct offload_sig copy = *theirs;
 	uint32_t what = differs(&op->sig, &copy, world, &mine, &other);
 
-	(void)eng;
 	if (!what)
 		return 1;
 	if (off_cas(&op->fail, &none, ((uint64_t)world << 32) | (uint32_t)OFFLOAD_ERR_MISMATCH)) {
@@ -142,13 +154,54 @@ static int in_agreement(struct dpa_engine *eng, struct dpa_op *op, struct dpa_ha
 	return 1;
 }
 
+const struct offload_sig *dpa_sig_gated(struct dpa_hal *hal, uint32_t team_id, uint32_t seq,
+				       uint32_t p)
+{
+	const struct offload_sig *theirs =
+		&dpa_my_ctrl(hal, team_id)->sig[seq % OFFLOAD_SIG_WINDOW][p];
+
+	/* Pairs with the writer's seq, written after the body on the same queue. */
+	return off_load_acquire(&theirs->seq) == seq ? theirs : NULL;
+}
+
+int dpa_sig_eager(struct dpa_hal *hal, uint32_t team_id, uint32_t seq, uint32_t p,
+		  struct offload_sig *out)
+{
+	const struct offload_eager_slot *slot =
+		dpa_hal_window_ptr(hal, DPA_HAL_WIN_CTRL,
+				   dpa_ctrl_eager_off(team_id, p, seq % OFFLOAD_EAGER_SLOTS),
+				   sizeof(*slot));
+
+	/* Pairs with the writer's seq word, written after the header on the same queue. */
+	if (OFFLOAD_EAGER_SEQ(off_load_acquire(&slot->sig.seq)) != seq)
+		return 0;
+	*out = slot->sig;
+	/* A reader that never hands the slot back (not eager itself) may find the next op's
+	 * header written meanwhile: the copy counts only if the seq word still says ours. */
+	off_fence();
+	return OFFLOAD_EAGER_SEQ(off_read_once(&slot->sig.seq)) == seq;
+}
+
+int dpa_sig_absent(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal, uint32_t i,
+		   uint32_t p)
+{
+	const struct dpa_team *team = &eng->teams[op->team_id];
+
+	if (in_agreement(eng, op, hal, i, p))
+		return 1;
+	if (op->items[i].oos_since)
+		return 0;  /* p ran an agreement instead: settle that first (it may close) */
+	/* It never joined this op (dead, closed), or our word did not reach it. */
+	return dpa_peer_gone(eng, op, hal, team->peers[p].world_rank);
+}
+
 int dpa_sig_step(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal, uint32_t i)
 {
 	const struct dpa_team *team = &eng->teams[op->team_id];
 	struct dpa_item *it = &op->items[i];
 	uint32_t p = (team->my_rank + i) % team->size, world = team->peers[p].world_rank;
-	const struct offload_sig *theirs =
-		&dpa_my_ctrl(hal, op->team_id)->sig[op->seq % OFFLOAD_SIG_WINDOW][p];
+	const struct offload_sig *theirs = dpa_sig_gated(hal, op->team_id, op->seq, p);
+	struct offload_sig eager;
 	int work = 0;
 
 	if (!(it->flags & DPA_ITEM_SIG_OUT)) {
@@ -157,16 +210,15 @@ int dpa_sig_step(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 		it->flags |= DPA_ITEM_SIG_OUT;
 		work++;
 	}
-	/* Pairs with the writer's seq, written after the body on the same queue. */
-	if (off_load_acquire(&theirs->seq) == op->seq) {
-		if (!judge(eng, op, theirs, world))
+	if (theirs) {
+		if (!dpa_sig_judge(op, theirs, world))
 			__atomic_store_n(&op->gate_fail, 1, __ATOMIC_SEQ_CST);
-	} else if (in_agreement(eng, op, hal, i, p)) {
-		__atomic_store_n(&op->gate_fail, 1, __ATOMIC_SEQ_CST);
-	} else if (it->oos_since) {
-		return work;  /* p ran an agreement instead: settle that first (it may close) */
-	} else if (dpa_peer_gone(eng, op, hal, world)) {
-		/* It never joined this op (dead, closed), or our signature did not reach it. */
+	} else if (dpa_sig_eager(hal, op->team_id, op->seq, p, &eager)) {
+		/* p runs an eager op here: its slot header is its signature, and ours differs
+		 * (we are gated), so the gate fails; it sees ours and fails too. */
+		if (!dpa_sig_judge(op, &eager, world))
+			__atomic_store_n(&op->gate_fail, 1, __ATOMIC_SEQ_CST);
+	} else if (dpa_sig_absent(eng, op, hal, i, p)) {
 		__atomic_store_n(&op->gate_fail, 1, __ATOMIC_SEQ_CST);
 	} else {
 		return work;

@@ -42,6 +42,17 @@ int32_t dpa_team_destroy(struct dpa_engine *eng, struct dpa_hal *hal, const stru
 		return OFFLOAD_ERR_INTERNAL;
 	dpa_hal_mcast_leave(hal, t);
 	*ctrl = (struct offload_ctrl_team){ 0 };
+	/* Our eager receive slots of the team: a stale header must not meet a new team's
+	 * op of the same sequence number. Only their headers matter (the data is read only
+	 * under a header that matches). */
+	for (uint32_t src = 0; src < OFFLOAD_MAX_RANKS; src++)
+		for (uint32_t k = 0; k < OFFLOAD_EAGER_SLOTS; k++) {
+			struct offload_eager_slot *e =
+				dpa_hal_window_ptr(hal, DPA_HAL_WIN_CTRL, dpa_ctrl_eager_off(t, src, k),
+						   sizeof(struct offload_sig));
+			if (e)
+				e->sig = (struct offload_sig){ 0 };
+		}
 	eng->mcast[t] = (struct dpa_mcast_state){ 0 };
 	eng->agree[t] = (struct dpa_agree){ 0 };
 	/* active last: the slot is free for TEAM_CREATE only once it is clean. */

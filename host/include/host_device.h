@@ -21,8 +21,9 @@ struct host_device_attr {
 	uint32_t rank;
 	uint32_t size;
 	uint32_t num_threads;     /* DPA progress threads */
-	uint32_t spin_us;         /* adaptive polling: busy-poll, then yield, then sleep */
-	uint32_t yield_us;
+	uint32_t spin_us;         /* waits spin at most this long (and at most a wake-up's
+				   * cost), then sleep */
+	uint32_t resv0;           /* was yield_us: nothing yields any more */
 	int64_t bootstrap_timeout_ns;
 	uint32_t rails;           /* ports per rank, 1..HOST_MAX_RAILS */
 	/* UD multicast: chunk size, this member's receive queue (chunks), and fault injection:
@@ -66,6 +67,15 @@ struct host_device_ops {
 	int (*alloc_shared)(struct host_device *dev, uint64_t len, void **addr, uint32_t *key);
 	void (*close)(struct host_device *dev);
 	void (*doorbell)(struct host_device *dev);
+	/* Cooperative progress: run the rank's firmware on the calling host thread until
+	 * *word != seen (0), the timeout (-ETIMEDOUT), or, with word NULL, until it has nothing
+	 * left to do without an event (0). -EBUSY: not now (another thread drives, or bulk
+	 * work, which the device's own threads carry): ring the doorbell or sleep. flags:
+	 * HOST_DRIVE_*. NULL: the firmware does not run on the host (hardware). */
+	int (*drive)(struct host_device *dev, uint32_t *word, uint32_t seen, int64_t timeout_ns,
+		     uint32_t flags);
+	/* Ops completed, and passes run, by host threads driving (drive != NULL). */
+	void (*drive_stats)(struct host_device *dev, uint64_t *ops, uint64_t *passes);
 	int (*free_shared)(struct host_device *dev, void *addr, uint64_t len);
 	/* Memory for the firmware's ring and stats windows (attr ring_len, stats_len), zeroed,
 	 * owned by the device until close: a card reaches them through one registration. NULL:
@@ -96,6 +106,9 @@ struct host_device_ops {
 	 * closing). NULL: their sleep ends within its slice anyway. */
 	void (*wake_waiters)(struct host_device *dev, uint32_t *word);
 };
+
+#define HOST_DRIVE_BULK_CMD (1u << 0)  /* a bulk command was just posted: it is the work */
+#define HOST_DRIVE_NO_BULK  (1u << 1)  /* never copy in bulk (test(), a small op's post) */
 
 extern const struct host_device_ops emu_device_ops;
 

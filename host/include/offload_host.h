@@ -23,8 +23,8 @@ struct host_ctx_params {
 	uint32_t num_threads;
 	uint32_t ring_entries;      /* command ring slots, power of two */
 	uint64_t chunk_size;
-	uint32_t spin_us;
-	uint32_t yield_us;
+	uint32_t spin_us;           /* waits spin at most this long (and at most what a wake-up
+				     * costs), then sleep */
 	int64_t bootstrap_timeout_ns;
 	uint32_t op_timeout_ms;     /* the firmware aborts an op not done by then; 0: never */
 	/* Exchange of len bytes per rank among all ranks (all[r*len] gets rank r's): hardware
@@ -43,6 +43,9 @@ struct host_ctx_params {
 				     * sent on it (UINT64_MAX: never) */
 	uint32_t mcast_staged;      /* emulator: receive multicast into staging slots, as on UD */
 	uint64_t job_key;           /* the job's secret, the same on every rank, not 0 */
+	uint32_t coop;              /* cooperative progress: a host thread posting, testing or
+				     * waiting for a small op runs the emulated firmware itself */
+	uint32_t eager_max;         /* all-to-all blocks up to this many bytes go eagerly */
 };
 
 /* One command as the host builds it; translated into the 64-byte ABI slot at post. */
@@ -61,6 +64,9 @@ struct host_op {
 	uint32_t root;
 	uint64_t src_len;           /* bytes of src, for registering it */
 	uint64_t aux_len;           /* bytes at aux_addr (command arguments), for registering them */
+	uint32_t small;             /* the op moves little (at most 1 MiB per rank): with
+				     * cooperative progress, testing it runs the firmware on the
+				     * calling thread too, not only posting and waiting */
 };
 
 struct host_completion {
@@ -75,8 +81,8 @@ struct host_completion {
  * dpaoffload_flexio_abi() is not OFFLOAD_ABI_VERSION). */
 int host_ctx_open(const struct host_ctx_params *params, struct host_ctx **out);
 /* Safe from any thread while others are inside: calls from then on return -ESHUTDOWN,
- * threads asleep in host_wait or in a post waiting for ring space wake with -ESHUTDOWN,
- * and the device and rings are released once no thread is inside any call. The struct
+ * threads asleep in host_wait, running the firmware in one (cooperative progress), or in a
+ * post waiting for ring space leave with -ESHUTDOWN, and the device and rings are released once no thread is inside any call. The struct
  * stays valid (every call answers -ESHUTDOWN) until host_ctx_close. Twice is harmless. */
 void host_ctx_shutdown(struct host_ctx *ctx);
 /* host_ctx_shutdown, then free ctx: no thread may use the pointer afterwards. */
@@ -94,8 +100,11 @@ int host_team_create(struct host_ctx *ctx, uint32_t team_id, uint32_t nmembers,
  * firmware reaches aux memory only through its key. */
 int host_post(struct host_ctx *ctx, const struct host_op *op, int64_t timeout_ns, uint32_t *tag);
 /* 0 with *out filled once the op completed, -ETIMEDOUT otherwise (timeout_ns < 0: forever).
- * The first poll_ns are spent polling (yielding the core between looks), the rest asleep:
- * polling saves the wake-up latency of short ops, sleeping keeps the CPU free for long ones. */
+ * With cooperative progress the calling thread runs the firmware while it waits (it
+ * spins, then sleeps on the rank's events), unless the device keeps the work to its own
+ * threads (bulk copies where ranks outnumber cores); otherwise the first poll_ns are spent
+ * spinning on the completion ring and the rest asleep: spinning saves the wake-up latency
+ * of short ops, sleeping keeps the CPU free for long ones. */
 int host_wait(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, int64_t poll_ns,
 	      struct host_completion *out);
 /* 1 and *out if complete, 0 if not yet. */
@@ -136,6 +145,9 @@ int host_set_mcast_faults(struct host_ctx *ctx, uint32_t loss_ppm, uint32_t reor
 
 /* Copies per-thread firmware counters (16 uint64 per thread); returns the thread count. */
 int host_stats(struct host_ctx *ctx, uint64_t *out, uint32_t max_threads);
+/* Cooperative progress: ops completed, and firmware passes run, by this rank's host
+ * threads (zero where the firmware does not run on the host). */
+void host_drive_stats(struct host_ctx *ctx, uint64_t *ops, uint64_t *passes);
 /* cffi:end */
 
 #endif /* OFFLOAD_HOST_H */

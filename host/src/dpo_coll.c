@@ -18,8 +18,7 @@
 #define SRC_ACCESS (OFFLOAD_ACCESS_LOCAL_READ | OFFLOAD_ACCESS_REMOTE_READ)
 #define DST_ACCESS (OFFLOAD_ACCESS_LOCAL_READ | OFFLOAD_ACCESS_LOCAL_WRITE | \
 		    OFFLOAD_ACCESS_REMOTE_WRITE)
-#define POLL_MAX_BYTES (1u << 20)  /* ops up to this many bytes per rank poll their wait */
-#define POLL_NS 1000000
+#define POLL_MAX_BYTES (1u << 20)  /* ops up to this many bytes per rank spin in their wait */
 #define ALL_FLAGS (DPO_COLL_ARGS_FLAG_IN_PLACE | DPO_COLL_ARGS_FLAG_PERSISTENT)
 
 struct dpo_coll_req {
@@ -531,10 +530,11 @@ DPO_API dpo_status_t dpo_collective_wait(dpo_coll_req_h r, int64_t timeout_ns)
 		return dpo_fail(DPO_ERR_INVALID_PARAM, "dpo_collective_wait: request is NULL");
 	if (!r->posted)
 		return dpo_collective_test(r);
-	/* Polling saves the wake-up of short ops; a bulk op's wait sleeps, leaving the CPU
-	 * to the copies. */
+	/* Spinning saves the wake-up of short ops (as offload_lib: spin_us); a bulk op's
+	 * wait sleeps, leaving the CPU to the copies. */
 	rc = host_wait(r->team->ctx->host, r->tag, timeout_ns,
-		       r->poll_bytes <= POLL_MAX_BYTES ? POLL_NS : 0, &c);
+		       r->poll_bytes <= POLL_MAX_BYTES ?
+		       (int64_t)r->team->ctx->cfg.spin_us * 1000 : 0, &c);
 	if (rc == -ETIMEDOUT)
 		return DPO_INPROGRESS;
 	if (rc)

@@ -15,7 +15,8 @@
 
 #include "dpo_internal.h"
 
-enum kind { K_U32, K_SIZE, K_POW2, K_U64, K_F64, K_THREADS, K_BACKEND, K_PLACEMENT, K_STR };
+enum kind { K_U32, K_SIZE, K_POW2, K_U64, K_F64, K_THREADS, K_BACKEND, K_PLACEMENT, K_STR,
+	    K_PROGRESS };
 
 struct key {
 	const char *name;
@@ -45,7 +46,8 @@ static const struct key keys[] = {
 	{ "mcast_seed", K_U64, F(mcast_seed), 0, 9223372036854775807.0, 0 },
 	{ "bootstrap_timeout", K_F64, F(bootstrap_timeout), 0, 1e300, 1 },
 	{ "spin_us", K_U32, F(spin_us), 0, 100000, 0 },
-	{ "yield_us", K_U32, F(yield_us), 0, 1000000, 0 },
+	{ "progress", K_PROGRESS, F(coop), 0, 0, 0 },
+	{ "eager_max", K_SIZE, F(eager_max), 0, 8192, 0 },
 };
 #undef F
 
@@ -65,7 +67,8 @@ void dpo_config_defaults(struct dpo_config *c)
 	c->mcast_seed = 1;
 	c->bootstrap_timeout = 60.0;
 	c->spin_us = 20;
-	c->yield_us = 2000;
+	c->coop = 1;
+	c->eager_max = 8192;
 }
 
 static const struct key *find(const char *name)
@@ -142,6 +145,11 @@ static dpo_status_t set(struct dpo_config *c, const struct key *k, const char *v
 			return bad(k, v, "expected auto, emulator or flexio");
 		snprintf(c->backend, sizeof(c->backend), "%s", v);
 		return DPO_OK;
+	case K_PROGRESS:
+		if (strcmp(v, "cooperative") && strcmp(v, "threads"))
+			return bad(k, v, "expected cooperative or threads");
+		c->coop = !strcmp(v, "cooperative");
+		return DPO_OK;
 	case K_PLACEMENT:
 		if (strcmp(v, "direct") && strcmp(v, "staged"))
 			return bad(k, v, "expected direct or staged");
@@ -163,7 +171,8 @@ static dpo_status_t set(struct dpo_config *c, const struct key *k, const char *v
 		return DPO_OK;
 	case K_SIZE:
 		if (parse_size(v, &u) || u < k->lo || u > k->hi)
-			return bad(k, v, "expected 4K..64M bytes (K/M/G suffixes allowed)");
+			return bad(k, v, k->hi < 65536 ? "expected 0..8K bytes" :
+				   "expected 4K..64M bytes (K/M/G suffixes allowed)");
 		*(uint64_t *)(void *)p = u;
 		return DPO_OK;
 	case K_POW2:
@@ -256,6 +265,9 @@ DPO_API dpo_status_t dpo_config_get(dpo_config_h c, const char *name, char *buf,
 		break;
 	case K_PLACEMENT:
 		snprintf(buf, len, "%s", c->mcast_staged ? "staged" : "direct");
+		break;
+	case K_PROGRESS:
+		snprintf(buf, len, "%s", c->coop ? "cooperative" : "threads");
 		break;
 	case K_THREADS:
 		if (!c->dpa_threads)

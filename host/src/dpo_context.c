@@ -34,6 +34,7 @@ struct boot_rec {
 	uint32_t n_eps, pid, uid, cores;
 	uint32_t threads, mtu, rails, ring_entries;
 	uint64_t chunk_size, key, host_id;
+	uint32_t eager_max, coop;
 	char backend[16];
 	char job[96];
 };
@@ -44,7 +45,7 @@ struct open_rec {
 	char msg[248];
 };
 
-_Static_assert(sizeof(struct boot_rec) == 184, "bootstrap record");
+_Static_assert(sizeof(struct boot_rec) == 192, "bootstrap record");
 _Static_assert(sizeof(struct open_rec) == 256, "open record");
 
 int64_t dpo_now_ns(void)
@@ -175,6 +176,11 @@ static dpo_status_t check_records(const struct boot_rec *r, uint32_t n, int emul
 					"OFFLOAD_* values on every rank", i, r[i].backend, r[i].mtu,
 					r[i].rails, (unsigned long long)r[i].chunk_size, r[0].backend,
 					r[0].mtu, r[0].rails, (unsigned long long)r[0].chunk_size);
+		if (r[i].eager_max != r[0].eager_max || r[i].coop != r[0].coop)
+			return dpo_fail(DPO_ERR_BOOTSTRAP, "rank %u has eager_max=%u progress=%s but "
+					"rank 0 has %u/%s: set the same OFFLOAD_* values on every rank",
+					i, r[i].eager_max, r[i].coop ? "cooperative" : "threads",
+					r[0].eager_max, r[0].coop ? "cooperative" : "threads");
 		if (r[i].threads != r[0].threads)
 			return dpo_fail(DPO_ERR_BOOTSTRAP, "rank %u asks for %u DPA threads but rank "
 					"0 for %u", i, r[i].threads, r[0].threads);
@@ -228,7 +234,7 @@ static int host_allgather(void *arg, const void *mine, uint32_t len, void *all)
 }
 
 static void fill_params(struct host_ctx_params *p, const struct dpo_context *ctx,
-			const struct boot_rec *r0, uint32_t cores)
+			const struct boot_rec *r0)
 {
 	const struct dpo_config *c = &ctx->cfg;
 
@@ -241,9 +247,10 @@ static void fill_params(struct host_ctx_params *p, const struct dpo_context *ctx
 	p->num_threads = ctx->num_threads;
 	p->ring_entries = c->ring_entries;
 	p->chunk_size = c->chunk_size;
-	/* Oversubscribed: a spinning thread steals the core its peers need. */
-	p->spin_us = ctx->size * (ctx->num_threads + 1) > cores ? 0 : c->spin_us;
-	p->yield_us = c->yield_us;
+	/* the emulator itself stops spinning where the ranks outnumber the cores */
+	p->spin_us = c->spin_us;
+	p->coop = !strcmp(ctx->backend, "emulator") && c->coop;
+	p->eager_max = (uint32_t)c->eager_max;
 	p->bootstrap_timeout_ns = (int64_t)(c->bootstrap_timeout * 1e9);
 	p->op_timeout_ms = (uint32_t)(c->op_timeout * 1000 + 0.5);
 	p->rails = c->rails;
@@ -261,7 +268,7 @@ static void fill_params(struct host_ctx_params *p, const struct dpo_context *ctx
 }
 
 static dpo_status_t open_device(struct dpo_context *ctx, const struct boot_rec *r0,
-				uint32_t cores, struct oob_adapter *ad)
+				struct oob_adapter *ad)
 {
 	struct host_ctx_params p;
 	int rc;
@@ -272,7 +279,7 @@ static dpo_status_t open_device(struct dpo_context *ctx, const struct boot_rec *
 			return dpo_fail(DPO_ERR_NO_RESOURCE, "could not map the job's team table "
 					"in /dev/shm: %s", strerror(errno));
 	}
-	fill_params(&p, ctx, r0, cores);
+	fill_params(&p, ctx, r0);
 	p.allgather = host_allgather;
 	p.allgather_arg = ad;
 	rc = host_ctx_open(&p, &ctx->host);
@@ -310,6 +317,8 @@ static void prepare_record(struct boot_rec *me, const struct dpo_context *ctx,
 	me->rails = c->rails;
 	me->ring_entries = c->ring_entries;
 	me->chunk_size = c->chunk_size;
+	me->eager_max = (uint32_t)c->eager_max;
+	me->coop = c->coop;
 	me->host_id = host_hash();
 	snprintf(me->backend, sizeof(me->backend), "%s", ctx->backend);
 	if (params->mask & DPO_CONTEXT_PARAM_FIELD_JOB && params->job)
@@ -371,7 +380,7 @@ static dpo_status_t bootstrap(struct dpo_context *ctx, const dpo_context_params_
 		goto out;
 	snprintf(ctx->job, sizeof(ctx->job), "%s", all[0].job);
 	ctx->num_threads = agree_threads(all, ctx->size);
-	mine.status = open_device(ctx, &all[0], all[0].cores, ad);
+	mine.status = open_device(ctx, &all[0], ad);
 	if (mine.status)
 		snprintf(mine.msg, sizeof(mine.msg), "%s", dpo_last_error());
 	if (ctx->size == 1)

@@ -32,7 +32,8 @@ struct dpo_config {
 	uint64_t mcast_seed;
 	double bootstrap_timeout;
 	uint32_t spin_us;
-	uint32_t yield_us;
+	uint32_t coop;                /* progress: cooperative (1) or threads (0) */
+	uint64_t eager_max;
 };
 
 /* Job-wide team slot use (emulator: one host): users[s] = members that have not

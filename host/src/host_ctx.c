@@ -4,20 +4,25 @@
  * table, rings the doorbell, and sleeps on the completion ring while the DPA works.
  *
  * Locking: ctx->lock guards posting (sq_tail, tags) and reaping (cq_head, tag table).
- * It is never held while sleeping.
+ * It is never held while sleeping, nor while driving the firmware.
+ *
+ * Cooperative progress (emulator): a thread that posts, tests or waits for a small op runs
+ * the firmware itself through the device's drive op, instead of ringing the doorbell and
+ * sleeping until a progress thread did the work: no hand-off between threads, and no
+ * wake-up, on the path of a small exchange. Bulk ops stay with the progress threads.
  *
  * Closing from any thread: every public call runs between enter() and leave(), which count
  * the threads inside the library. host_ctx_shutdown() marks the context closing (calls
  * entering from then on return -ESHUTDOWN), wakes the threads that sleep in it (waiters,
- * posters waiting for ring space) and releases the device and the rings only once none
- * is inside; the struct itself lives on until host_ctx_close(), so a thread that read the
- * pointer before the shutdown gets -ESHUTDOWN, not freed memory.
+ * posters waiting for ring space) and makes those driving the firmware leave it (the
+ * device's wake_waiters), and releases the device and the rings only once none is inside;
+ * the struct itself lives on until host_ctx_close(), so a thread that read the pointer
+ * before the shutdown gets -ESHUTDOWN, not freed memory.
  */
 #define _GNU_SOURCE
 #include <dlfcn.h>
 #include <errno.h>
 #include <pthread.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
@@ -44,6 +49,7 @@ struct host_tag {
 	uint32_t state;
 	uint32_t release_keys[3];
 	uint32_t keys[3];     /* src, dst, aux: deregistering them is refused while pending */
+	uint32_t small;       /* host_op.small */
 	struct host_completion done;
 };
 
@@ -63,6 +69,7 @@ struct host_ctx {
 	uint32_t rank;
 	uint32_t size;
 	uint32_t num_threads;
+	uint32_t coop;                /* cooperative progress (host_ctx_params.coop) */
 	void *ring_mem;
 	uint64_t ring_len;
 	int fw_mem_of_device;         /* ring_mem and stats belong to the device (fw_memory) */
@@ -190,7 +197,7 @@ int host_ctx_open(const struct host_ctx_params *p, struct host_ctx **out)
 {
 	struct host_device_attr attr = {
 		.job = p->job, .rank = p->rank, .size = p->size, .num_threads = p->num_threads,
-		.spin_us = p->spin_us, .yield_us = p->yield_us,
+		.spin_us = p->spin_us,
 		.bootstrap_timeout_ns = p->bootstrap_timeout_ns, .rails = p->rails,
 		.allgather = p->allgather, .allgather_arg = p->allgather_arg,
 		.mtu = p->mtu, .mcast_rq_depth = p->mcast_rq_depth, .mcast_staged = p->mcast_staged,
@@ -203,7 +210,7 @@ int host_ctx_open(const struct host_ctx_params *p, struct host_ctx **out)
 		.abi_version = OFFLOAD_ABI_VERSION, .world_rank = p->rank, .world_size = p->size,
 		.num_threads = p->num_threads, .chunk_size = p->chunk_size, .chunks_per_pass = 4,
 		.op_timeout_ms = p->op_timeout_ms, .link_mbps = p->link_mbps,
-		.mcast_roots = p->mcast_roots,
+		.mcast_roots = p->mcast_roots, .eager_max = p->eager_max,
 	};
 	struct host_fw_windows win;
 	struct host_ctx *ctx;
@@ -223,6 +230,7 @@ int host_ctx_open(const struct host_ctx_params *p, struct host_ctx **out)
 	ctx->size = p->size;
 	ctx->num_threads = p->num_threads;
 	ctx->next_tag = 1;
+	ctx->coop = !!p->coop;
 	if (!rc)
 		rc = ctx->ops->open(&attr, &ctx->dev);
 	if (!rc)
@@ -342,12 +350,19 @@ static int post_locked(struct host_ctx *ctx, const struct host_op *op, const uin
 	};
 	*t = (struct host_tag){ .tag = tag, .state = TAG_PENDING,
 		.release_keys = { release[0], release[1], release[2] },
-		.keys = { op->src_key, op->dst_key, op->aux_key } };
+		.keys = { op->src_key, op->dst_key, op->aux_key }, .small = !!op->small };
 	ctx->inflight++;
 	ctx->next_tag = tag + 1 ? tag + 1 : 1;  /* tag 0 is never used */
 	off_store_release(&ctx->ring->sq_tail, tail + 1);  /* pairs with the DPA's acquire */
 	*tag_out = tag;
 	return 0;
+}
+
+/* Does test() run the firmware for an op of this size? Only a small one: a test() in a
+ * loop between other work must stay cheap. */
+static int drives(const struct host_ctx *ctx, uint32_t small)
+{
+	return small && ctx->coop && ctx->ops->drive;
 }
 
 static int acquire_op_keys(struct host_ctx *ctx, struct host_op *op, uint32_t release[3])
@@ -422,7 +437,13 @@ static int post_in(struct host_ctx *ctx, const struct host_op *user_op, int64_t 
 				ctx->ops->mr_dereg(ctx->dev, release[i]);
 		return rc;
 	}
-	ctx->ops->doorbell(ctx->dev);
+	/* The op starts on this thread (a small one; a bulk one too where the device lets
+	 * the host copy): it takes the command, and its first messages leave now. What
+	 * remains waits for peers, whose writes wake whoever runs the firmware then; only a
+	 * drive that could not run (or not to the end) needs the doorbell. */
+	if (!ctx->coop || !ctx->ops->drive ||
+	    ctx->ops->drive(ctx->dev, NULL, 0, 0, op.small ? HOST_DRIVE_NO_BULK : HOST_DRIVE_BULK_CMD))
+		ctx->ops->doorbell(ctx->dev);
 	return 0;
 }
 
@@ -452,13 +473,35 @@ static int take_locked(struct host_ctx *ctx, uint32_t tag, struct host_completio
 	return 1;
 }
 
-static int test_in(struct host_ctx *ctx, uint32_t tag, struct host_completion *out)
+static int take(struct host_ctx *ctx, uint32_t tag, struct host_completion *out)
 {
 	int rc;
 
 	pthread_mutex_lock(&ctx->lock);
 	rc = take_locked(ctx, tag, out);
 	pthread_mutex_unlock(&ctx->lock);
+	return rc;
+}
+
+static uint32_t tag_small(struct host_ctx *ctx, uint32_t tag)
+{
+	const struct host_tag *t = &ctx->tags[tag % HOST_TAGS];
+	uint32_t small;
+
+	pthread_mutex_lock(&ctx->lock);
+	small = t->tag == tag && t->small;
+	pthread_mutex_unlock(&ctx->lock);
+	return small;
+}
+
+static int test_in(struct host_ctx *ctx, uint32_t tag, struct host_completion *out)
+{
+	int rc = take(ctx, tag, out);
+
+	/* Not done: give the firmware a turn on this thread (cooperative progress). */
+	if (rc == 0 && drives(ctx, tag_small(ctx, tag)) &&
+	    ctx->ops->drive(ctx->dev, NULL, 0, 0, HOST_DRIVE_NO_BULK) == 0)
+		rc = take(ctx, tag, out);
 	return rc;
 }
 
@@ -473,18 +516,29 @@ int host_test(struct host_ctx *ctx, uint32_t tag, struct host_completion *out)
 	return rc;
 }
 
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield");
+#endif
+}
+
 static int wait_in(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, int64_t poll_ns,
 		   struct host_completion *out)
 {
 	int64_t start = now_ns();
 	int64_t deadline = timeout_ns < 0 ? INT64_MAX : start + timeout_ns;
+	/* A small op's waiter runs the firmware; for a bulk op's the device decides. */
+	int drive = ctx->coop && ctx->ops->drive;
 
 	if (poll_ns && !ctx->ops->poll_worthwhile(ctx->dev))
 		poll_ns = 0;
 	for (;;) {
 		uint32_t seen = off_load_acquire(&ctx->ring->cq_tail);
 		int64_t now, left;
-		int rc = test_in(ctx, tag, out);
+		int rc = take(ctx, tag, out);
 
 		if (rc)
 			return rc < 0 ? rc : 0;
@@ -493,11 +547,17 @@ static int wait_in(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, int64
 		now = now_ns();
 		if (now >= deadline)
 			return -ETIMEDOUT;
+		left = deadline - now < HOST_SLEEP_MAX ? deadline - now : HOST_SLEEP_MAX;
+		/* Run the firmware here until the completion ring moves; -EBUSY (another thread
+		 * drives, bulk work came in, or the context closes): sleep on the ring below
+		 * instead (or, closing, leave at the top of the loop). */
+		if (drive && ctx->ops->drive(ctx->dev, &ctx->ring->cq_tail, seen, left, 0) != -EBUSY)
+			continue;
 		if (now - start < poll_ns) {
-			sched_yield();
+			for (int i = 0; i < 64; i++)
+				cpu_relax();
 			continue;
 		}
-		left = deadline - now < HOST_SLEEP_MAX ? deadline - now : HOST_SLEEP_MAX;
 		off_fetch_add(&ctx->ring->cq_waiters, 1);
 		/* Pairs with the DPA's fence between publishing cq_tail and reading cq_waiters. */
 		off_fence();
@@ -803,6 +863,16 @@ out:
 		rc = ctx->ops->free_shared(ctx->dev, addr, len);
 	leave(ctx);
 	return rc;
+}
+
+void host_drive_stats(struct host_ctx *ctx, uint64_t *ops, uint64_t *passes)
+{
+	*ops = *passes = 0;
+	if (enter(ctx))
+		return;
+	if (ctx->ops->drive_stats)
+		ctx->ops->drive_stats(ctx->dev, ops, passes);
+	leave(ctx);
 }
 
 static int stats_in(struct host_ctx *ctx, uint64_t *out, uint32_t max_threads)

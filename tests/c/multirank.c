@@ -14,10 +14,12 @@
  *      tests/c/multirank.c $(ls dpa_firmware/src/[a-z]*.c emulator/[a-z]*.c host/src/[a-z]*.c) \
  *      -lpthread -o multirank
  *   ./multirank -n 4 [-threads 2] [-rails 1] [-rail0_down_after BYTES] [-timeout 60] [-big 262144]
- *               [-staged]
+ *               [-staged] [-threads-only]
  * (-rail0_down_after: each rank's port 0 fails once it sent that much; with -rails 2 or more
  * the traffic must fail over and every byte still arrive. -staged: multicast chunks land in
- * staging slots that the firmware copies out, the UD fallback.)
+ * staging slots that the firmware copies out, the UD fallback. Small ops (at most 1 MiB
+ * each way) are run by the posting and waiting host threads themselves (cooperative
+ * progress), unless -threads-only leaves everything to the DPA threads.)
  *
  * Exit status: 0 every rank passed; 1 a rank failed, crashed or the job timed out (the
  * parent then kills the survivors); 2 bad usage. A failing rank says what and where.
@@ -49,6 +51,7 @@
 struct shared {
 	uint32_t arrived[2 * BARRIER_ROUNDS];
 	uint32_t mcast_staged;  /* -staged: multicast received into staging slots (UD) */
+	uint32_t threads_only;  /* -threads-only: no cooperative progress */
 	uint64_t job_key;
 };
 
@@ -145,7 +148,12 @@ static void check_guard(struct rank *r, const struct buf *b, uint64_t from, cons
 
 static int post(struct rank *r, const struct host_op *op, uint32_t *tag, const char *what)
 {
-	int rc = host_post(r->ctx, op, WAIT_NS, tag);
+	struct host_op o = *op;
+	int rc;
+
+	/* As offload_lib does: at most 1 MiB each way is small (cooperative progress). */
+	o.small = o.src_len <= (1u << 20) && o.dst_len <= (1u << 20);
+	rc = host_post(r->ctx, &o, WAIT_NS, tag);
 
 	if (rc)
 		fail(r, "%s: host_post = %d", what, rc);
@@ -577,8 +585,9 @@ static int rank_main(uint32_t me, uint32_t n, const char *job, uint32_t threads,
 {
 	struct host_ctx_params p = {
 		.job = job, .backend = "emulator", .rank = me, .size = n, .num_threads = threads,
-		.ring_entries = 64, .chunk_size = 256 * 1024, .spin_us = 0, .yield_us = 200,
+		.ring_entries = 64, .chunk_size = 256 * 1024, .spin_us = 0,
 		.bootstrap_timeout_ns = WAIT_NS, .mtu = 4096, .mcast_rq_depth = 512,
+		.eager_max = OFFLOAD_EAGER_BYTES,
 	};
 	struct rank r = { .me = me, .n = n, .sh = sh, .big = big };
 	uint32_t world[MAX_N], reversed[MAX_N];
@@ -587,6 +596,7 @@ static int rank_main(uint32_t me, uint32_t n, const char *job, uint32_t threads,
 	p.rails = rails;
 	p.mcast_staged = sh->mcast_staged;
 	p.job_key = sh->job_key;  /* the job's secret: the same for every rank, not 0 */
+	p.coop = !sh->threads_only;
 	for (uint32_t i = 0; i < sizeof(p.rail_down_after) / sizeof(p.rail_down_after[0]); i++)
 		p.rail_down_after[i] = UINT64_MAX;   /* no fault injection */
 	p.rail_down_after[0] = rail0_bytes;
@@ -661,7 +671,7 @@ int main(int argc, char **argv)
 {
 	uint32_t n = 2, threads = 2, rails = 1, big = 256 * 1024;
 	uint64_t rail0_bytes = UINT64_MAX;
-	uint32_t staged = 0;
+	uint32_t staged = 0, threads_only = 0;
 	double timeout = 60, deadline, failed_at = 0;
 	pid_t pids[MAX_N];
 	int done[MAX_N] = { 0 }, left, bad = 0;
@@ -683,9 +693,11 @@ int main(int argc, char **argv)
 			big = (uint32_t)atoi(argv[++i]);
 		else if (!strcmp(argv[i], "-staged"))
 			staged = 1;
+		else if (!strcmp(argv[i], "-threads-only"))
+			threads_only = 1;
 		else {
 			fprintf(stderr, "usage: %s [-n N] [-threads T] [-rails R] [-rail0_down_after BYTES] "
-				"[-timeout S] [-big ELEMS] [-staged]\n", argv[0]);
+				"[-timeout S] [-big ELEMS] [-staged] [-threads-only]\n", argv[0]);
 			return 2;
 		}
 	}
@@ -704,6 +716,7 @@ int main(int argc, char **argv)
 	memset(sh, 0, sizeof(*sh));
 	sh->mcast_staged = staged;
 	sh->job_key = ((uint64_t)getpid() << 32 | (uint64_t)time(NULL)) | 1;  /* never 0 */
+	sh->threads_only = threads_only;
 	printf("multirank: job %s, %u ranks, %u DPA threads and %u rails each, largest all-to-all "
 	       "%u elements per peer%s\n", job, n, threads, rails, big,
 	       rail0_bytes != UINT64_MAX ? ", rail 0 fails" : "");

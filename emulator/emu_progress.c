@@ -1,0 +1,611 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * Who runs the firmware. A rank's engine is driven by its progress threads (one struct
+ * dpa_hal each, calling dpa_progress()), or, while a host thread of the rank waits for a
+ * small op, by that host thread itself (cooperative progress): the same passes over the
+ * same dpa_hal, only the caller differs, so an exchange needs no hand-off to another
+ * thread on either side.
+ *
+ * Lock rules: a pass on a dpa_hal runs under its `busy` lock (try-lock: the progress
+ * thread and a host thread never wait for each other). One host thread drives at a time
+ * (drive_lock); while it does, the rank's `driving` word in the job segment sends every
+ * wake-up of the rank to it, and the progress threads sleep until it leaves. It leaves
+ * them nothing they would not be woken for: it runs passes until one finds no work and no
+ * event came in meanwhile, or else wakes them as it goes.
+ *
+ * Closing from another thread (host_ctx.c counts the host threads inside the library and
+ * closes the device only once none is): emu_wake_waiters() marks the device closing and
+ * wakes a driver asleep between rounds; a driver sees the mark after its pass and leaves,
+ * and a drive that starts after it refuses, so the closer's wait ends promptly.
+ *
+ * Waiting: spin at most spin_us (and at most what a wake-up was measured to cost), and
+ * only while every awake thread of the job has a core (the job header counts those
+ * asleep) and no thread woken a while ago still waits for one (then it is queued behind
+ * the spinner); else sleep until a doorbell, a peer's write or a sibling's notify bumps
+ * the rank's event word. Every sleeper of the job waits on one futex, the job's bell,
+ * with a bit of its own, so that one FUTEX_WAKE at the end of a pass wakes every rank the
+ * pass wrote to; a driver asks to sleep through peers' writes until as many came in as
+ * its ops need (dpa_engine_events_needed: an eager all-to-all waits for every block).
+ * Never sched_yield: a yielding thread hands its core to any runnable task for a slice
+ * and, not being "woken", does not preempt it when its event arrives.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <limits.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include "dpa_engine.h"
+#include "emu_internal.h"
+#include "offload_atomic.h"
+
+#define EMU_WAKE_DPA  1u                /* futex bitset: progress threads */
+#define EMU_WAKE_HOST 2u                /* futex bitset: the host thread driving */
+#define EMU_SLEEP_SLICE_NS 50000000ll   /* re-check the stop flag at least this often */
+#define EMU_WAKE_COST_INIT 20000ull     /* ns, until a wake-up has been measured */
+#define EMU_DRIVE_ROUNDS 64             /* passes a post or a test() runs at most */
+#define EMU_WAKING_NS 3000ull           /* a woken thread normally runs within this */
+
+uint64_t emu_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+struct timespec emu_ns_to_ts(int64_t ns)
+{
+	struct timespec ts = { .tv_sec = ns / 1000000000ll, .tv_nsec = ns % 1000000000ll };
+
+	return ts;
+}
+
+/* bits: 0 for a plain FUTEX_WAIT/WAKE, else a bitset (only on shared words here). */
+long emu_futex(uint32_t *word, int op, uint32_t val, const struct timespec *ts, uint32_t bits)
+{
+	if (!bits)
+		return syscall(SYS_futex, word, op, val, ts, NULL, 0);
+	op = op == FUTEX_WAIT ? FUTEX_WAIT_BITSET : FUTEX_WAKE_BITSET;
+	/* WAIT_BITSET takes an absolute CLOCK_MONOTONIC deadline. */
+	if (ts) {
+		uint64_t at = emu_now_ns() + (uint64_t)ts->tv_sec * 1000000000ull +
+			      (uint64_t)ts->tv_nsec;
+		struct timespec abs = emu_ns_to_ts((int64_t)at);
+
+		return syscall(SYS_futex, word, op, val, &abs, NULL, bits);
+	}
+	return syscall(SYS_futex, word, op, val, NULL, NULL, bits);
+}
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield");
+#endif
+}
+
+/* FUTEX_WAKE woke n sleepers: they are awake from now on, running or not (job header). */
+static void woke(struct emu_device *dev, long n)
+{
+	if (n > 0)
+		off_fetch_sub(&dev->hdr->asleep, (uint32_t)n);
+}
+
+/* The bell's bits of rank's progress threads (kind EMU_WAKE_DPA) or driver (EMU_WAKE_HOST). */
+static uint32_t bell_bits(uint32_t rank, uint32_t kind)
+{
+	return 1u << ((2 * rank + (kind == EMU_WAKE_HOST)) % 32);
+}
+
+/* Ring the bell for `bits` (one FUTEX_WAKE for every rank in `ranks`, whose sleepers the
+ * caller already took out of the job's asleep: they count as awake from now on). */
+static void ring(struct emu_device *dev, uint32_t bits, uint64_t ranks)
+{
+	uint64_t now = emu_now_ns();
+
+	for (uint64_t m = ranks; m; m &= m - 1) {
+		struct emu_rank *r = &dev->ranks[__builtin_ctzll(m)];
+
+		off_write_once(&r->wake_ns, now);  /* the sleeper measures its wake-up */
+		if (!off_read_once(&r->waking_ns))
+			off_write_once(&r->waking_ns, now);
+	}
+	/* After the events the sleepers compare: one that read the old bell sees them. */
+	off_fetch_add(&dev->hdr->bell, 1);
+	emu_futex(&dev->hdr->bell, FUTEX_WAKE, INT_MAX, NULL, bits);
+}
+
+/*
+ * The rank's event counter moved (its firmware has news): wake whoever runs the firmware.
+ * While a host thread drives, only it (the progress threads would find nothing to do; it
+ * wakes them if it leaves work behind), and once: the first waker to disarm it. Unless
+ * forced (kick), a peer's write wakes no driver before the events it said it needs are in
+ * (an eager all-to-all waits for every block before it can complete) and no progress
+ * thread of a rank with no op in flight (its next post or doorbell looks at everything).
+ * With a pass's hal, the bell rings at the end of the pass, once for all it woke.
+ */
+static void wake(struct emu_device *dev, uint32_t rank, int force, struct dpa_hal *pass)
+{
+	struct emu_rank *r = &dev->ranks[rank];
+	uint32_t ev = off_fetch_add(&r->event, 1) + 1, armed = 1, bits;
+
+	/* Pairs with a sleeper's fence between announcing itself and re-reading event. */
+	off_fence();
+	/* Whoever takes a sleeper's announcement (armed, or one of sleepers) wakes it and
+	 * takes it out of the job's asleep, before the futex call (which a woken thread on
+	 * this core may preempt): spinners must count it awake from now on. */
+	if (off_read_once(&r->driving)) {
+		if (!off_read_once(&r->armed) ||
+		    (!force && (int32_t)(ev - off_read_once(&r->wake_event)) < 0) ||
+		    !off_cas(&r->armed, &armed, 0))
+			return;
+		off_fetch_sub(&dev->hdr->asleep, 1);
+		bits = bell_bits(rank, EMU_WAKE_HOST);
+	} else {
+		uint64_t taken;
+
+		if (!off_read_once(&r->sleepers) ||
+		    (!force && off_read_once(&r->load) == DPA_ENGINE_IDLE) ||
+		    !(taken = __atomic_exchange_n(&r->sleepers, 0, __ATOMIC_ACQ_REL)))
+			return;
+		off_fetch_sub(&dev->hdr->asleep, (uint32_t)__builtin_popcountll(taken));
+		bits = bell_bits(rank, EMU_WAKE_DPA);
+	}
+	if (!pass) {
+		ring(dev, bits, 1ull << rank);
+		return;
+	}
+	pass->wake_bits |= bits;
+	pass->wake_ranks |= 1ull << rank;
+}
+
+void emu_flush_wakes(struct dpa_hal *pass)
+{
+	if (!pass->wake_bits)
+		return;
+	ring(pass->dev, pass->wake_bits, pass->wake_ranks);
+	pass->wake_bits = 0;
+	pass->wake_ranks = 0;
+}
+
+void emu_wake_rank(struct emu_device *dev, uint32_t rank, struct dpa_hal *pass)
+{
+	wake(dev, rank, 0, pass);
+}
+
+void emu_kick_rank(struct emu_device *dev, uint32_t rank)
+{
+	wake(dev, rank, 1, NULL);
+}
+
+int emu_wait_word(struct emu_device *dev, uint32_t *word, uint32_t seen, int64_t timeout_ns)
+{
+	struct timespec ts = emu_ns_to_ts(timeout_ns);
+	long rc;
+
+	off_fetch_add(&dev->hdr->asleep, 1);
+	rc = emu_futex(word, FUTEX_WAIT_PRIVATE, seen, timeout_ns >= 0 ? &ts : NULL, 0);
+	if (rc != 0)
+		off_fetch_sub(&dev->hdr->asleep, 1);  /* nobody woke us: we count ourselves out */
+	return rc < 0 && errno == ETIMEDOUT ? -ETIMEDOUT : 0;
+}
+
+void emu_wake_word(struct emu_device *dev, uint32_t *word)
+{
+	woke(dev, emu_futex(word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, 0));
+}
+
+static struct emu_rank *self_rank(struct emu_device *dev)
+{
+	return &dev->ranks[dev->attr.rank];
+}
+
+static uint32_t event_snapshot(struct emu_device *dev)
+{
+	return off_load_acquire(&self_rank(dev)->event);
+}
+
+/* How long a waiter spins before it sleeps: never longer than a wake-up costs (nor
+ * spin_us). */
+static uint64_t spin_budget_ns(const struct emu_device *dev)
+{
+	uint64_t cap = (uint64_t)dev->attr.spin_us * 1000u;
+	uint64_t cost = off_read_once(&dev->wake_cost_ns);
+
+	return cost < cap ? cost : cap;
+}
+
+/* Does every awake thread of the job have a core? Else a spinner keeps one of them off
+ * its core: sleep instead. (Every rank has one host thread and num_threads progress
+ * threads; others, like a stager's, are not counted.) */
+static int cores_to_spare(const struct emu_device *dev)
+{
+	int64_t threads = (int64_t)dev->attr.size * (1 + dev->attr.num_threads);
+
+	return threads - (int64_t)off_read_once(&dev->hdr->asleep) <= (int64_t)dev->ncores;
+}
+
+/* Was a sleeper woken more than EMU_WAKING_NS ago and has not run yet? Then it is likely
+ * queued behind us (a woken thread lands on its waker's core): stop spinning for it. */
+static int woken_waiting(const struct emu_device *dev, uint64_t now)
+{
+	for (uint32_t i = 0; i < dev->attr.size; i++) {
+		uint64_t at = off_read_once(&dev->ranks[i].waking_ns);
+
+		if (at && now > at + EMU_WAKING_NS)
+			return 1;
+	}
+	return 0;
+}
+
+/* Is any rank of the job in the middle of a bulk op (long copies hogging cores)? */
+static int job_bulk(const struct emu_device *dev)
+{
+	for (uint32_t i = 0; i < dev->attr.size; i++)
+		if (off_read_once(&dev->ranks[i].load) == DPA_ENGINE_BULK)
+			return 1;
+	return 0;
+}
+
+int emu_spin_worthwhile(const struct emu_device *dev)
+{
+	return !job_bulk(dev) && cores_to_spare(dev);
+}
+
+/*
+ * Sleep (bits: EMU_WAKE_DPA or EMU_WAKE_HOST) while the rank's event still reads snap,
+ * at most ns, on the job's bell. The caller announced itself where wakers look (sleepers,
+ * or armed) and fenced: that pairs with their bump of event, fence and read. Counted in
+ * the job's asleep meanwhile.
+ */
+static void sleep_on_event(struct emu_device *dev, uint32_t snap, uint32_t bits, int64_t ns)
+{
+	struct emu_rank *r = self_rank(dev);
+	struct timespec slice = emu_ns_to_ts(ns > 0 ? ns : 1);
+	uint64_t t0 = emu_now_ns();
+	long rc = -1;
+
+	/* Read before event: a waker bumps event, then the bell. */
+	uint32_t bell = off_load_acquire(&dev->hdr->bell);
+
+	if (off_load_acquire(&r->event) == snap && !off_read_once(&dev->stop) &&
+	    !(bits == EMU_WAKE_HOST && off_load_acquire(&dev->closing)))
+		rc = emu_futex(&dev->hdr->bell, FUTEX_WAIT, bell, &slice,
+			       bell_bits(dev->attr.rank, bits));
+	if (rc != 0)
+		return;
+	off_write_once(&r->waking_ns, 0);  /* running: no spinner need leave its core to us */
+	/* Woken: how long since the waker asked (a moving average of 1/8). */
+	uint64_t t1 = emu_now_ns(), at = off_read_once(&r->wake_ns);
+
+	if (at >= t0 && at <= t1) {
+		uint64_t cost = off_read_once(&dev->wake_cost_ns);
+
+		off_write_once(&dev->wake_cost_ns, cost - cost / 8 + (t1 - at) / 8);
+	}
+}
+
+/* Progress thread `thread`'s sleep (any event wakes it). */
+static void thread_sleep(struct emu_device *dev, uint32_t thread, uint32_t snap, int64_t ns)
+{
+	struct emu_rank *r = self_rank(dev);
+	uint64_t bit = 1ull << thread;
+
+	off_fetch_add(&dev->hdr->asleep, 1);
+	__atomic_fetch_or(&r->sleepers, bit, __ATOMIC_SEQ_CST);
+	off_fence();
+	sleep_on_event(dev, snap, EMU_WAKE_DPA, ns);
+	/* Not taken by a waker (timeout, or event moved before we slept): our bit is still
+	 * there, and we take ourselves out. */
+	if (__atomic_fetch_and(&r->sleepers, ~bit, __ATOMIC_SEQ_CST) & bit)
+		off_fetch_sub(&dev->hdr->asleep, 1);
+}
+
+/* The driver's sleep: peers' writes wake it once `need` of them came in (kicks at once). */
+static void driver_sleep(struct emu_device *dev, uint32_t snap, uint32_t need, int64_t ns)
+{
+	struct emu_rank *r = self_rank(dev);
+	uint32_t armed = 1;
+
+	off_write_once(&r->wake_event, snap + need);
+	off_fetch_add(&dev->hdr->asleep, 1);
+	__atomic_store_n(&r->armed, 1, __ATOMIC_SEQ_CST);
+	off_fence();
+	sleep_on_event(dev, snap, EMU_WAKE_HOST, ns);
+	if (off_cas(&r->armed, &armed, 0))  /* no waker took us: take ourselves out */
+		off_fetch_sub(&dev->hdr->asleep, 1);
+}
+
+/* The earliest firmware timer of any thread, 0 if none; 1 if one is due now. */
+static uint64_t next_timer(struct emu_device *dev, uint64_t now)
+{
+	uint64_t first = 0;
+
+	for (uint32_t t = 0; t < dev->attr.num_threads; t++) {
+		uint64_t at = dpa_engine_wake_at(dev->fw_state, t, now);
+
+		if (at == 1)
+			return 1;
+		if (at && (!first || at < first))
+			first = at;
+	}
+	return first;
+}
+
+/* One firmware pass on hal's queues, by whoever holds hal->busy. */
+static int run_pass(struct emu_device *dev, struct dpa_hal *hal, int host)
+{
+	struct emu_rank *self = self_rank(dev);
+	struct offload_thread_stats *st = (struct offload_thread_stats *)dev->win.stats + hal->index;
+	uint64_t done = off_read_once(&st->ops_completed);
+	int work;
+
+	/* Running: no spinner need leave its core to us (a ring marked us waking, maybe
+	 * after we had stopped waiting: nobody else clears it then). */
+	if (off_read_once(&self->waking_ns))
+		off_write_once(&self->waking_ns, 0);
+	emu_sync_peers(dev);  /* closed and unreachable peers, for the firmware */
+	work = dpa_progress(dev->fw_state, hal);
+	emu_flush_wakes(hal);  /* the peers this pass wrote to, woken at once */
+	enum dpa_engine_load load = dpa_engine_load(dev->fw_state);
+
+	/* Published for every rank's waits (job_bulk()) and wakers (wake()). */
+	if (off_read_once(&self->load) != (uint32_t)load)
+		off_write_once(&self->load, (uint32_t)load);
+	if (host) {  /* read racily by emu_drive_stats() */
+		off_write_once(&dev->host_passes, off_read_once(&dev->host_passes) + 1);
+		off_write_once(&dev->host_ops, off_read_once(&dev->host_ops) +
+			       (off_read_once(&st->ops_completed) - done));
+	}
+	return work;
+}
+
+/* A progress thread whose pass found nothing: spin (if allowed), then sleep until an
+ * event, its firmware timer or, at the latest, the next slice. */
+static void thread_idle(struct emu_device *dev, struct dpa_hal *hal, uint32_t snap, int spin)
+{
+	struct emu_rank *r = self_rank(dev);
+	uint64_t now = emu_now_ns(), timer = dpa_engine_wake_at(dev->fw_state, hal->index, now);
+	uint64_t spin_end = now + (spin ? spin_budget_ns(dev) : 0);
+	int64_t ns = EMU_SLEEP_SLICE_NS;
+
+	if (timer && timer <= now)
+		return;  /* a firmware timeout expired: no event will say so */
+	while (now < spin_end && cores_to_spare(dev) && !woken_waiting(dev, now)) {
+		if (off_load_acquire(&r->event) != snap || off_read_once(&dev->stop) ||
+		    off_read_once(&r->driving) || (timer && now >= timer))
+			return;
+		for (int i = 0; i < 64; i++)
+			cpu_relax();
+		now = emu_now_ns();
+	}
+	if (timer && timer - now < (uint64_t)ns)
+		ns = (int64_t)(timer - now);
+	thread_sleep(dev, hal->index, snap, ns);
+}
+
+static void *progress_thread(void *arg)
+{
+	struct dpa_hal *hal = arg;
+	struct emu_device *dev = hal->dev;
+	struct emu_rank *self = self_rank(dev);
+	char name[16];
+
+	snprintf(name, sizeof(name), "dpa-r%u-t%u", dev->attr.rank, hal->index);
+	pthread_setname_np(pthread_self(), name);
+	while (!off_read_once(&dev->stop)) {
+		uint32_t snap = event_snapshot(dev);
+
+		/* A host thread runs the engine: sleep until it leaves (it wakes us if it
+		 * leaves work behind) or an event comes after it left. */
+		if (off_load_acquire(&self->driving) || !off_trylock(&hal->busy)) {
+			thread_idle(dev, hal, snap, 0);
+			continue;
+		}
+		int work = run_pass(dev, hal, 0);
+
+		off_unlock(&hal->busy);
+		if (!work)
+			thread_idle(dev, hal, snap, 1);
+	}
+	return NULL;
+}
+
+int emu_threads_start(struct emu_device *dev)
+{
+	cpu_set_t cpus;
+
+	dev->ncores = sched_getaffinity(0, sizeof(cpus), &cpus) ? 1 : (uint32_t)CPU_COUNT(&cpus);
+	off_write_once(&dev->wake_cost_ns, EMU_WAKE_COST_INIT);
+	for (uint32_t i = 0; i < dev->attr.num_threads; i++) {
+		int rc;
+
+		dev->hals[i].dev = dev;
+		dev->hals[i].index = i;
+		rc = pthread_create(&dev->threads[i], NULL, progress_thread, &dev->hals[i]);
+		if (rc) {
+			emu_threads_stop(dev);
+			return -rc;
+		}
+		dev->nthreads_started++;
+	}
+	return 0;
+}
+
+void emu_threads_stop(struct emu_device *dev)
+{
+	off_store_release(&dev->stop, 1);
+	if (dev->ranks) {  /* every sleeper: the progress threads and a driving host thread */
+		uint32_t me = dev->attr.rank;
+
+		off_fetch_add(&self_rank(dev)->event, 1);
+		ring(dev, bell_bits(me, EMU_WAKE_DPA) | bell_bits(me, EMU_WAKE_HOST), 1ull << me);
+	}
+	for (uint32_t i = 0; i < dev->nthreads_started; i++)
+		pthread_join(dev->threads[i], NULL);
+	dev->nthreads_started = 0;
+	/* A host thread driving (close called from another thread) sees stop after its
+	 * pass: the engine's memory may go only once it left. */
+	while (off_load_acquire(&dev->drive_lock))
+		cpu_relax();
+}
+
+/* Does the engine need a pass without any event coming: a command not taken, or a timer? */
+static int work_waiting(struct emu_device *dev)
+{
+	struct offload_ring_hdr *ring = dev->win.ring;
+
+	return off_load_acquire(&ring->sq_tail) != off_read_once(&ring->sq_head) ||
+	       next_timer(dev, emu_now_ns()) != 0;
+}
+
+/* One pass on every thread's queues whose lock is free; *all: every lock was. */
+static int drive_round(struct emu_device *dev, int *all)
+{
+	int work = 0;
+
+	*all = 1;
+	for (uint32_t t = 0; t < dev->attr.num_threads; t++) {
+		struct dpa_hal *hal = &dev->hals[t];
+
+		if (!off_trylock(&hal->busy)) {
+			*all = 0;  /* its progress thread is ending a pass: it sees `driving` next */
+			continue;
+		}
+		work += run_pass(dev, hal, 1);
+		off_unlock(&hal->busy);
+	}
+	return work;
+}
+
+/* The driver's wait between rounds: like thread_idle, also ending when *word moves. */
+static void host_idle(struct emu_device *dev, uint32_t snap, uint32_t *word, uint32_t seen,
+		      uint64_t deadline)
+{
+	struct emu_rank *r = self_rank(dev);
+	uint64_t now = emu_now_ns(), timer = next_timer(dev, now);
+	uint64_t spin_end = now + spin_budget_ns(dev), until = deadline;
+
+	if (timer == 1)
+		return;
+	while (now < spin_end && cores_to_spare(dev) && !woken_waiting(dev, now)) {
+		if (off_load_acquire(&r->event) != snap || off_load_acquire(word) != seen ||
+		    off_read_once(&dev->stop) || off_read_once(&dev->closing) || now >= deadline ||
+		    (timer && now >= timer))
+			return;
+		for (int i = 0; i < 64; i++)
+			cpu_relax();
+		now = emu_now_ns();
+	}
+	if (timer && timer < until)
+		until = timer;
+	if (until - now > (uint64_t)EMU_SLEEP_SLICE_NS)
+		until = now + (uint64_t)EMU_SLEEP_SLICE_NS;
+	if (until > now)
+		driver_sleep(dev, snap, dpa_engine_events_needed(dev->fw_state),
+			     (int64_t)(until - now));
+}
+
+/* Bulk work (long copies) is the progress threads' where the ranks outnumber the cores:
+ * the host sleeps, and its core copies. Where every rank has a core of its own, the
+ * rank's thread that posts or waits copies itself, as an MPI rank does: a progress
+ * thread would need a wake-up to start and the host one to finish, on cores that have
+ * nothing else to do (n=2, 1 MiB per peer: 0.5-0.65x Open MPI's busbw, against 0.85-0.9x). */
+static int may_drive(const struct emu_device *dev, uint32_t flags)
+{
+	int host_copies = dev->attr.size <= dev->ncores && !(flags & HOST_DRIVE_NO_BULK);
+
+	if (flags & HOST_DRIVE_BULK_CMD)
+		return host_copies;
+	return dpa_engine_load(dev->fw_state) != DPA_ENGINE_BULK || host_copies;
+}
+
+/*
+ * Cooperative progress (host_device_ops.drive): run this rank's firmware on the calling
+ * host thread until *word != seen, or (word NULL) until a round finds nothing to do.
+ * Bulk ops stay with the progress threads (offload: the host sleeps meanwhile).
+ */
+int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t timeout_ns,
+	      uint32_t flags)
+{
+	struct emu_device *dev = to_emu(hd);
+	struct emu_rank *r = self_rank(dev);
+	uint64_t deadline = emu_now_ns() + (uint64_t)(timeout_ns > 0 ? timeout_ns : 0);
+	int rc = -EBUSY, quiet = 0, rounds = 0, all;
+	uint32_t snap = 0;
+
+	if (!dev->nthreads_started || !may_drive(dev, flags) || !off_trylock(&dev->drive_lock))
+		return -EBUSY;
+	/* Closing: emu_wake_waiters() (host_ctx_shutdown) or emu_threads_stop() waits for us. */
+	if (off_load_acquire(&dev->stop) || off_load_acquire(&dev->closing)) {
+		off_unlock(&dev->drive_lock);
+		return -EBUSY;
+	}
+	off_store_release(&r->driving, 1);
+	off_fence();  /* pairs with wakers' fence: from here on, this rank's wakes are ours */
+	while (!off_read_once(&dev->stop) && !off_load_acquire(&dev->closing)) {
+		snap = event_snapshot(dev);
+		int work = drive_round(dev, &all);
+
+		quiet = !work && all;
+		if (!may_drive(dev, flags & ~HOST_DRIVE_BULK_CMD))
+			break;  /* bulk work stays with the progress threads */
+		if (!word) {  /* a post or a test(): until nothing is left to do */
+			if (quiet)
+				rc = 0;
+			if (quiet || !all || ++rounds >= EMU_DRIVE_ROUNDS)
+				break;
+			continue;
+		}
+		if (rc == 0 || off_load_acquire(word) != seen) {
+			/* Done. A round or two more takes the completions of what the last pass
+			 * posted, so that we leave the threads nothing to be woken for. */
+			rc = 0;
+			if (quiet || ++rounds >= 4)
+				break;
+			continue;
+		}
+		if (emu_now_ns() >= deadline) {
+			rc = -ETIMEDOUT;
+			break;
+		}
+		if (quiet)
+			host_idle(dev, snap, word, seen, deadline);
+	}
+	off_store_release(&r->driving, 0);
+	/* Pairs with a progress thread's sleepers increment and fence before it sleeps: it
+	 * either sees driving clear, or we see it asleep. It needs waking only if we leave
+	 * work behind that no later event would announce. */
+	off_fence();
+	if (off_read_once(&r->sleepers) &&
+	    (!quiet || off_load_acquire(&r->event) != snap || work_waiting(dev)))
+		emu_kick_rank(dev, dev->attr.rank);
+	off_unlock(&dev->drive_lock);
+	return rc;
+}
+
+void emu_wake_waiters(struct host_device *hd, uint32_t *word)
+{
+	struct emu_device *dev = to_emu(hd);
+
+	/* Before the kick: a driver that reads the event it bumps sees the mark. */
+	__atomic_store_n(&dev->closing, 1, __ATOMIC_SEQ_CST);
+	if (dev->ranks)
+		emu_kick_rank(dev, dev->attr.rank);  /* a driver asleep between rounds */
+	emu_wake_word(dev, word);                /* waiters on the completion ring */
+}
+
+void emu_drive_stats(struct host_device *hd, uint64_t *ops, uint64_t *passes)
+{
+	struct emu_device *dev = to_emu(hd);
+
+	*ops = off_read_once(&dev->host_ops);
+	*passes = off_read_once(&dev->host_passes);
+}

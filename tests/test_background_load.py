@@ -1,0 +1,62 @@
+"""Small all-to-alls on a machine where something else always wants the cores.
+
+One ``nice -n 19`` busy loop per core runs for the whole job (as ``dpa-offload bench
+--background-load`` starts them). No 1 KiB all-to-all may take longer than 50 ms: a hang
+check, not a speed check (they take tens of microseconds), for waits that would hand the
+core away to the loops for whole slices, or sleep without being woken. Cooperative progress
+and the progress threads alone, more ranks than cores.
+"""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from _mp import run_ranks
+
+BUSY_LOOP = "import os\nos.nice(19)\nwhile True:\n    pass\n"
+
+SMALL_OPS = r'''
+ctx = ol.init()
+n, me = ctx.size, ctx.rank
+src = np.arange(256 * n, dtype=np.float32) + 1000 * me
+dst = np.zeros_like(src)
+want = np.concatenate([np.arange(256 * me, 256 * (me + 1), dtype=np.float32) + 1000 * p
+                       for p in range(n)])
+worst = 0.0
+for i in range(300):
+    if i % 50 == 0:
+        time.sleep(0.002)  # let the progress threads fall asleep now and then
+    ctx.world.barrier().wait(timeout=20)
+    dst[:] = 0
+    t0 = time.perf_counter()
+    ctx.world.alltoall(src, dst).wait(timeout=20)
+    took = time.perf_counter() - t0
+    worst = max(worst, took)
+    assert took < 0.05, f"all-to-all {i} took {took * 1e3:.1f} ms with the background load"
+    check_equal(dst, want, f"all-to-all {i}")
+print(f"worst {worst * 1e6:.0f} us")
+ctx.close()
+'''
+
+
+@pytest.fixture
+def background_load():
+    procs = [subprocess.Popen([sys.executable, "-c", BUSY_LOOP], stdin=subprocess.DEVNULL)
+             for _ in range(len(os.sched_getaffinity(0)))]
+    try:
+        yield
+    finally:
+        for p in procs:
+            p.kill()
+        for p in procs:
+            p.wait()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n, progress", [(4, "cooperative"), (8, "cooperative"), (4, "threads")])
+def test_small_alltoalls_never_stall_behind_a_busy_loop(background_load, n, progress):
+    out = run_ranks(n, SMALL_OPS, timeout=90, env={"OFFLOAD_PROGRESS": progress})
+    assert all("worst" in text for text in out), out
