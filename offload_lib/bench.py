@@ -76,6 +76,12 @@ class Collective:
         return self.case is not None or self.suite is not None
 
 
+def _reduction_case(name: str, *args: Any) -> Any:
+    from offload_lib import _bench_reduce  # it imports this module
+
+    return getattr(_bench_reduce, name)(*args)
+
+
 def _all_but_one(n: int) -> float:
     return (n - 1) / n
 
@@ -371,6 +377,11 @@ COLLECTIVES: dict[str, Collective] = {c.name: c for c in (
                mpi_desc="comm.Allgather"),
     Collective("moe", "MoE dispatch + combine (offload_lib.moe)", _all_but_one,
                suite="offload_lib.bench_moe"),
+    Collective("allreduce", "SUM allreduce reduced by the DPA threads", lambda n: 2 * (n - 1) / n,
+               lambda *a: _reduction_case("AllreduceCase", *a), mpi_desc="comm.Allreduce"),
+    Collective("reduce_scatter", "SUM reduce-scatter reduced by the DPA threads", _all_but_one,
+               lambda *a: _reduction_case("ReduceScatterCase", *a),
+               mpi_desc="comm.Reduce_scatter_block"),
 )}
 
 
@@ -779,7 +790,9 @@ def format_table(meta: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
                      "size*(0.5+((r+j)%n+0.5)/n) to rank j (rounded to elements); algbw uses "
                      "the bytes a rank sends; times include the count exchange")
     bw = {"broadcast": "algbw = size/time; busbw = algbw",
-          "allgather": "size = the gathered buffer; algbw = size/time; busbw = algbw*(n-1)/n"}
+          "allgather": "size = the gathered buffer; algbw = size/time; busbw = algbw*(n-1)/n",
+          "allreduce": "size = the buffer; algbw = size/time; busbw = algbw*2(n-1)/n",
+          "reduce_scatter": "size = the whole input; algbw = size/time; busbw = algbw*(n-1)/n"}
     lines += [
         "# time: median over iterations of the slowest rank; "
         + bw.get(str(meta.get("collective")), "algbw = size*n/time; busbw = algbw*(n-1)/n")
@@ -955,11 +968,11 @@ def _check_size_args(coll: Collective, args: argparse.Namespace) -> str | None:
         return f"{coll.name} has no persistent form; drop --persistent"
     if args.loss and coll.name not in ("broadcast", "allgather"):
         return "--loss injects multicast loss: only broadcast and allgather take it"
-    if coll.name == "allgather":
+    if coll.name in ("allgather", "reduce_scatter"):
         unit = args.dtype.itemsize * args.nranks
         bad = [s for s in args.sizes if s % unit]
         if bad:
-            return (f"allgather sizes {bad} (the gathered buffer) are not multiples of "
+            return (f"{coll.name} sizes {bad} (the whole buffer) are not multiples of "
                     f"{args.nranks} ranks x {args.dtype.itemsize} bytes")
     bad = [s for s in args.sizes if s % args.dtype.itemsize]
     if bad:

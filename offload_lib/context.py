@@ -13,7 +13,7 @@ from typing import Any
 
 import numpy as np
 
-from offload_lib import _staging
+from offload_lib import _reduce, _staging
 from offload_lib._buffers import Buffer, as_buffer
 from offload_lib._native import ffi, lib
 from offload_lib.bootstrap import World, allgather
@@ -485,6 +485,26 @@ class Team:
                                  lambda g: _staging.allgather(g, self, s, d),
                                  keep=(words,), result=result, nbytes=d.nbytes)
 
+    # -- reductions (offload_lib/_reduce.py, docs/reductions.md) -----------------------------
+    def reduce_scatter(self, src: Any, dst: Any, op: str = "sum") -> Request:
+        """Post a reduce-scatter: ``dst`` (``src.size / team size`` elements) gets block
+        ``team.rank`` of the reduction of every rank's ``src``; ``op`` is one of sum, avg,
+        prod, max, min; dtypes float32, float64, float16, bfloat16, int32, int64. The DPA
+        threads reduce, in a fixed order (runs repeat bit for bit; equal to gloo's). In
+        place: ``dst`` may be this rank's own block of ``src``."""
+        self._ctx._check_open()
+        s, d = _reduce.check_reduce_scatter(self, src, dst)
+        word = _reduce.redop_word(op, s)
+        return _reduce.post(self, _reduce.OP_REDUCE_SCATTER, s, d, word, "reduce_scatter")
+
+    def allreduce(self, buf: Any, op: str = "sum", *, out: Any = None) -> Request:
+        """Post an allreduce of every rank's ``buf``: in place, or into ``out`` (same size
+        and dtype). Ops and dtypes as reduce_scatter; the same fixed order."""
+        self._ctx._check_open()
+        s, d = _reduce.check_allreduce(buf, out)
+        word = _reduce.redop_word(op, s)
+        return _reduce.post(self, _reduce.OP_ALLREDUCE, s, d, word, "allreduce")
+
     # -- shrink -----------------------------------------------------------------------------
     def shrink(self) -> Team:
         """This team without its members that failed or closed (ULFM's MPI_Comm_shrink):
@@ -750,6 +770,14 @@ class Context:
 
         owner = ffi.gc(addr[0], release)
         return np.frombuffer(ffi.buffer(owner, nbytes), dtype=dt, count=count).reshape(shape)
+
+    def _scratch(self) -> _reduce.ScratchPool:
+        """The registered scratch the reductions' commands name (made on first use)."""
+        with self._lock:
+            pool = self.__dict__.get("_scratch_pool")
+            if pool is None:
+                pool = self._scratch_pool = _reduce.ScratchPool(self)
+            return pool
 
     # -- posting ----------------------------------------------------------------------------
     def _gpu(self) -> _staging.Stager:

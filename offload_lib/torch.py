@@ -5,9 +5,12 @@
     dist.init_process_group("dpa")  # under torchrun or `dpa-offload run`
 
 Served: ``all_to_all_single`` (even or with split sizes), ``all_gather_into_tensor``,
-``broadcast`` and ``barrier``, on CPU tensors and (staged, see docs/gpu.md) CUDA tensors.
-Every other collective raises :class:`offload_lib.Unsupported` naming these; use a gloo or
-NCCL group beside this one for them.
+``broadcast`` and ``barrier``, on CPU tensors and (staged, see docs/gpu.md) CUDA tensors;
+and (offload_lib._torch_forms) the group's name and description (funcol, torch.compile,
+DeviceMesh, DTensor), the coalesced all-gather, the list forms of all-gather, all-to-all
+and scatter, and the reductions (allreduce, reduce_scatter_tensor and their coalesced and
+list forms; SUM, AVG, PRODUCT, MAX, MIN) reduced by the DPA threads. Every other collective raises :class:`offload_lib.Unsupported` naming the
+served ones; use a gloo or NCCL group beside this one for them.
 
 The default group opens this process's DPA context (config from ``OFFLOAD_CONFIG`` and
 ``OFFLOAD_<KEY>``); ``dist.new_group`` makes a team in the same context. The job name and,
@@ -24,12 +27,16 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from offload_lib._torch_forms import TorchForms
 from offload_lib.bootstrap import World
 from offload_lib.context import MAX_TEAMS, Context, Team
 from offload_lib.errors import InvalidArgument, OffloadError, Unsupported
 
 BACKEND = "dpa"
-SUPPORTED = ("all_to_all_single", "all_gather_into_tensor", "broadcast", "barrier")
+SUPPORTED = ("all_to_all_single", "all_gather_into_tensor", "broadcast", "barrier",
+             "all_gather_single_coalesced", "allgather", "alltoall", "scatter", "allreduce",
+             "allreduce_coalesced", "reduce_scatter_tensor", "reduce_scatter_single_coalesced",
+             "reduce_scatter")
 
 _KEY = "dpa-offload"
 
@@ -183,7 +190,7 @@ def _unsupported(name: str) -> Any:
     return refuse
 
 
-class ProcessGroupDPA(dist.ProcessGroup):
+class ProcessGroupDPA(TorchForms, dist.ProcessGroup):
     """One "dpa" process group: a team of the process's DPA context."""
 
     def __init__(self, team: Team, timeout: timedelta, owns_context: bool) -> None:
@@ -244,11 +251,7 @@ class ProcessGroupDPA(dist.ProcessGroup):
     abort = shutdown
 
 
-for _name in ("allreduce", "allreduce_coalesced", "reduce", "allgather", "allgather_coalesced",
-              "all_gather_single_coalesced", "allgather_into_tensor_coalesced", "gather",
-              "scatter", "reduce_scatter", "reduce_scatter_single",
-              "reduce_scatter_single_coalesced", "reduce_scatter_tensor_coalesced",
-              "_reduce_scatter_base", "alltoall", "send", "recv", "recv_anysource",
+for _name in ("reduce", "allgather_coalesced", "gather", "send", "recv", "recv_anysource",
               "monitored_barrier"):
     setattr(ProcessGroupDPA, _name, _unsupported(_name))
 

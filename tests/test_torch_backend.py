@@ -145,9 +145,9 @@ for grp, ref, members in ((low, low_gloo, [0, 1, 2]), (high, high_gloo, [1, 2, 3
         same(got, want, f"overlapping group {members}")
 
 # Unsupported collectives name the supported ones; nothing is posted, the group goes on.
-for call in (lambda: dist.all_reduce(torch.ones(2)),
-             lambda: dist.reduce_scatter_tensor(torch.empty(1), torch.ones(size)),
-             lambda: dist.all_gather([torch.empty(1)] * size, torch.ones(1))):
+for call in (lambda: dist.reduce(torch.ones(2), 0),
+             lambda: dist.gather(torch.ones(1), [torch.empty(1)] * size if rank == 0 else None),
+             lambda: dist.send(torch.ones(1), (rank + 1) % size)):
     try:
         call()
     except ol.Unsupported as e:

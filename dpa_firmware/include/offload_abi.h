@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define OFFLOAD_ABI_VERSION 10u
+#define OFFLOAD_ABI_VERSION 11u
 
 #define OFFLOAD_MAX_RANKS   64u   /* ranks in one job (team members index peer tables) */
 #define OFFLOAD_MAX_TEAMS   16u   /* teams alive at once, world included */
@@ -69,7 +69,13 @@ enum offload_opcode {
 	 * lost some (ULFM's agree, the step under shrink); aux_addr: struct offload_agree_args.
 	 * The completion's result0/result1/detail repeat the agreed failed/value/differs. */
 	OFFLOAD_OP_AGREE = 8,
-	/* 9 and 10 are taken by reduce-scatter and all-reduce (issue 18). */
+	/* Reductions (reduce_scatter.c, allreduce.c): root carries OFFLOAD_REDOP(op, dtype);
+	 * count: bytes of src (the whole input); aux_addr: the op's scratch, count bytes
+	 * rounded up to team size x block, registered for local and remote read and write.
+	 * REDUCE_SCATTER: dst = this rank's block, count / team size bytes (count divisible by
+	 * team size x element size). ALLREDUCE: dst = count bytes (may be src). */
+	OFFLOAD_OP_REDUCE_SCATTER = 9,
+	OFFLOAD_OP_ALLREDUCE = 10,
 	/* Retire a team on this rank (no peer is involved): the slot and this rank's control
 	 * words for it are zeroed and its multicast group left, so a later TEAM_CREATE may
 	 * reuse the slot. The host posts it only once every op of the team completed here;
@@ -77,6 +83,30 @@ enum offload_opcode {
 	OFFLOAD_OP_TEAM_DESTROY = 11,
 	OFFLOAD_OP_MAX = 12,
 };
+
+enum offload_dtype {
+	OFFLOAD_DT_F32 = 1,
+	OFFLOAD_DT_F64 = 2,
+	OFFLOAD_DT_F16 = 3,
+	OFFLOAD_DT_BF16 = 4,
+	OFFLOAD_DT_I32 = 5,
+	OFFLOAD_DT_I64 = 6,
+	OFFLOAD_DT_MAX = 7,
+};
+
+enum offload_redop {
+	OFFLOAD_RED_SUM = 1,
+	OFFLOAD_RED_PROD = 2,
+	OFFLOAD_RED_MAX = 3,
+	OFFLOAD_RED_MIN = 4,
+	OFFLOAD_RED_AVG = 5,   /* floating dtypes only */
+	OFFLOAD_RED_OPS = 6,
+};
+
+/* A reduction command's root word: the op in bits 8..15, the dtype in bits 0..7. */
+#define OFFLOAD_REDOP(op, dt) ((((uint32_t)(op) & 0xffu) << 8) | ((uint32_t)(dt) & 0xffu))
+#define OFFLOAD_REDOP_OP(w)   (((uint32_t)(w) >> 8) & 0xffu)
+#define OFFLOAD_REDOP_DT(w)   ((uint32_t)(w) & 0xffu)
 
 /* Command flags. */
 #define OFFLOAD_CMD_F_EXPECT (1u << 0)  /* alltoallv: check arrivals against expect_bytes */
@@ -187,7 +217,7 @@ struct offload_ready {
  */
 struct offload_sig {
 	uint32_t op;          /* opcode | (mode: OFFLOAD_CMD_F_SLOTS, _PLACE; SIG_EAGER) << 8 */
-	uint32_t root;        /* broadcast: the root's team rank; else 0 */
+	uint32_t root;        /* broadcast: the root's team rank; reductions: the redop word; else 0 */
 	uint64_t size;        /* bytes per block, where every rank must agree (all-to-all,
 			       * broadcast, all-gather); else 0 */
 	uint32_t team_fp;     /* FNV-1a of the team id and its world ranks, in order */

@@ -9,6 +9,7 @@
  * its state is FREE and no thread is inside it (users == 0).
  */
 #include "engine_internal.h"
+#include "reduce.h"
 
 #define DPA_INTAKE_BUDGET 16
 #define DPA_POLL_BUDGET   256
@@ -21,6 +22,8 @@ static const struct dpa_algo *const dpa_algos[OFFLOAD_OP_MAX] = {
 	[OFFLOAD_OP_ALLTOALLV] = &dpa_algo_alltoallv,
 	[OFFLOAD_OP_BROADCAST] = &dpa_algo_broadcast_mcast,
 	[OFFLOAD_OP_ALLGATHER] = &dpa_algo_allgather_mcast,
+	[OFFLOAD_OP_REDUCE_SCATTER] = &dpa_algo_reduce_scatter,
+	[OFFLOAD_OP_ALLREDUCE] = &dpa_algo_allreduce,
 };
 
 uint64_t dpa_engine_state_size(void)

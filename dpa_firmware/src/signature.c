@@ -50,15 +50,17 @@ void dpa_sig_init(struct dpa_engine *eng, struct dpa_op *op)
 {
 	const struct dpa_team *team = &eng->teams[op->team_id];
 	const struct offload_cmd *cmd = &op->cmd;
+	uint32_t reduction = cmd->opcode == OFFLOAD_OP_REDUCE_SCATTER ||
+			     cmd->opcode == OFFLOAD_OP_ALLREDUCE;
 	uint32_t sized = cmd->opcode == OFFLOAD_OP_ALLTOALL || cmd->opcode == OFFLOAD_OP_BROADCAST ||
-			 cmd->opcode == OFFLOAD_OP_ALLGATHER;
+			 cmd->opcode == OFFLOAD_OP_ALLGATHER || reduction;
 	/* Modes the receiver's side depends on; rows gathered by index concern the sender only. */
 	uint32_t mode = cmd->opcode == OFFLOAD_OP_ALLTOALLV ?
 			cmd->flags & (OFFLOAD_CMD_F_SLOTS | OFFLOAD_CMD_F_PLACE) : 0;
 
 	op->sig = (struct offload_sig){
 		.op = cmd->opcode | mode << 8,
-		.root = cmd->opcode == OFFLOAD_OP_BROADCAST ? cmd->root : 0,
+		.root = cmd->opcode == OFFLOAD_OP_BROADCAST || reduction ? cmd->root : 0,
 		.size = sized ? cmd->count : 0,
 		.team_fp = team->fp,
 		.world_rank = team->peers[team->my_rank].world_rank,

@@ -366,7 +366,8 @@ static int must_answer(const struct fz_run *r, uint32_t upto, uint8_t *need)
 					   d->peers[0].ctrl_key == fz_key(me, FZ_CTRL) ? TEAM_ALONE : TEAM_OTHER;
 		} else if ((c->opcode == OFFLOAD_OP_BARRIER || c->opcode == OFFLOAD_OP_ALLTOALL ||
 			    c->opcode == OFFLOAD_OP_ALLTOALLV || c->opcode == OFFLOAD_OP_BROADCAST ||
-			    c->opcode == OFFLOAD_OP_ALLGATHER) && c->team < OFFLOAD_MAX_TEAMS &&
+			    c->opcode == OFFLOAD_OP_ALLGATHER || c->opcode == OFFLOAD_OP_REDUCE_SCATTER ||
+			    c->opcode == OFFLOAD_OP_ALLREDUCE) && c->team < OFFLOAD_MAX_TEAMS &&
 			   kind[c->team] == TEAM_OTHER) {
 			need[i] = 0;
 		}
