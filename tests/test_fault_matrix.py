@@ -1,6 +1,7 @@
 """The fault matrix: {peer killed, rail down, 30% multicast loss, forged rkey, malformed
 command} x {all-to-all, all-to-all-v, broadcast, all-gather} (multicast loss only where
-there is multicast). Every cell must end in a correct result or the named exception within
+there is multicast), and {peer killed, rail down} x {reduce-scatter, allreduce} (the
+firmware's refusal of forged reductions is tests/test_firmware_checks.py's). Every cell must end in a correct result or the named exception within
 its bound, never a hang.
 
 Seeded: FAULT_SEED (default 1) picks victims, sizes and when a rail dies, so a failure
@@ -22,6 +23,7 @@ REPS = int(os.environ.get("FAULT_REPS", "50"))
 JOB_REPS = int(os.environ.get("FAULT_JOB_REPS", "2"))
 OPS = ["alltoall", "alltoallv", "broadcast", "allgather"]
 MCAST_OPS = ["broadcast", "allgather"]
+REDUCE_OPS = ["reduce_scatter", "allreduce"]
 
 COMMON = r'''
 OP = os.environ["FAULT_OP"]
@@ -45,6 +47,17 @@ def post(team, rep, src_of=None):
         want = np.concatenate([np.arange(per * me, per * (me + 1)) + 1_000_000 * p
                                for p in range(n)])
         return team.alltoall(src, dst), dst, want
+    if OP in ("reduce_scatter", "allreduce"):
+        # small integers: the sum is exact whatever the order
+        per = 1 + (SEED * 7919 + rep * 104729) % 40000
+        x = (np.arange(per * n, dtype=np.int64) * 3 + 5 * me + rep) % 1000
+        total = sum((np.arange(per * n, dtype=np.int64) * 3 + 5 * p + rep) % 1000
+                    for p in range(n))
+        if OP == "allreduce":
+            dst = np.full(per * n, SENT, np.int64)
+            return team.allreduce(x, "sum", out=dst), dst, total
+        dst = np.full(per, SENT, np.int64)
+        return team.reduce_scatter(x, dst, "sum"), dst, total[per * me:per * (me + 1)]
     if OP == "broadcast":
         per = 1 + (SEED * 7919 + rep * 104729) % 20000
         root = rep % n
@@ -159,7 +172,7 @@ def _rail_env(op: str, rep: int) -> dict[str, str]:
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("op", OPS + REDUCE_OPS)
 def test_rail_down_cells(op):
     for rep in range(JOB_REPS):
         env = _rail_env(op, rep)
@@ -205,7 +218,7 @@ ctx.close()
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("op", OPS + REDUCE_OPS)
 def test_peer_killed_cells(op):
     for rep in range(JOB_REPS):
         victim = int(np.random.default_rng([SEED, rep, 11]).integers(4))
