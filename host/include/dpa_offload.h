@@ -2,7 +2,8 @@
 /*
  * dpa_offload.h: the public C API of dpa-offload (libdpaoffload.so, pkg-config dpa-offload).
  *
- * Collectives (all-to-all, all-to-all-v, broadcast, all-gather, barrier) run on the
+ * Collectives (all-to-all, all-to-all-v, broadcast, all-gather, barrier, allreduce,
+ * reduce-scatter) run on the
  * progress threads of a DPA (or of its software emulator) while the calling thread is
  * free. No Python is involved: link with `pkg-config --cflags --libs dpa-offload`.
  *
@@ -41,7 +42,7 @@ extern "C" {
 #endif
 
 #define DPO_API_MAJOR 1
-#define DPO_API_MINOR 0
+#define DPO_API_MINOR 1
 
 /* cffi:begin */
 typedef enum dpo_status {
@@ -212,7 +213,20 @@ typedef enum dpo_coll_type {
 	DPO_COLL_TYPE_ALLTOALLV = 4,  /* src/dst.info_v: counts and displacements per team rank */
 	DPO_COLL_TYPE_BCAST = 8,      /* src.info: the buffer on every member, root's is sent */
 	DPO_COLL_TYPE_ALLGATHER = 16, /* src.info: this rank's block; dst.info: size blocks */
+	DPO_COLL_TYPE_ALLREDUCE = 32, /* src/dst.info: count elements each; op */
+	DPO_COLL_TYPE_REDUCE_SCATTER = 64, /* block form: src.info count x size, dst.info count */
 } dpo_coll_type_t;
+
+/* Reductions (API 1.1): the DPA reduces FLOAT32, FLOAT64, FLOAT16, BFLOAT16, INT32 and
+ * INT64, in a fixed order (docs/reductions.md), so a result is bitwise the same on every
+ * member and on every repetition. AVG is for the floating types only. */
+typedef enum dpo_reduction_op {
+	DPO_OP_SUM = 1,
+	DPO_OP_PROD = 2,
+	DPO_OP_MAX = 3,
+	DPO_OP_MIN = 4,
+	DPO_OP_AVG = 5,
+} dpo_reduction_op_t;
 
 typedef struct dpo_coll_buffer_info {
 	void *buffer;
@@ -228,8 +242,10 @@ typedef struct dpo_coll_buffer_info_v {
 } dpo_coll_buffer_info_v_t;
 
 /* IN_PLACE: all-to-all / all-to-all-v exchange dst in place (src is ignored; dst is copied
- * once by the host first); all-gather takes this rank's block from dst. Broadcast is always
- * in place. PERSISTENT: the request may be posted again after each completion; buffers are
+ * once by the host first); all-gather takes this rank's block from dst; allreduce reduces
+ * dst into itself; reduce-scatter reads the whole input from dst (count x size elements)
+ * and leaves this rank's reduced block at its own place in dst (offset rank x block), as
+ * UCC does. Broadcast is always in place. PERSISTENT: the request may be posted again after each completion; buffers are
  * registered once, at init. */
 #define DPO_COLL_ARGS_FLAG_IN_PLACE   (1u << 0)
 #define DPO_COLL_ARGS_FLAG_PERSISTENT (1u << 1)
@@ -253,6 +269,7 @@ typedef struct dpo_coll_args {
 	uint64_t flags;               /* DPO_COLL_ARGS_FLAG_*, with DPO_COLL_ARGS_FIELD_FLAGS */
 	uint64_t root;                /* broadcast: team rank */
 	double timeout;               /* seconds a post may wait for ring space (FIELD_TIMEOUT) */
+	dpo_reduction_op_t op;        /* allreduce, reduce-scatter (read for those only) */
 } dpo_coll_args_t;
 
 typedef struct dpo_coll_req *dpo_coll_req_h;

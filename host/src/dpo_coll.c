@@ -38,6 +38,7 @@ struct dpo_coll_req {
 	/* persistent registrations (released at finalize) */
 	uint32_t keys[2];
 	int owned[2];
+	struct dpo_scratch scratch;      /* reductions: from the context's pool until finalize */
 	int posted;                      /* posted and not yet reaped */
 	int done;                        /* the last post completed (status below) */
 	uint32_t tag;
@@ -290,6 +291,7 @@ static void free_req(struct dpo_coll_req *r)
 	for (int i = 0; i < 2; i++)
 		if (r->owned[i])
 			host_mr_release(h, r->keys[i]);
+	dpo_scratch_put(r->team->ctx, &r->scratch);
 	free(r->sbytes), free(r->soff), free(r->rbytes), free(r->roff);
 	free(r->vargs), free(r->bounce_src), free(r->bounce_dst);
 	__atomic_fetch_sub(&r->team->requests, 1, __ATOMIC_SEQ_CST);
@@ -303,6 +305,8 @@ static dpo_status_t register_once(struct dpo_coll_req *r)
 	uint32_t both = SRC_ACCESS | DST_ACCESS;
 	int rc;
 
+	if (r->op.src_key)  /* an in-place reduction registered its buffer at init */
+		return DPO_OK;
 	if (r->op.src_len) {
 		rc = host_mr_acquire(h, (void *)(uintptr_t)r->op.src_addr, r->op.src_len,
 				     r->type == DPO_COLL_TYPE_BCAST ? both : SRC_ACCESS, &r->keys[0],
@@ -360,7 +364,12 @@ DPO_API dpo_status_t dpo_collective_init(const dpo_coll_args_t *a, dpo_coll_req_
 		st = init_bcast(r, a);
 	else if (a->coll_type == DPO_COLL_TYPE_ALLGATHER)
 		st = init_allgather(r, a);
-	else if (a->coll_type == DPO_COLL_TYPE_BARRIER)
+	else if (a->coll_type == DPO_COLL_TYPE_ALLREDUCE ||
+		 a->coll_type == DPO_COLL_TYPE_REDUCE_SCATTER) {
+		st = dpo_reduce_init(team, a, r->flags, &r->op, &r->scratch, &r->keys[0],
+				     &r->owned[0]);
+		r->poll_bytes = r->op.src_len;
+	} else if (a->coll_type == DPO_COLL_TYPE_BARRIER)
 		st = (r->op.opcode = OFFLOAD_OP_BARRIER, DPO_OK);
 	else
 		st = dpo_fail(DPO_ERR_INVALID_PARAM, "unknown coll_type %d", (int)a->coll_type);

@@ -290,8 +290,10 @@ static dpo_status_t open_device(struct dpo_context *ctx, const struct boot_rec *
 
 static void release(struct dpo_context *ctx)
 {
-	if (ctx->host)
+	if (ctx->host) {
+		dpo_scratch_release_all(ctx);
 		host_ctx_close(ctx->host);
+	}
 	if (ctx->slots)
 		munmap(ctx->slots, sizeof(*ctx->slots));
 	pthread_mutex_destroy(&ctx->lock);

@@ -44,6 +44,14 @@ struct dpo_slot_table {
 	uint32_t users[OFFLOAD_MAX_TEAMS];
 };
 
+/* A registered reduction scratch buffer (dpo_reduce.c). */
+struct dpo_scratch {
+	void *addr;
+	uint64_t len;
+	uint32_t key;
+};
+#define DPO_SCRATCH_KEEP 4          /* free scratch buffers a context keeps registered */
+
 struct dpo_context {
 	struct host_ctx *host;
 	uint32_t rank, size, num_threads;
@@ -55,6 +63,8 @@ struct dpo_context {
 	uint32_t local_used;             /* team slots in use on this rank (bit per slot) */
 	uint32_t teams;                  /* teams not destroyed */
 	uint32_t next_claim;             /* where a slot search starts: spread reuse */
+	struct dpo_scratch scratch_free[DPO_SCRATCH_KEEP];  /* under lock */
+	uint32_t scratch_nfree;
 };
 
 enum dpo_team_state { DPO_TEAM_EXCHANGE, DPO_TEAM_READY, DPO_TEAM_FAILED };
@@ -88,5 +98,13 @@ void dpo_config_defaults(struct dpo_config *cfg);
 int64_t dpo_now_ns(void);
 dpo_status_t dpo_oob_run(const dpo_oob_coll_t *oob, void *mine, void *all, size_t len,
 			 double timeout_s);
+
+/* dpo_reduce.c: fills op (opcode, root word, buffers, aux = scratch taken from the pool);
+ * an in-place buffer is registered once into *key (*owned: release it). */
+dpo_status_t dpo_reduce_init(struct dpo_team *team, const dpo_coll_args_t *a, uint64_t flags,
+			     struct host_op *op, struct dpo_scratch *scratch, uint32_t *key,
+			     int *owned);
+void dpo_scratch_put(struct dpo_context *ctx, struct dpo_scratch *s);
+void dpo_scratch_release_all(struct dpo_context *ctx);
 
 #endif /* DPO_INTERNAL_H */

@@ -4,7 +4,8 @@
  * context over a shared-memory OOB, build the world and two disjoint half teams (live at
  * once, multicast on both), run every collective over datatypes and sizes against
  * expected data, persistent and in-place requests, refused arguments, slot reuse, and
- * the resource limit. Usage: capi N. Exit 0 pass, 1 fail.
+ * the resource limit; allreduce and reduce-scatter against a reference reduced in the
+ * firmware's documented order (bitwise, also across repetitions). Usage: capi N. Exit 0 pass, 1 fail.
  */
 #define _GNU_SOURCE
 #include <stdio.h>
@@ -165,6 +166,186 @@ static void collectives(dpo_team_h team, dpo_datatype_t dt, uint64_t count)
 	free(dst);
 }
 
+/* ---- reductions ---------------------------------------------------------------------- */
+/* Team rank r's element i for op (as double; cast to the type): floats that do not add up
+ * exactly, so the order shows; products that stay finite and integers that do not wrap. */
+static double red_value(uint32_t r, uint64_t i, dpo_reduction_op_t op, int is_int)
+{
+	int64_t v = (int64_t)((r * 7 + i * 13) % 97) - 48;
+
+	if (op == DPO_OP_PROD)
+		return is_int ? (double)((r + i) % 3 == 0 ? 2 : ((r + i) % 3 == 1 ? -1 : 1)) :
+		       1.0 + (double)v * 0.00137;
+	return is_int ? (double)(v * 1000003 + (int64_t)r) : (double)v * 0.37 + 1.0 / (r + 3);
+}
+
+/* dpo_reduce.c's order_block: the order blocks the firmware reduces in */
+static uint64_t ref_order_block(uint64_t total, uint64_t es, uint64_t n)
+{
+	uint64_t maxseg = es * ((1u << 20) / es), nseg = (total + maxseg - 1) / maxseg, seg;
+
+	nseg = nseg < 2 * n ? 2 * n : nseg;
+	nseg = (nseg + n - 1) / n * n;
+	seg = ((total + nseg - 1) / nseg + es - 1) / es * es;
+	return nseg / n * seg;
+}
+
+/* The allreduce of every member's red_value in the documented order: element i of order
+ * block g is the reduction of ranks g-1, g-2, ..., g-n (mod n), left to right. */
+#define REF(T, NAME)                                                                          \
+static void NAME(void *out, uint64_t count, uint32_t n, dpo_reduction_op_t op, int is_int)   \
+{                                                                                           \
+	uint64_t ob = count ? ref_order_block(count * sizeof(T), sizeof(T), n) / sizeof(T) : 1; \
+	T *o = out;                                                                             \
+	for (uint64_t i = 0; i < count; i++) {                                                  \
+		uint32_t g = (uint32_t)(i / ob);                                                \
+		T acc = (T)red_value((g + n - 1) % n, i, op, is_int);                           \
+		for (uint32_t s = 2; s <= n; s++) {                                             \
+			T x = (T)red_value((g + 2 * n - s) % n, i, op, is_int);                 \
+			acc = op == DPO_OP_PROD ? (T)(acc * x) : op == DPO_OP_MAX ?             \
+			      (acc > x ? acc : x) : op == DPO_OP_MIN ? (acc < x ? acc : x) :    \
+			      (T)(acc + x);                                                     \
+		}                                                                               \
+		o[i] = op == DPO_OP_AVG ? (T)(acc / (T)n) : acc;                                \
+	}                                                                                       \
+}
+REF(float, ref_f32)
+REF(double, ref_f64)
+REF(int32_t, ref_i32)
+REF(int64_t, ref_i64)
+
+static void fill_values(void *buf, dpo_datatype_t dt, uint32_t r, uint64_t count,
+			dpo_reduction_op_t op)
+{
+	for (uint64_t i = 0; i < count; i++) {
+		double v = red_value(r, i, op, dt == DPO_DT_INT32 || dt == DPO_DT_INT64);
+
+		if (dt == DPO_DT_FLOAT32)
+			((float *)buf)[i] = (float)v;
+		else if (dt == DPO_DT_FLOAT64)
+			((double *)buf)[i] = v;
+		else if (dt == DPO_DT_INT32)
+			((int32_t *)buf)[i] = (int32_t)v;
+		else
+			((int64_t *)buf)[i] = (int64_t)v;
+	}
+}
+
+static void reduce_one(dpo_team_h team, dpo_datatype_t dt, dpo_reduction_op_t op, uint64_t count)
+{
+	dpo_team_attr_t at;
+	uint64_t es = dpo_dt_size(dt), n, me, bytes = count * es;
+	int is_int = dt == DPO_DT_INT32 || dt == DPO_DT_INT64;
+	uint8_t *src, *dst, *want, *first;
+	dpo_coll_args_t a;
+
+	dpo_team_get_attr(team, &at);
+	n = at.size, me = at.rank;
+	src = malloc(bytes + 8), dst = malloc(bytes + 8), want = malloc(bytes + 8);
+	first = malloc(bytes + 8);
+	(dt == DPO_DT_FLOAT32 ? ref_f32 : dt == DPO_DT_FLOAT64 ? ref_f64 :
+	 dt == DPO_DT_INT32 ? ref_i32 : ref_i64)(want, count, (uint32_t)n, op, is_int);
+	/* allreduce: out of place twice (bitwise the same), then in place */
+	for (int rep = 0; rep < 3; rep++) {
+		fill_values(src, dt, (uint32_t)me, count, op);
+		memset(dst, 0xa5, bytes + 8);
+		memset(&a, 0, sizeof(a));
+		a.coll_type = DPO_COLL_TYPE_ALLREDUCE;
+		a.op = op;
+		a.dst.info = (dpo_coll_buffer_info_t){ rep == 2 ? src : dst, count, dt };
+		a.src.info = (dpo_coll_buffer_info_t){ src, count, dt };
+		if (rep == 2)
+			a.mask = DPO_COLL_ARGS_FIELD_FLAGS, a.flags = DPO_COLL_ARGS_FLAG_IN_PLACE;
+		CHECK(run(&a, team) == DPO_OK, "allreduce dt %d op %d count %llu", dt, op,
+		      (unsigned long long)count);
+		CHECK(!memcmp(rep == 2 ? src : dst, want, bytes), "allreduce dt %d op %d count %llu "
+		      "rep %d differs from the reference", dt, op, (unsigned long long)count, rep);
+		CHECK(rep == 2 || dst[bytes] == 0xa5, "allreduce wrote past dst");
+		if (rep == 0)
+			memcpy(first, dst, bytes);
+		CHECK(rep != 1 || !memcmp(first, dst, bytes), "allreduce not repeatable");
+	}
+	/* reduce-scatter (block form) on the count rounded down to team size blocks */
+	count -= count % n;
+	bytes = count * es;
+	(dt == DPO_DT_FLOAT32 ? ref_f32 : dt == DPO_DT_FLOAT64 ? ref_f64 :
+	 dt == DPO_DT_INT32 ? ref_i32 : ref_i64)(want, count, (uint32_t)n, op, is_int);
+	for (int rep = 0; rep < 2; rep++) {
+		uint64_t blk = bytes / n;
+
+		fill_values(src, dt, (uint32_t)me, count, op);
+		memset(dst, 0xa5, bytes + 8);
+		memset(&a, 0, sizeof(a));
+		a.coll_type = DPO_COLL_TYPE_REDUCE_SCATTER;
+		a.op = op;
+		if (rep) {
+			a.mask = DPO_COLL_ARGS_FIELD_FLAGS, a.flags = DPO_COLL_ARGS_FLAG_IN_PLACE;
+			a.dst.info = (dpo_coll_buffer_info_t){ src, count, dt };
+		} else {
+			a.src.info = (dpo_coll_buffer_info_t){ src, count, dt };
+			a.dst.info = (dpo_coll_buffer_info_t){ dst, count / n, dt };
+		}
+		CHECK(run(&a, team) == DPO_OK, "reduce-scatter dt %d op %d count %llu", dt, op,
+		      (unsigned long long)count);
+		CHECK(!memcmp(rep ? src + me * blk : dst, want + me * blk, blk), "reduce-scatter dt %d "
+		      "op %d count %llu rep %d differs from the reference", dt, op,
+		      (unsigned long long)count, rep);
+		CHECK(rep || dst[blk] == 0xa5, "reduce-scatter wrote past dst");
+	}
+	free(src), free(dst), free(want), free(first);
+}
+
+static void reductions(dpo_team_h team)
+{
+	static const dpo_datatype_t dts[] = { DPO_DT_FLOAT32, DPO_DT_FLOAT64, DPO_DT_INT32,
+					      DPO_DT_INT64 };
+	static const uint64_t counts[] = { 1, 257, 70001 };
+	dpo_coll_args_t a;
+	float f[64], g[64];
+	int32_t i32[64];
+
+	for (unsigned d = 0; d < 4; d++)
+		for (dpo_reduction_op_t op = DPO_OP_SUM; op <= DPO_OP_AVG; op++)
+			for (unsigned c = 0; c < 3; c++)
+				if ((op != DPO_OP_AVG || d < 2) && (op == DPO_OP_SUM || c == 1))
+					reduce_one(team, dts[d], op, counts[c]);
+	/* refused before anything is posted */
+	memset(&a, 0, sizeof(a));
+	a.coll_type = DPO_COLL_TYPE_ALLREDUCE;
+	a.op = DPO_OP_AVG;
+	a.src.info = (dpo_coll_buffer_info_t){ i32, 64, DPO_DT_INT32 };
+	a.dst.info = (dpo_coll_buffer_info_t){ i32, 64, DPO_DT_INT32 };
+	CHECK(run(&a, team) == DPO_ERR_INVALID_PARAM && strstr(dpo_last_error(), "DPO_OP_AVG"),
+	      "avg of int32");
+	a.op = 9;
+	a.src.info = a.dst.info = (dpo_coll_buffer_info_t){ f, 64, DPO_DT_FLOAT32 };
+	CHECK(run(&a, team) == DPO_ERR_INVALID_PARAM && strstr(dpo_last_error(), "op 9"), "bad op");
+	a.op = DPO_OP_SUM;
+	a.src.info = (dpo_coll_buffer_info_t){ f, 64, DPO_DT_UINT8 };
+	a.dst.info = (dpo_coll_buffer_info_t){ g, 64, DPO_DT_UINT8 };
+	CHECK(run(&a, team) == DPO_ERR_INVALID_PARAM && strstr(dpo_last_error(), "reduces"), "uint8");
+	a.src.info = (dpo_coll_buffer_info_t){ f, 64, DPO_DT_FLOAT32 };
+	a.dst.info = (dpo_coll_buffer_info_t){ g, 63, DPO_DT_FLOAT32 };
+	CHECK(run(&a, team) == DPO_ERR_INVALID_PARAM, "allreduce count mismatch");
+	a.dst.info = (dpo_coll_buffer_info_t){ f + 1, 64, DPO_DT_FLOAT32 };
+	CHECK(run(&a, team) == DPO_ERR_INVALID_PARAM && strstr(dpo_last_error(), "partially"),
+	      "partial overlap");
+	a.coll_type = DPO_COLL_TYPE_REDUCE_SCATTER;
+	a.src.info = (dpo_coll_buffer_info_t){ f, 60, DPO_DT_FLOAT32 };  /* 60: any n <= 6 */
+	a.dst.info = (dpo_coll_buffer_info_t){ g, 61, DPO_DT_FLOAT32 };
+	CHECK(run(&a, team) == DPO_ERR_INVALID_PARAM && strstr(dpo_last_error(), "gives each"),
+	      "reduce-scatter dst count");
+	{
+		dpo_team_attr_t at;
+
+		dpo_team_get_attr(team, &at);
+		a.src.info.count = at.size * 4 + 1;
+		a.dst.info.count = 4;
+		CHECK(at.size == 1 || (run(&a, team) == DPO_ERR_INVALID_PARAM &&
+				       strstr(dpo_last_error(), "split evenly")), "uneven reduce-scatter");
+	}
+}
+
 static void persistent_and_errors(dpo_team_h team)
 {
 	dpo_team_attr_t at;
@@ -280,6 +461,9 @@ static int rank_main(uint32_t rank, uint32_t n, struct oob_board **boards)
 		}
 	collectives(w, DPO_DT_BYTE, 1 << 20);
 	persistent_and_errors(w);
+	reductions(w);
+	if (h)
+		reductions(h);
 	/* slot reuse: create, broadcast, destroy, many times (multicast groups left each time) */
 	for (int i = 0; i < 40; i++) {
 		dpo_team_h t = make_team(ctx, &churn, NULL);
