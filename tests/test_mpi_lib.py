@@ -81,7 +81,13 @@ def test_served_collectives_match_mpi_and_are_counted(built, n, quick):
     reasons = stats["MPI_Alltoall"][2]
     assert reasons.get("in_place") == n and reasons.get("below_threshold", 0) > 0
     assert stats["MPI_Bcast"][2].get("intercomm") == n
-    assert stats["MPI_Allreduce"][2] == {"not_served": n}
+    # reductions: served above the threshold; a user op and MPI_LAND pass as "op", MPI_SHORT
+    # as "datatype", in-place reduce-scatter-block as "in_place"
+    assert stats["MPI_Allreduce"][0] > 0 and stats["MPI_Iallreduce"][0] > 0
+    assert stats["MPI_Reduce_scatter_block"][0] > 0 and stats["MPI_Ireduce_scatter_block"][0] > 0
+    assert stats["MPI_Allreduce"][2].get("op") == 2 * n
+    assert stats["MPI_Allreduce"][2].get("datatype") == n
+    assert stats["MPI_Reduce_scatter_block"][2].get("in_place", 0) > 0
     if n == 3:  # Comm_split into 2 + 1: the one-rank half passes through
         assert stats["MPI_Alltoall"][2].get("comm_size_1", 0) > 0
 

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * libdpaoffload_mpi: PMPI interposition that runs an unmodified MPI program's all-to-all,
- * all-to-all-v, broadcast and all-gather (blocking, non-blocking, persistent) on the DPA
+ * all-to-all-v, broadcast, all-gather, allreduce and reduce-scatter-block (blocking, non-blocking, persistent) on the DPA
  * through the public C API, and passes everything else to MPI unchanged.
  *
  * The rule everything here keeps: every rank of a communicator takes the same path for
@@ -25,13 +25,16 @@
 enum dpo_mpi_coll {
 	C_ALLTOALL, C_ALLTOALLV, C_BCAST, C_ALLGATHER,
 	C_IALLTOALL, C_IALLTOALLV, C_IBCAST, C_IALLGATHER,
-	C_ALLTOALL_INIT, C_ALLREDUCE, C_NCOLL
+	C_ALLTOALL_INIT, C_ALLREDUCE, C_IALLREDUCE, C_REDUCE_SCATTER_BLOCK,
+	C_IREDUCE_SCATTER_BLOCK, C_NCOLL
 };
 
 enum dpo_mpi_reason {
 	R_OFFLOADED, R_PACKED,  /* served (packed: through bounce buffers, also counted served) */
 	R_DISABLED, R_NO_CONTEXT, R_INTERCOMM, R_FOREIGN, R_SIZE_1, R_IN_PLACE,
-	R_BELOW_THRESHOLD, R_BAD_ARGS, R_NONCONTIG, R_NO_TEAM, R_NOT_SERVED, R_NREASON
+	R_BELOW_THRESHOLD, R_BAD_ARGS, R_NONCONTIG, R_NO_TEAM, R_NOT_SERVED,
+	R_OP, R_DATATYPE,       /* reductions: an op / a datatype the DPA does not reduce */
+	R_NREASON
 };
 
 /* What this process knows about one communicator (an attribute on it). */
@@ -54,6 +57,9 @@ struct dpo_mpi {
 	int comm_keyval;
 	/* offload from this many bytes (per peer, message, block): all-to-all, bcast, all-gather */
 	uint64_t min_alltoall, min_bcast, min_allgather;
+	/* reductions: from this many bytes of the whole vector (allreduce: count x type size;
+	 * reduce-scatter-block: recvcount x type size x ranks) */
+	uint64_t min_allreduce, min_reduce_scatter;
 	int colls_enabled[C_NCOLL];
 	int noncontig_pass;
 	int stats_mode;               /* 0 off, 1 summed over ranks, 2 per rank */
@@ -100,6 +106,18 @@ void dpo_mpi_release_team(struct comm_state *cs);
 
 /* mpi_colls.c */
 int dpo_mpi_contig(MPI_Datatype t);
+/* the checks every served call makes first; R_OFFLOADED if it may go to the DPA */
+enum dpo_mpi_reason dpo_mpi_gate(enum dpo_mpi_coll c, MPI_Comm comm, struct comm_state **out);
+/* init the request of op (NULL: pass the call through, reason in *why; op is freed) */
+struct mpi_op *dpo_mpi_build(enum dpo_mpi_coll c, struct comm_state *cs, dpo_coll_args_t *a,
+			     int persistent, int packed, enum dpo_mpi_reason *why,
+			     struct mpi_op *op);
+int dpo_mpi_run_blocking(struct mpi_op *op);
+int dpo_mpi_start_nonblocking(struct mpi_op *op, MPI_Request *req);
+
+/* Default thresholds of the reductions (whole-vector bytes): docs/performance.md. */
+#define DPO_MPI_MIN_ALLREDUCE (16ull << 20)
+#define DPO_MPI_MIN_REDUCE_SCATTER (16ull << 20)
 
 /* mpi_req.c */
 struct mpi_op *dpo_mpi_op_new(enum dpo_mpi_coll c, struct comm_state *cs);

@@ -62,7 +62,7 @@ int dpo_mpi_contig(MPI_Datatype t)
 }
 
 /* The checks every served call makes first; R_OFFLOADED if it may go to the DPA. */
-static enum dpo_mpi_reason gate(enum dpo_mpi_coll c, MPI_Comm comm, struct comm_state **out)
+enum dpo_mpi_reason dpo_mpi_gate(enum dpo_mpi_coll c, MPI_Comm comm, struct comm_state **out)
 {
 	struct comm_state *cs;
 
@@ -112,7 +112,7 @@ static int side(struct mpi_op *op, int is_src, const void *buf, int count, MPI_D
 }
 
 /* Build the op; NULL means: pass this call through (reason in *why). */
-static struct mpi_op *build(enum dpo_mpi_coll c, struct comm_state *cs, dpo_coll_args_t *a,
+struct mpi_op *dpo_mpi_build(enum dpo_mpi_coll c, struct comm_state *cs, dpo_coll_args_t *a,
 			    int persistent, int packed, enum dpo_mpi_reason *why, struct mpi_op *op)
 {
 	dpo_status_t st;
@@ -151,7 +151,7 @@ static struct mpi_op *alltoall_op(enum dpo_mpi_coll c, const void *sbuf, int sco
 	struct mpi_op *op;
 	void *s, *d;
 
-	if ((*why = gate(c, comm, &cs)))
+	if ((*why = dpo_mpi_gate(c, comm, &cs)))
 		return NULL;
 	if (sbuf == MPI_IN_PLACE) {
 		*why = R_IN_PLACE;
@@ -183,7 +183,7 @@ static struct mpi_op *alltoall_op(enum dpo_mpi_coll c, const void *sbuf, int sco
 	a.coll_type = DPO_COLL_TYPE_ALLTOALL;
 	a.src.info = (dpo_coll_buffer_info_t){ s, (uint64_t)rcount * (uint64_t)rsize * n, DPO_DT_BYTE };
 	a.dst.info = (dpo_coll_buffer_info_t){ d, (uint64_t)rcount * (uint64_t)rsize * n, DPO_DT_BYTE };
-	return build(c, cs, &a, persistent, packed, why, op);
+	return dpo_mpi_build(c, cs, &a, persistent, packed, why, op);
 }
 
 /* v-forms: blocks at element displacements; contiguous types map to byte counts and
@@ -257,7 +257,7 @@ static struct mpi_op *alltoallv_op(enum dpo_mpi_coll c, const void *sbuf, const 
 	struct mpi_op *op;
 	void *s, *d;
 
-	if ((*why = gate(c, comm, &cs)))
+	if ((*why = dpo_mpi_gate(c, comm, &cs)))
 		return NULL;
 	if (sbuf == MPI_IN_PLACE) {
 		*why = R_IN_PLACE;
@@ -280,7 +280,7 @@ static struct mpi_op *alltoallv_op(enum dpo_mpi_coll c, const void *sbuf, const 
 	a.coll_type = DPO_COLL_TYPE_ALLTOALLV;
 	a.src.info_v = (dpo_coll_buffer_info_v_t){ s, sc, sd, DPO_DT_BYTE };
 	a.dst.info_v = (dpo_coll_buffer_info_v_t){ d, rc, rd, DPO_DT_BYTE };
-	return build(c, cs, &a, 0, packed, why, op);
+	return dpo_mpi_build(c, cs, &a, 0, packed, why, op);
 }
 
 static struct mpi_op *bcast_op(enum dpo_mpi_coll c, void *buf, int count, MPI_Datatype t,
@@ -292,7 +292,7 @@ static struct mpi_op *bcast_op(enum dpo_mpi_coll c, void *buf, int count, MPI_Da
 	struct mpi_op *op;
 	void *b;
 
-	if ((*why = gate(c, comm, &cs)))
+	if ((*why = dpo_mpi_gate(c, comm, &cs)))
 		return NULL;
 	PMPI_Comm_size(comm, &n);
 	PMPI_Comm_rank(comm, &me);
@@ -325,7 +325,7 @@ static struct mpi_op *bcast_op(enum dpo_mpi_coll c, void *buf, int count, MPI_Da
 	a.coll_type = DPO_COLL_TYPE_BCAST;
 	a.root = (uint64_t)root;
 	a.src.info = (dpo_coll_buffer_info_t){ b, (uint64_t)count * (uint64_t)tsize, DPO_DT_BYTE };
-	return build(c, cs, &a, 0, packed, why, op);
+	return dpo_mpi_build(c, cs, &a, 0, packed, why, op);
 }
 
 static struct mpi_op *allgather_op(enum dpo_mpi_coll c, const void *sbuf, int scount,
@@ -340,7 +340,7 @@ static struct mpi_op *allgather_op(enum dpo_mpi_coll c, const void *sbuf, int sc
 	void *s = NULL, *d;
 	uint64_t block;
 
-	if ((*why = gate(c, comm, &cs)))
+	if ((*why = dpo_mpi_gate(c, comm, &cs)))
 		return NULL;
 	PMPI_Comm_size(comm, &n);
 	PMPI_Comm_rank(comm, &me);
@@ -389,11 +389,11 @@ static struct mpi_op *allgather_op(enum dpo_mpi_coll c, const void *sbuf, int sc
 		}
 		a.src.info = (dpo_coll_buffer_info_t){ s, block, DPO_DT_BYTE };
 	}
-	return build(c, cs, &a, 0, packed, why, op);
+	return dpo_mpi_build(c, cs, &a, 0, packed, why, op);
 }
 
 /* ---- the entry points ---------------------------------------------------------------- */
-static int run_blocking(struct mpi_op *op)
+int dpo_mpi_run_blocking(struct mpi_op *op)
 {
 	int rc = dpo_mpi_op_start(op);
 
@@ -411,7 +411,7 @@ DPO_MPI_API int MPI_Alltoall(const void *sbuf, int scount, MPI_Datatype stype, v
 					comm, 0, &why);
 
 	if (op)
-		return run_blocking(op);
+		return dpo_mpi_run_blocking(op);
 	dpo_mpi_count(C_ALLTOALL, why);
 	return PMPI_Alltoall(sbuf, scount, stype, rbuf, rcount, rtype, comm);
 }
@@ -425,7 +425,7 @@ DPO_MPI_API int MPI_Alltoallv(const void *sbuf, const int *scounts, const int *s
 					 rcounts, rdispls, rtype, comm, &why);
 
 	if (op)
-		return run_blocking(op);
+		return dpo_mpi_run_blocking(op);
 	dpo_mpi_count(C_ALLTOALLV, why);
 	return PMPI_Alltoallv(sbuf, scounts, sdispls, stype, rbuf, rcounts, rdispls, rtype, comm);
 }
@@ -436,7 +436,7 @@ DPO_MPI_API int MPI_Bcast(void *buf, int count, MPI_Datatype t, int root, MPI_Co
 	struct mpi_op *op = bcast_op(C_BCAST, buf, count, t, root, comm, &why);
 
 	if (op)
-		return run_blocking(op);
+		return dpo_mpi_run_blocking(op);
 	dpo_mpi_count(C_BCAST, why);
 	return PMPI_Bcast(buf, count, t, root, comm);
 }
@@ -449,12 +449,12 @@ DPO_MPI_API int MPI_Allgather(const void *sbuf, int scount, MPI_Datatype stype, 
 					 comm, &why);
 
 	if (op)
-		return run_blocking(op);
+		return dpo_mpi_run_blocking(op);
 	dpo_mpi_count(C_ALLGATHER, why);
 	return PMPI_Allgather(sbuf, scount, stype, rbuf, rcount, rtype, comm);
 }
 
-static int start_nonblocking(struct mpi_op *op, MPI_Request *req)
+int dpo_mpi_start_nonblocking(struct mpi_op *op, MPI_Request *req)
 {
 	int rc = dpo_mpi_op_start(op);
 
@@ -473,7 +473,7 @@ DPO_MPI_API int MPI_Ialltoall(const void *sbuf, int scount, MPI_Datatype stype, 
 					comm, 0, &why);
 
 	if (op)
-		return start_nonblocking(op, req);
+		return dpo_mpi_start_nonblocking(op, req);
 	dpo_mpi_count(C_IALLTOALL, why);
 	return PMPI_Ialltoall(sbuf, scount, stype, rbuf, rcount, rtype, comm, req);
 }
@@ -488,7 +488,7 @@ DPO_MPI_API int MPI_Ialltoallv(const void *sbuf, const int *scounts, const int *
 					 rcounts, rdispls, rtype, comm, &why);
 
 	if (op)
-		return start_nonblocking(op, req);
+		return dpo_mpi_start_nonblocking(op, req);
 	dpo_mpi_count(C_IALLTOALLV, why);
 	return PMPI_Ialltoallv(sbuf, scounts, sdispls, stype, rbuf, rcounts, rdispls, rtype, comm,
 			       req);
@@ -501,7 +501,7 @@ DPO_MPI_API int MPI_Ibcast(void *buf, int count, MPI_Datatype t, int root, MPI_C
 	struct mpi_op *op = bcast_op(C_IBCAST, buf, count, t, root, comm, &why);
 
 	if (op)
-		return start_nonblocking(op, req);
+		return dpo_mpi_start_nonblocking(op, req);
 	dpo_mpi_count(C_IBCAST, why);
 	return PMPI_Ibcast(buf, count, t, root, comm, req);
 }
@@ -514,7 +514,7 @@ DPO_MPI_API int MPI_Iallgather(const void *sbuf, int scount, MPI_Datatype stype,
 					 comm, &why);
 
 	if (op)
-		return start_nonblocking(op, req);
+		return dpo_mpi_start_nonblocking(op, req);
 	dpo_mpi_count(C_IALLGATHER, why);
 	return PMPI_Iallgather(sbuf, scount, stype, rbuf, rcount, rtype, comm, req);
 }

@@ -22,16 +22,18 @@ struct dpo_mpi dpo_mpi = { .lock = PTHREAD_MUTEX_INITIALIZER, .comm_keyval = MPI
 static const char *const coll_names[C_NCOLL] = {
 	"MPI_Alltoall", "MPI_Alltoallv", "MPI_Bcast", "MPI_Allgather",
 	"MPI_Ialltoall", "MPI_Ialltoallv", "MPI_Ibcast", "MPI_Iallgather",
-	"MPI_Alltoall_init", "MPI_Allreduce",
+	"MPI_Alltoall_init", "MPI_Allreduce", "MPI_Iallreduce", "MPI_Reduce_scatter_block",
+	"MPI_Ireduce_scatter_block",
 };
 static const char *const coll_keys[C_NCOLL] = {
 	"alltoall", "alltoallv", "bcast", "allgather", "ialltoall", "ialltoallv", "ibcast",
-	"iallgather", "alltoall_init", "allreduce",
+	"iallgather", "alltoall_init", "allreduce", "iallreduce", "reduce_scatter_block",
+	"ireduce_scatter_block",
 };
 static const char *const reason_names[R_NREASON] = {
 	"offloaded", "packed", "disabled", "no_context", "intercomm", "foreign_procs",
 	"comm_size_1", "in_place", "below_threshold", "bad_args", "noncontig", "no_team",
-	"not_served",
+	"not_served", "op", "datatype",
 };
 
 const char *dpo_mpi_coll_name(enum dpo_mpi_coll c)
@@ -95,14 +97,18 @@ static void read_env(void)
 	dpo_mpi.min_bcast = parse_bytes(getenv("DPA_OFFLOAD_MPI_MIN_BYTES_BCAST"), given ? all : 2u << 20);
 	dpo_mpi.min_allgather = parse_bytes(getenv("DPA_OFFLOAD_MPI_MIN_BYTES_ALLGATHER"),
 					    given ? all : UINT64_MAX);
+	dpo_mpi.min_allreduce = parse_bytes(getenv("DPA_OFFLOAD_MPI_MIN_BYTES_ALLREDUCE"),
+					    given ? all : DPO_MPI_MIN_ALLREDUCE);
+	dpo_mpi.min_reduce_scatter = parse_bytes(getenv("DPA_OFFLOAD_MPI_MIN_BYTES_REDUCE_SCATTER"),
+						 given ? all : DPO_MPI_MIN_REDUCE_SCATTER);
 	for (int c = 0; c < C_NCOLL; c++) {
 		/* a name enables its blocking, non-blocking and persistent forms */
 		const char *base = coll_keys[c][0] == 'i' && c != C_ALLTOALL_INIT ? coll_keys[c] + 1 :
 				   c == C_ALLTOALL_INIT ? "alltoall" : coll_keys[c];
 		char list[256];
 
-		dpo_mpi.colls_enabled[c] = c != C_ALLREDUCE;
-		if (!colls || c == C_ALLREDUCE)
+		dpo_mpi.colls_enabled[c] = 1;
+		if (!colls)
 			continue;
 		snprintf(list, sizeof(list), ",%s,", colls);
 		char key[48];
@@ -359,7 +365,7 @@ static void print_stats(void)
 			dpo_mpi.world_size);
 	else
 		fprintf(stderr, "dpa-offload MPI: rank %d\n", dpo_mpi.world_rank);
-	fprintf(stderr, "%-18s %10s %8s %8s  %s\n", "collective", "offloaded", "packed", "passed",
+	fprintf(stderr, "%-26s %10s %8s %8s  %s\n", "collective", "offloaded", "packed", "passed",
 		"reasons passed");
 	for (int c = 0; c < C_NCOLL; c++) {
 		uint64_t passed = 0;
@@ -374,7 +380,7 @@ static void print_stats(void)
 			}
 		if (!show[c][R_OFFLOADED] && !passed)
 			continue;
-		fprintf(stderr, "%-18s %10llu %8llu %8llu  %s\n", coll_names[c],
+		fprintf(stderr, "%-26s %10llu %8llu %8llu  %s\n", coll_names[c],
 			(unsigned long long)show[c][R_OFFLOADED],
 			(unsigned long long)show[c][R_PACKED], (unsigned long long)passed, reasons);
 	}
@@ -397,12 +403,4 @@ DPO_MPI_API int MPI_Finalize(void)
 	}
 	/* states stay allocated: MPI_COMM_WORLD's attribute may still be read by PMPI */
 	return PMPI_Finalize();
-}
-
-/* Counted only: the DPA has no reductions yet. */
-DPO_MPI_API int MPI_Allreduce(const void *sbuf, void *rbuf, int count, MPI_Datatype type,
-			      MPI_Op op, MPI_Comm comm)
-{
-	dpo_mpi_count(C_ALLREDUCE, R_NOT_SERVED);
-	return PMPI_Allreduce(sbuf, rbuf, count, type, op, comm);
 }

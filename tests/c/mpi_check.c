@@ -3,7 +3,9 @@
  * Every served collective through the library (MPI_*) against MPI's own result on the
  * same inputs in the same process (PMPI_*): datatypes, sizes, communicators, blocking,
  * non-blocking (several in flight, mixed with an MPI receive in one MPI_Waitall), and
- * persistent; plus calls that must pass through. Rank 0 prints the counts the library's
+ * persistent; reductions (integers equal to MPI's, floats within a stated tolerance of
+ * MPI's and bitwise the same on every rank and every repetition, as the DPA reduces in a
+ * fixed order); plus calls that must pass through. Rank 0 prints the counts the library's
  * statistics must show ("expect ..." lines, same rules as the library: the pytest
  * wrapper compares them with the DPA_OFFLOAD_MPI_STATS table). Exit 0 pass, 1 fail.
  * Usage: mpi_check [--quick] [--kill RANK] [--overhead]
@@ -17,10 +19,11 @@
 #include <time.h>
 #include <unistd.h>
 
-enum { A2A, A2AV, BC, AG, IA2A, IA2AV, IBC, IAG, A2A_INIT, ALLRED, NC };
+enum { A2A, A2AV, BC, AG, IA2A, IA2AV, IBC, IAG, A2A_INIT, ALLRED, IALLRED, RSB, IRSB, NC };
 static const char *names[NC] = { "MPI_Alltoall", "MPI_Alltoallv", "MPI_Bcast", "MPI_Allgather",
 	"MPI_Ialltoall", "MPI_Ialltoallv", "MPI_Ibcast", "MPI_Iallgather", "MPI_Alltoall_init",
-	"MPI_Allreduce" };
+	"MPI_Allreduce", "MPI_Iallreduce", "MPI_Reduce_scatter_block",
+	"MPI_Ireduce_scatter_block" };
 static long long off[NC], pass[NC];
 static long min_bytes;
 static int rank, bad;
@@ -249,6 +252,153 @@ static void symmetric_noncontig(MPI_Comm comm, int k)
 	free(s), free(r), free(ref);
 }
 
+/* ---- reductions ---------------------------------------------------------------------- */
+static void put_value(void *buf, MPI_Datatype t, size_t i, MPI_Op op, int r)
+{
+	long v = (long)((i * 7 + (size_t)r * 13) % 97) - 48;
+	int is_float = t == MPI_FLOAT || t == MPI_DOUBLE;
+	double d = op == MPI_PROD ? (is_float ? 1.0 + v * 0.00137 : (double)((i + r) % 3 == 0 ? 2 :
+	       (i + r) % 3 == 1 ? -1 : 1)) : is_float ? v * 0.37 + 1.0 / (r + 3) : (double)(v * 1003 + r);
+
+	if (t == MPI_FLOAT)
+		((float *)buf)[i] = (float)d;
+	else if (t == MPI_DOUBLE)
+		((double *)buf)[i] = d;
+	else if (t == MPI_INT || t == MPI_INT32_T)
+		((int32_t *)buf)[i] = (int32_t)d;
+	else
+		((int64_t *)buf)[i] = (int64_t)d;
+}
+
+/* ours against MPI's: integers exactly; floats within 1e-5 (float) / 1e-12 (double) of
+ * the magnitude, as only the summation order differs */
+static int close_enough(const void *a, const void *b, MPI_Datatype t, size_t count)
+{
+	if (t != MPI_FLOAT && t != MPI_DOUBLE) {
+		int sz;
+
+		MPI_Type_size(t, &sz);
+		return !memcmp(a, b, count * (size_t)sz);
+	}
+	for (size_t i = 0; i < count; i++) {
+		double x = t == MPI_FLOAT ? ((const float *)a)[i] : ((const double *)a)[i];
+		double y = t == MPI_FLOAT ? ((const float *)b)[i] : ((const double *)b)[i];
+		double tol = (t == MPI_FLOAT ? 1e-5 : 1e-12) * (1.0 + (y < 0 ? -y : y));
+
+		if (!(x - y <= tol && y - x <= tol))
+			return 0;
+	}
+	return 1;
+}
+
+/* every rank's result bitwise equal to rank 0's */
+static int same_everywhere(const void *buf, size_t bytes, MPI_Comm comm)
+{
+	unsigned char *r0 = malloc(bytes + 1);
+	int same, all;
+
+	memcpy(r0, buf, bytes);
+	PMPI_Bcast(r0, (int)bytes, MPI_BYTE, 0, comm);
+	same = !memcmp(r0, buf, bytes);
+	PMPI_Allreduce(&same, &all, 1, MPI_INT, MPI_LAND, comm);
+	free(r0);
+	return all;
+}
+
+static void reduce_one(int c, MPI_Comm comm, MPI_Datatype t, MPI_Op op, int count, int in_place)
+{
+	int n, me, sz;
+	size_t total, bytes;
+	unsigned char *s, *r1, *r2, *r3;
+	MPI_Request req;
+
+	MPI_Comm_size(comm, &n);
+	MPI_Comm_rank(comm, &me);
+	MPI_Type_size(t, &sz);
+	total = (size_t)count * (c == RSB || c == IRSB ? (size_t)n : 1);
+	bytes = (size_t)count * (size_t)sz;
+	s = malloc(total * sz + 8), r1 = malloc(total * sz + 8), r2 = malloc(total * sz + 8);
+	r3 = malloc(total * sz + 8);
+	for (size_t i = 0; i < total; i++)
+		put_value(s, t, i, op, me);
+	for (int rep = 0; rep < 2; rep++) {
+		unsigned char *out = rep ? r3 : r1;
+
+		if (in_place)
+			memcpy(out, s, total * sz);
+		if (c == ALLRED)
+			MPI_Allreduce(in_place ? MPI_IN_PLACE : s, out, count, t, op, comm);
+		else if (c == IALLRED)
+			MPI_Iallreduce(in_place ? MPI_IN_PLACE : s, out, count, t, op, comm, &req),
+			MPI_Wait(&req, MPI_STATUS_IGNORE);
+		else if (c == RSB)
+			MPI_Reduce_scatter_block(in_place ? MPI_IN_PLACE : s, out, count, t, op, comm);
+		else
+			MPI_Ireduce_scatter_block(in_place ? MPI_IN_PLACE : s, out, count, t, op, comm,
+						  &req), MPI_Wait(&req, MPI_STATUS_IGNORE);
+		/* in-place reduce-scatter-block passes through (the DPA leaves the block at
+		 * this rank's place) */
+		expect(c, n, in_place && (c == RSB || c == IRSB) ? -1 : (long)(total * sz));
+	}
+	if (c == ALLRED || c == IALLRED)
+		PMPI_Allreduce(s, r2, count, t, op, comm);
+	else
+		PMPI_Reduce_scatter_block(s, r2, count, t, op, comm);
+	CHECK(close_enough(r1, r2, t, (size_t)count), "%s count %d type size %d%s differs from MPI's",
+	      names[c], count, sz, in_place ? " in place" : "");
+	CHECK(!memcmp(r1, r3, bytes), "%s count %d not bitwise repeatable", names[c], count);
+	CHECK(same_everywhere(r1, bytes, comm) || c == RSB || c == IRSB,
+	      "%s count %d differs between ranks", names[c], count);
+	free(s), free(r1), free(r2), free(r3);
+}
+
+static void reductions(MPI_Comm comm, int quick)
+{
+	const MPI_Datatype types[] = { MPI_FLOAT, MPI_DOUBLE, MPI_INT, MPI_INT32_T, MPI_INT64_T,
+				       MPI_LONG };
+	const MPI_Op ops[] = { MPI_SUM, MPI_PROD, MPI_MAX, MPI_MIN };
+	const int counts[] = { 1, 3000, 70001 };
+
+	for (int ti = 0; ti < 6; ti++)
+		for (int oi = 0; oi < 4; oi++)
+			for (int ci = 0; ci < 3; ci++) {
+				if ((quick && ci == 2) || (oi && ci != 1))
+					continue;
+				for (int c = ALLRED; c <= IRSB; c++)
+					reduce_one(c, comm, types[ti], ops[oi], counts[ci],
+						   (ti + ci + c) % 3 == 0);
+			}
+}
+
+static void user_sum(void *in, void *inout, int *len, MPI_Datatype *t)
+{
+	(void)t;
+	for (int i = 0; i < *len; i++)
+		((int *)inout)[i] += ((int *)in)[i];
+}
+
+/* reductions the DPA does not run pass through, counted with their reason */
+static void reductions_passed(MPI_Comm comm)
+{
+	int n, s[4096], r[4096];
+	short hs[4096], hr[4096];
+	MPI_Op mine;
+
+	MPI_Comm_size(comm, &n);
+	for (int i = 0; i < 4096; i++)
+		s[i] = i + rank, hs[i] = (short)(i % 100);
+	MPI_Op_create(user_sum, 1, &mine);
+	MPI_Allreduce(s, r, 4096, MPI_INT, mine, comm);  /* op */
+	pass[ALLRED]++;
+	CHECK(r[5] == n * 5 + n * (n - 1) / 2, "user op allreduce %d", r[5]);
+	MPI_Allreduce(s, r, 4096, MPI_INT, MPI_LAND, comm);  /* op */
+	pass[ALLRED]++;
+	MPI_Allreduce(hs, hr, 4096, MPI_SHORT, MPI_SUM, comm);  /* datatype */
+	pass[ALLRED]++;
+	CHECK(hr[7] == 7 * n, "short allreduce %d", hr[7]);
+	MPI_Op_free(&mine);
+}
+
 static void pass_through(MPI_Comm world, MPI_Comm half, int half_color)
 {
 	int n, x = rank + 1, sum = 0, *buf;
@@ -391,6 +541,9 @@ int main(int argc, char **argv)
 	if (!getenv("DPA_OFFLOAD_MPI_NONCONTIG"))  /* pass would split this one's ranks */
 		asymmetric(MPI_COMM_WORLD, 4096);
 	symmetric_noncontig(MPI_COMM_WORLD, 4096);
+	reductions(MPI_COMM_WORLD, quick);
+	reductions(half, 1);
+	reductions_passed(MPI_COMM_WORLD);
 	pass_through(MPI_COMM_WORLD, half, rank % 2);
 	MPI_Comm_free(&half);
 	{
