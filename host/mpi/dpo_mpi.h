@@ -32,7 +32,7 @@ enum dpo_mpi_coll {
 enum dpo_mpi_reason {
 	R_OFFLOADED, R_PACKED,  /* served (packed: through bounce buffers, also counted served) */
 	R_DISABLED, R_NO_CONTEXT, R_INTERCOMM, R_FOREIGN, R_SIZE_1, R_IN_PLACE,
-	R_BELOW_THRESHOLD, R_BAD_ARGS, R_NONCONTIG, R_NO_TEAM, R_NOT_SERVED,
+	R_BELOW_THRESHOLD, R_BAD_ARGS, R_NONCONTIG, R_NO_TEAM,
 	R_OP, R_DATATYPE,       /* reductions: an op / a datatype the DPA does not reduce */
 	R_NREASON
 };
@@ -117,7 +117,7 @@ int dpo_mpi_start_nonblocking(struct mpi_op *op, MPI_Request *req);
 
 /* Default thresholds of the reductions (whole-vector bytes): docs/performance.md. */
 #define DPO_MPI_MIN_ALLREDUCE (16ull << 20)
-#define DPO_MPI_MIN_REDUCE_SCATTER (16ull << 20)
+#define DPO_MPI_MIN_REDUCE_SCATTER (1ull << 20)
 
 /* mpi_req.c */
 struct mpi_op *dpo_mpi_op_new(enum dpo_mpi_coll c, struct comm_state *cs);

@@ -10,15 +10,17 @@
  *
  * Latency: median over iterations of the slowest rank's time (a barrier before each);
  * bandwidth: bytes this rank sends to the others / latency (size x (n-1) for all-to-all
- * and all-gather, size for broadcast). ratio = mpi / lib latency (> 1: the library is faster).
+ * and all-gather, size for broadcast and allreduce (the vector), size x n for
+ * reduce_scatter_block (its input)). Reductions run MPI_SUM on MPI_FLOAT. ratio = mpi / lib latency (> 1: the library is faster).
  */
 #include <mpi.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-enum coll { A2A, A2AV, BCAST, AGATHER, ALLRED };
-static const char *const names[] = { "alltoall", "alltoallv", "bcast", "allgather", "allreduce" };
+enum coll { A2A, A2AV, BCAST, AGATHER, ALLRED, RSB, NCOLL };
+static const char *const names[] = { "alltoall", "alltoallv", "bcast", "allgather", "allreduce",
+				     "reduce_scatter_block" };
 
 struct bufs {
 	char *s, *r;
@@ -47,9 +49,15 @@ static void run(enum coll c, int lib, struct bufs *b)
 		(lib ? MPI_Allgather : PMPI_Allgather)(b->s, sz, MPI_BYTE, b->r, sz, MPI_BYTE,
 						       MPI_COMM_WORLD);
 		break;
-	case ALLRED:
-		(lib ? MPI_Allreduce : PMPI_Allreduce)(b->s, b->r, sz / 4 ? sz / 4 : 1, MPI_INT, MPI_SUM,
-						       MPI_COMM_WORLD);
+	case ALLRED:  /* size: bytes of the vector */
+		(lib ? MPI_Allreduce : PMPI_Allreduce)(b->s, b->r, sz / 4 ? sz / 4 : 1, MPI_FLOAT,
+						       MPI_SUM, MPI_COMM_WORLD);
+		break;
+	case RSB:     /* size: bytes of each rank's block (the input is size x ranks) */
+		(lib ? MPI_Reduce_scatter_block : PMPI_Reduce_scatter_block)(
+			b->s, b->r, sz / 4 ? sz / 4 : 1, MPI_FLOAT, MPI_SUM, MPI_COMM_WORLD);
+		break;
+	case NCOLL:
 		break;
 	}
 }
@@ -73,7 +81,7 @@ int main(int argc, char **argv)
 	MPI_Init(&argc, &argv);
 	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
 	MPI_Comm_size(MPI_COMM_WORLD, &n);
-	for (int i = 0; i < 5; i++)
+	for (int i = 0; i < NCOLL; i++)
 		if (argc > 1 && !strcmp(argv[1], names[i]))
 			c = (enum coll)i;
 	iters = argc > 2 ? atoi(argv[2]) : 30;
@@ -100,7 +108,8 @@ int main(int argc, char **argv)
 		total = b.size * n + 64;
 		b.s = malloc((size_t)total), b.r = malloc((size_t)total);
 		b.cnt = malloc(sizeof(int) * n), b.dsp = malloc(sizeof(int) * n);
-		memset(b.s, rank + 1, (size_t)total);
+		for (long i = 0; i < total / 4; i++)  /* floats for the reductions */
+			((float *)(void *)b.s)[i] = (float)((i + rank) % 17) * 0.25f;
 		memset(b.r, 0, (size_t)total);
 		for (int j = 0; j < n; j++)
 			b.cnt[j] = (int)b.size, b.dsp[j] = (int)(j * b.size);
@@ -118,7 +127,7 @@ int main(int argc, char **argv)
 				PMPI_Allreduce(&mine, &t[lib][it], 1, MPI_DOUBLE, MPI_MAX, MPI_COMM_WORLD);
 			}
 		if (rank == 0) {
-			double sent = (double)b.size * (c == BCAST || c == ALLRED ? 1 : n - 1);
+			double sent = (double)b.size * (c == BCAST || c == ALLRED ? 1 : c == RSB ? n : n - 1);
 			double lat[2];
 
 			for (int k = 0; k < 2; k++) {
