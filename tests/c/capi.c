@@ -292,6 +292,34 @@ static void reduce_one(dpo_team_h team, dpo_datatype_t dt, dpo_reduction_op_t op
 		      (unsigned long long)count, rep);
 		CHECK(rep || dst[blk] == 0xa5, "reduce-scatter wrote past dst");
 	}
+	/* out of place into this rank's own block of src, and a persistent allreduce posted
+	 * three times (its scratch and registrations held from init to finalize) */
+	if (count) {
+		uint64_t blk = bytes / n;
+		dpo_coll_req_h req;
+
+		fill_values(src, dt, (uint32_t)me, count, op);
+		memset(&a, 0, sizeof(a));
+		a.coll_type = DPO_COLL_TYPE_REDUCE_SCATTER;
+		a.op = op;
+		a.src.info = (dpo_coll_buffer_info_t){ src, count, dt };
+		a.dst.info = (dpo_coll_buffer_info_t){ src + me * blk, count / n, dt };
+		CHECK(run(&a, team) == DPO_OK && !memcmp(src + me * blk, want + me * blk, blk),
+		      "reduce-scatter into its own block of src, dt %d op %d", dt, op);
+		a.coll_type = DPO_COLL_TYPE_ALLREDUCE;
+		a.mask = DPO_COLL_ARGS_FIELD_FLAGS;
+		a.flags = DPO_COLL_ARGS_FLAG_PERSISTENT;
+		a.dst.info = (dpo_coll_buffer_info_t){ dst, count, dt };
+		CHECK(dpo_collective_init(&a, &req, team) == DPO_OK, "persistent allreduce init");
+		for (int rep = 0; req && rep < 3; rep++) {
+			fill_values(src, dt, (uint32_t)me, count, op);
+			memset(dst, 0, bytes);
+			CHECK(dpo_collective_post(req) == DPO_OK && dpo_collective_wait(req, -1) == DPO_OK,
+			      "persistent allreduce post %d", rep);
+			CHECK(!memcmp(dst, want, bytes), "persistent allreduce %d differs", rep);
+		}
+		dpo_collective_finalize(req);
+	}
 	free(src), free(dst), free(want), free(first);
 }
 
