@@ -41,6 +41,8 @@ def sources(group: str) -> list[str]:
         "flexio_hal": "dpa_firmware/hal/flexio/*.c",
         "flexio_host": "host/src/flexio/*.c",
     }
+    if group == "mpi":  # the PMPI library: shipped as sources, built against the MPI found
+        return _glob("host/mpi/*.[ch]") + _glob("host/mpi/*.map")
     if group == "core":
         return sources("firmware") + sources("emulator") + sources("host")
     if group == "fuzz":

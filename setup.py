@@ -1,11 +1,63 @@
 """Build: the C core (firmware + emulator + host) as a static library with strict warnings,
-linked into the cffi extension offload_lib._native. Sources and flags: build_defs.py."""
+linked into the cffi extension offload_lib._native; and the same core as the public shared
+library libdpaoffload.so (the C API of host/include/dpa_offload.h, nothing else exported)
+with its header and pkg-config file, for C programs and the MPI library. Sources and flags:
+build_defs.py."""
+import os
+import shutil
 import sys
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.build_ext import build_ext
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from build_defs import library  # noqa: E402
+from build_defs import INCLUDES, STRICT, library, sources  # noqa: E402
 
-setup(libraries=[library()], cffi_modules=["offload_lib/_build.py:ffibuilder"])
+SONAME = "libdpaoffload.so.1"
+CORE_SOURCES = sources("core")
+
+PC_TEMPLATE = """prefix=${pcfiledir}/..
+libdir=${prefix}
+includedir=${prefix}/include
+
+Name: dpa-offload
+Description: offload collectives to a DPU's Data Path Accelerator (C API, dpa_offload.h)
+Version: 1.0.0
+Libs: -L${libdir} -Wl,-rpath,${libdir} -ldpaoffload
+Cflags: -I${includedir}
+"""
+
+
+class BuildWithCLibrary(build_ext):
+    """build_ext, then libdpaoffload.so + include/dpa_offload.h + pkgconfig/dpa-offload.pc
+    next to the extension (the package directory, so that an installed or editable
+    package carries them)."""
+
+    def run(self) -> None:
+        super().run()
+        pkg = os.path.join("offload_lib") if self.inplace else os.path.join(self.build_lib, "offload_lib")
+        os.makedirs(pkg, exist_ok=True)
+        objects = self.compiler.compile(
+            CORE_SOURCES, output_dir=os.path.join(self.build_temp, "shared"),
+            include_dirs=INCLUDES, extra_postargs=[*STRICT, "-fPIC", "-fvisibility=hidden"])
+        target = os.path.join(pkg, "libdpaoffload.so")
+        self.compiler.link_shared_object(
+            objects, target, libraries=["pthread", "rt", "dl", "m"],
+            extra_postargs=[f"-Wl,-soname,{SONAME}", "-Wl,--no-undefined"])
+        # the soname's link, for programs linked against it (a copy: wheels carry no links)
+        shutil.copyfile(target, os.path.join(pkg, SONAME))
+        os.makedirs(os.path.join(pkg, "include"), exist_ok=True)
+        shutil.copyfile("host/include/dpa_offload.h", os.path.join(pkg, "include", "dpa_offload.h"))
+        os.makedirs(os.path.join(pkg, "pkgconfig"), exist_ok=True)
+        with open(os.path.join(pkg, "pkgconfig", "dpa-offload.pc"), "w") as f:
+            f.write(PC_TEMPLATE)
+        # the MPI library's sources: built on demand against the MPI found at run time
+        mpi_dir = os.path.join(pkg, "mpi_src")
+        os.makedirs(mpi_dir, exist_ok=True)
+        for src in sources("mpi"):
+            shutil.copyfile(src, os.path.join(mpi_dir, os.path.basename(src)))
+
+
+setup(libraries=[library()], cffi_modules=["offload_lib/_build.py:ffibuilder"],
+      cmdclass={"build_ext": BuildWithCLibrary})

@@ -438,6 +438,29 @@ int dpa_hal_mcast_send(struct dpa_hal *hal, uint32_t group, uint64_t laddr, uint
 	return emu_push_cqe(hal, wr_id, OFFLOAD_OK, len, rail);
 }
 
+void dpa_hal_mcast_leave(struct dpa_hal *hal, uint32_t group)
+{
+	struct emu_device *dev = hal->dev;
+	struct emu_mcast_rx *rx;
+
+	if (group >= OFFLOAD_MAX_TEAMS)
+		return;
+	rx = &dev->mc_rx[group];
+	lock_rx(rx);
+	/* Senders stop counting our cursor; a later join starts at the head again. */
+	__atomic_fetch_and(&dev->mc_groups[group].joined, ~(1ull << dev->attr.rank),
+			   __ATOMIC_SEQ_CST);
+	rx->joined = 0;
+	rx->nregions = 0;
+	off_write_once(&rx->posted, 0);
+	rx->hold = 0;
+	rx->limit = 0;
+	memset(rx->done, 0, sizeof(rx->done));
+	memset(rx->stage_busy, 0, sizeof(rx->stage_busy));
+	rx->stage_next = 0;
+	off_unlock(&rx->lock);
+}
+
 int dpa_hal_mcast_post(struct dpa_hal *hal, uint32_t group, uint32_t seq8,
 		       const struct dpa_hal_mcast_region *regions, uint32_t n)
 {

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -114,6 +115,9 @@ def _cmd_info(args: argparse.Namespace) -> int:
     from offload_lib import discovery
     from offload_lib.config import load_config
 
+    if args.mpi:
+        return _info_mpi(args.json)
+
     try:
         info = discovery.describe(load_config(args.config))
     except OffloadError as e:
@@ -122,6 +126,49 @@ def _cmd_info(args: argparse.Namespace) -> int:
     print(json.dumps(info, indent=2, default=str) if args.json else _format_info(info))
     # "none": the configured backend is not available here.
     return 1 if info.get("backend") == "none" else 0
+
+
+def _info_mpi(as_json: bool) -> int:
+    from offload_lib import mpi_lib
+
+    try:
+        info = mpi_lib.describe()
+    except OffloadError as e:
+        print(f"{PROG} info --mpi: {e}", file=sys.stderr)
+        return 1
+    if as_json:
+        print(json.dumps(info, indent=2))
+    else:
+        print(info["library"])
+        for key in ("c_library", "pkgconfig", "mpicc", "mpirun", "mpicc_showme", "manual"):
+            print(f"{key}: {info.get(key) or '-'}")
+    return 0
+
+
+# ---------------------------------------------------------------------------------------------
+# mpirun
+
+
+def _cmd_mpirun(args: argparse.Namespace) -> int:
+    from offload_lib import mpi_lib
+
+    user = args.args[1:] if args.args[:1] == ["--"] else args.args
+    if not user:
+        args.parser.error("give mpirun's arguments, e.g. dpa-offload mpirun -n 4 ./app")
+    mpirun = mpi_lib.find_mpirun()
+    try:
+        if mpirun is None:
+            raise mpi_lib.MpiUnavailable(f"no mpirun next to {sys.executable} or on PATH: "
+                                         f"{mpi_lib.HINT}")
+        lib = mpi_lib.library()
+    except OffloadError as e:
+        print(f"{PROG} mpirun: {e}", file=sys.stderr)
+        return 2
+    env = dict(os.environ)
+    if args.mpi_stats:
+        env["DPA_OFFLOAD_MPI_STATS"] = "1"
+    argv, env = mpi_lib.launch_command(user, lib, mpirun, env)
+    return subprocess.call(argv, env=env)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -152,7 +199,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog=PROG, description="Offload collectives to a (possibly emulated) DPU.")
     parser.add_argument("--version", action="store_true", help="print the version and exit")
-    sub = parser.add_subparsers(dest="command", metavar="{run,info,bringup,bench}")
+    sub = parser.add_subparsers(dest="command", metavar="{run,mpirun,info,bringup,bench}")
 
     run = sub.add_parser(
         "run", help="start N local ranks of a program",
@@ -171,7 +218,20 @@ def _parser() -> argparse.ArgumentParser:
     info = sub.add_parser("info", help="show the hardware found and the backend chosen")
     info.add_argument("--json", action="store_true", help="print the result as JSON")
     info.add_argument("--config", metavar="FILE", help="YAML config file")
+    info.add_argument("--mpi", action="store_true",
+                      help="print the path of libdpaoffload_mpi.so (built for this MPI first)")
     info.set_defaults(func=_cmd_info)
+
+    mpirun = sub.add_parser(
+        "mpirun", help="run an unmodified MPI program with its collectives offloaded",
+        usage=f"{PROG} mpirun [--mpi-stats] [--] <mpirun arguments ...>",
+        description="Runs mpirun with libdpaoffload_mpi.so preloaded on every rank and "
+                    "OFFLOAD_*/DPA_OFFLOAD_* variables forwarded; the arguments go to "
+                    "mpirun unchanged.")
+    mpirun.add_argument("--mpi-stats", action="store_true",
+                        help="print offloaded / passed-through counts at MPI_Finalize")
+    mpirun.add_argument("args", nargs=argparse.REMAINDER)
+    mpirun.set_defaults(func=_cmd_mpirun, parser=mpirun)
 
     bringup = sub.add_parser(
         "bringup", help="check a FlexIO setup step by step, one line a step",
@@ -202,7 +262,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{PROG} {_version()}")
         return 0
     if args.command is None:
-        parser.error("choose a command: run, info, bringup or bench")
+        parser.error("choose a command: run, mpirun, info, bringup or bench")
     return int(args.func(args))
 
 

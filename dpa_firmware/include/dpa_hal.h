@@ -150,6 +150,9 @@ int dpa_hal_mcast_post(struct dpa_hal *hal, uint32_t group, uint32_t seq8,
 		       const struct dpa_hal_mcast_region *regions, uint32_t n);
 int dpa_hal_mcast_poll(struct dpa_hal *hal, uint32_t group, struct dpa_hal_mcast_cqe *out,
 		       int max);
+/* Leave the group (its team was destroyed): this member no longer holds senders back by
+ * its receive credits, and a later post or poll joins afresh. Nothing may be posted. */
+void dpa_hal_mcast_leave(struct dpa_hal *hal, uint32_t group);
 
 /* Poll up to max completions of this thread's posted work; returns how many. */
 int dpa_hal_poll_cq(struct dpa_hal *hal, struct dpa_hal_cqe *out, int max);

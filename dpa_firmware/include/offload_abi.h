@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define OFFLOAD_ABI_VERSION 11u
+#define OFFLOAD_ABI_VERSION 12u
 
 #define OFFLOAD_MAX_RANKS   64u   /* ranks in one job (team members index peer tables) */
 #define OFFLOAD_MAX_TEAMS   16u   /* teams alive at once, world included */
@@ -78,7 +78,12 @@ enum offload_opcode {
 	 * team size x element size). ALLREDUCE: dst = count bytes (may be src). */
 	OFFLOAD_OP_REDUCE_SCATTER = 9,
 	OFFLOAD_OP_ALLREDUCE = 10,
-	OFFLOAD_OP_MAX = 11,
+	/* Retire a team on this rank (no peer is involved): the slot and this rank's control
+	 * words for it are zeroed and its multicast group left, so a later TEAM_CREATE may
+	 * reuse the slot. The host posts it only once every op of the team completed here;
+	 * the slot is reused only after every member destroyed it (dpo_team.c). */
+	OFFLOAD_OP_TEAM_DESTROY = 11,
+	OFFLOAD_OP_MAX = 12,
 };
 
 enum offload_dtype {

@@ -204,6 +204,10 @@ static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct 
 		return complete_now(eng, hal, cmd, cancel_op(eng, hal, cmd->count), 0);
 	if (cmd->opcode == OFFLOAD_OP_AGREE)  /* no op slot, no team sequence: agree_ft.c */
 		return dpa_agree_intake(eng, hal, cmd);
+	if (cmd->opcode == OFFLOAD_OP_TEAM_DESTROY) {  /* team_destroy.c */
+		st = dpa_team_destroy(eng, hal, cmd);
+		return st == DPA_TEAM_DESTROY_LATER ? 0 : complete_now(eng, hal, cmd, st, 0);
+	}
 	st = validate_collective(eng, cmd);
 	if (st)
 		return complete_now(eng, hal, cmd, st, 0);

@@ -367,6 +367,11 @@ void dpa_team_poison(struct dpa_team *team, int32_t status, uint32_t detail);
 int dpa_write_cqe(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cqe *cqe);
 /* team.c: TEAM_CREATE's status (the team is active from then on). */
 int32_t dpa_team_create(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd);
+/* team_destroy.c: OFFLOAD_OP_TEAM_DESTROY, run under the intake lock. DPA_TEAM_DESTROY_LATER:
+ * an op of the team is still being retired (its completion is out, its slot not yet
+ * free): the command waits in the ring, as one waiting for a free op slot does. */
+#define DPA_TEAM_DESTROY_LATER 1
+int32_t dpa_team_destroy(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd);
 /* A completion for a command that holds no op slot (agreement); 0: the ring is
  * full, try again. */
 int dpa_complete_cmd(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd,

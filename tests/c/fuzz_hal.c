@@ -472,6 +472,13 @@ int dpa_hal_mcast_poll(struct dpa_hal *hal, uint32_t group, struct dpa_hal_mcast
 	return 0;
 }
 
+void dpa_hal_mcast_leave(struct dpa_hal *hal, uint32_t group)
+{
+	(void)hal;
+	if (group >= OFFLOAD_MAX_TEAMS)
+		fz_fail("dpa_hal_mcast_leave(group %u)", group);
+}
+
 /* Chunks are placed by id here (no staging slots): the firmware never hands one back. */
 uint32_t dpa_hal_mcast_slots(const struct dpa_hal *hal)
 {

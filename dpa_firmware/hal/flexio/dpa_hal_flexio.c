@@ -321,6 +321,12 @@ int dpa_hal_mcast_poll(struct dpa_hal *hal, uint32_t group, struct dpa_hal_mcast
 	return 0;
 }
 
+/* Nothing joins a group here yet (sends and posts are refused above). */
+void dpa_hal_mcast_leave(struct dpa_hal *hal, uint32_t group)
+{
+	(void)hal, (void)group;
+}
+
 /* The UD binding will receive into staging slots in DPA memory (see above). */
 uint32_t dpa_hal_mcast_slots(const struct dpa_hal *hal)
 {
