@@ -42,7 +42,31 @@ def reduce_op(opts: Any) -> str:
     return name
 
 
-class MultiWork(dist._Work):
+class WorkBase(dist._Work):
+    """What every "dpa" work shares: success, error, result, and a future that completes the
+    work first (it is for code that chains on it, not a way around wait()). Subclasses set
+    ``_result`` and ``_error`` and define wait() and is_completed()."""
+
+    _result: list[torch.Tensor]
+    _error: BaseException | None
+
+    def is_success(self) -> bool:
+        return self.is_completed() and self._error is None
+
+    def exception(self) -> BaseException | None:
+        return self._error
+
+    def result(self) -> list[torch.Tensor]:
+        return self._result
+
+    def get_future(self) -> torch.futures.Future:
+        self.wait()
+        fut: torch.futures.Future = torch.futures.Future()
+        fut.set_result(self._result)
+        return fut
+
+
+class MultiWork(WorkBase):
     """Posted team requests (one per tensor of a coalesced or staged call), finished as one:
     ``wait()`` waits every request in post order, then runs ``after`` (the staged copy-out)
     if all succeeded, and raises the first error."""
@@ -87,22 +111,6 @@ class MultiWork(dist._Work):
             self._done, self._error = True, e
             return True
         return False
-
-    def is_success(self) -> bool:
-        return self.is_completed() and self._error is None
-
-    def exception(self) -> BaseException | None:
-        return self._error
-
-    def result(self) -> list[torch.Tensor]:
-        return self._result
-
-    def get_future(self) -> torch.futures.Future:
-        # Completes the work first, as offload_lib.torch._Work does.
-        self.wait()
-        fut: torch.futures.Future = torch.futures.Future()
-        fut.set_result(self._result)
-        return fut
 
 
 def _flat(t: torch.Tensor) -> torch.Tensor:

@@ -27,7 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-from offload_lib._torch_forms import TorchForms
+from offload_lib._torch_forms import TorchForms, WorkBase
 from offload_lib.bootstrap import World
 from offload_lib.context import MAX_TEAMS, Context, Team
 from offload_lib.errors import InvalidArgument, OffloadError, Unsupported
@@ -116,7 +116,7 @@ def context() -> Context | None:
     return _process.ctx
 
 
-class _Work(dist._Work):
+class _Work(WorkBase):
     """A posted collective; ``wait()`` blocks until it completed (raising its error)."""
 
     def __init__(self, req: Any, result: list[torch.Tensor], timeout: timedelta) -> None:
@@ -141,23 +141,6 @@ class _Work(dist._Work):
         except OffloadError as e:
             self._error = e
             return True
-
-    def is_success(self) -> bool:
-        return self.is_completed() and self._error is None
-
-    def exception(self) -> BaseException | None:
-        return self._error
-
-    def result(self) -> list[torch.Tensor]:
-        return self._result
-
-    def get_future(self) -> torch.futures.Future:
-        # Completes the work first: the future is for code that chains on it, not a way
-        # around wait().
-        self.wait()
-        fut: torch.futures.Future = torch.futures.Future()
-        fut.set_result(self._result)
-        return fut
 
 
 def _rows(t: torch.Tensor) -> tuple[int, int]:
