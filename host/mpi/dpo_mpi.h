@@ -108,6 +108,10 @@ void dpo_mpi_release_team(struct comm_state *cs);
 int dpo_mpi_contig(MPI_Datatype t);
 /* the checks every served call makes first; R_OFFLOADED if it may go to the DPA */
 enum dpo_mpi_reason dpo_mpi_gate(enum dpo_mpi_coll c, MPI_Comm comm, struct comm_state **out);
+/* then: under the threshold, no team (created here, collectively, on first use), or an op
+ * for the call (NULL: pass it through, reason in *why) */
+struct mpi_op *dpo_mpi_admit(enum dpo_mpi_coll c, struct comm_state *cs, uint64_t bytes,
+			     uint64_t min_bytes, enum dpo_mpi_reason *why);
 /* init the request of op (NULL: pass the call through, reason in *why; op is freed) */
 struct mpi_op *dpo_mpi_build(enum dpo_mpi_coll c, struct comm_state *cs, dpo_coll_args_t *a,
 			     int persistent, int packed, enum dpo_mpi_reason *why,

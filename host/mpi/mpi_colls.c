@@ -79,6 +79,25 @@ enum dpo_mpi_reason dpo_mpi_gate(enum dpo_mpi_coll c, MPI_Comm comm, struct comm
 	return cs->reason;
 }
 
+struct mpi_op *dpo_mpi_admit(enum dpo_mpi_coll c, struct comm_state *cs, uint64_t bytes,
+			     uint64_t min_bytes, enum dpo_mpi_reason *why)
+{
+	struct mpi_op *op;
+
+	if (bytes < min_bytes) {
+		*why = R_BELOW_THRESHOLD;
+		return NULL;
+	}
+	if (!dpo_mpi_ensure_team(cs)) {
+		*why = R_NO_TEAM;
+		return NULL;
+	}
+	op = dpo_mpi_op_new(c, cs);
+	if (!op)
+		*why = R_BAD_ARGS;
+	return op;
+}
+
 static void *pack_buffer(int bytes)
 {
 	return malloc(bytes ? (size_t)bytes : 1);
@@ -164,16 +183,10 @@ static struct mpi_op *alltoall_op(enum dpo_mpi_coll c, const void *sbuf, int sco
 		*why = R_BAD_ARGS;
 		return NULL;
 	}
-	if ((uint64_t)rcount * (uint64_t)rsize < dpo_mpi.min_alltoall) {
-		*why = R_BELOW_THRESHOLD;
+	op = dpo_mpi_admit(c, cs, (uint64_t)rcount * (uint64_t)rsize, dpo_mpi.min_alltoall, why);
+	if (!op)
 		return NULL;
-	}
-	if (!dpo_mpi_ensure_team(cs)) {
-		*why = R_NO_TEAM;
-		return NULL;
-	}
-	op = dpo_mpi_op_new(c, cs);
-	if (!op || side(op, 1, sbuf, scount * n, stype, &s, &packed) ||
+	if (side(op, 1, sbuf, scount * n, stype, &s, &packed) ||
 	    side(op, 0, rbuf, rcount * n, rtype, &d, &packed)) {
 		dpo_mpi_op_free(op);
 		*why = R_BAD_ARGS;
@@ -263,14 +276,12 @@ static struct mpi_op *alltoallv_op(enum dpo_mpi_coll c, const void *sbuf, const 
 		*why = R_IN_PLACE;
 		return NULL;
 	}
-	/* no byte threshold: the v-forms have no size that every rank shares */
-	if (!dpo_mpi_ensure_team(cs)) {
-		*why = R_NO_TEAM;
-		return NULL;
-	}
 	PMPI_Comm_size(comm, &n);
-	op = dpo_mpi_op_new(c, cs);
-	if (!op || v_side(op, 1, sbuf, scounts, sdispls, stype, n, sc, sd, &s, &packed) ||
+	/* no byte threshold: the v-forms have no size that every rank shares */
+	op = dpo_mpi_admit(c, cs, 0, 0, why);
+	if (!op)
+		return NULL;
+	if (v_side(op, 1, sbuf, scounts, sdispls, stype, n, sc, sd, &s, &packed) ||
 	    v_side(op, 0, rbuf, rcounts, rdispls, rtype, n, rc, rd, &d, &packed)) {
 		dpo_mpi_op_free(op);
 		*why = R_BAD_ARGS;
@@ -300,16 +311,10 @@ static struct mpi_op *bcast_op(enum dpo_mpi_coll c, void *buf, int count, MPI_Da
 		*why = R_BAD_ARGS;
 		return NULL;
 	}
-	if ((uint64_t)count * (uint64_t)tsize < dpo_mpi.min_bcast) {
-		*why = R_BELOW_THRESHOLD;
+	op = dpo_mpi_admit(c, cs, (uint64_t)count * (uint64_t)tsize, dpo_mpi.min_bcast, why);
+	if (!op)
 		return NULL;
-	}
-	if (!dpo_mpi_ensure_team(cs)) {
-		*why = R_NO_TEAM;
-		return NULL;
-	}
-	op = dpo_mpi_op_new(c, cs);
-	if (!op || side(op, 0, buf, count, t, &b, &packed)) {
+	if (side(op, 0, buf, count, t, &b, &packed)) {
 		dpo_mpi_op_free(op);
 		*why = R_BAD_ARGS;
 		return NULL;
@@ -354,17 +359,11 @@ static struct mpi_op *allgather_op(enum dpo_mpi_coll c, const void *sbuf, int sc
 		*why = R_BAD_ARGS;
 		return NULL;
 	}
-	if (block < dpo_mpi.min_allgather) {
-		*why = R_BELOW_THRESHOLD;
+	op = dpo_mpi_admit(c, cs, block, dpo_mpi.min_allgather, why);
+	if (!op)
 		return NULL;
-	}
-	if (!dpo_mpi_ensure_team(cs)) {
-		*why = R_NO_TEAM;
-		return NULL;
-	}
-	op = dpo_mpi_op_new(c, cs);
 	PMPI_Type_get_extent(rtype, &lb, &rextent);
-	if (!op || side(op, 0, rbuf, rcount * n, rtype, &d, &packed)) {
+	if (side(op, 0, rbuf, rcount * n, rtype, &d, &packed)) {
 		dpo_mpi_op_free(op);
 		*why = R_BAD_ARGS;
 		return NULL;

@@ -66,19 +66,10 @@ static struct mpi_op *reduce_op(enum dpo_mpi_coll c, const void *sbuf, void *rbu
 	}
 	PMPI_Comm_size(comm, &n);
 	total = (uint64_t)count * dpo_dt_size(dt) * (scatter ? (uint64_t)n : 1);
-	if (total < (scatter ? dpo_mpi.min_reduce_scatter : dpo_mpi.min_allreduce)) {
-		*why = R_BELOW_THRESHOLD;
+	op = dpo_mpi_admit(c, cs, total,
+			   scatter ? dpo_mpi.min_reduce_scatter : dpo_mpi.min_allreduce, why);
+	if (!op)
 		return NULL;
-	}
-	if (!dpo_mpi_ensure_team(cs)) {
-		*why = R_NO_TEAM;
-		return NULL;
-	}
-	op = dpo_mpi_op_new(c, cs);
-	if (!op) {
-		*why = R_BAD_ARGS;
-		return NULL;
-	}
 	memset(&a, 0, sizeof(a));
 	a.coll_type = scatter ? DPO_COLL_TYPE_REDUCE_SCATTER : DPO_COLL_TYPE_ALLREDUCE;
 	a.op = rop;
