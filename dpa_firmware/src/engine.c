@@ -17,6 +17,21 @@
 #define DPA_POLL_BUDGET   256
 #define DPA_DEAD_GRACE_NS 200000000ull  /* see check_abort() */
 
+/* The op's bit in eng->active_ops (see there). */
+static void op_mask_set(struct dpa_engine *eng, const struct dpa_op *op)
+{
+	uint32_t o = (uint32_t)(op - eng->ops);
+
+	__atomic_fetch_or(&eng->active_ops[o / 64], 1ull << (o % 64), __ATOMIC_SEQ_CST);
+}
+
+static void op_mask_clear(struct dpa_engine *eng, const struct dpa_op *op)
+{
+	uint32_t o = (uint32_t)(op - eng->ops);
+
+	__atomic_fetch_and(&eng->active_ops[o / 64], ~(1ull << (o % 64)), __ATOMIC_SEQ_CST);
+}
+
 static const struct dpa_algo *const dpa_algos[OFFLOAD_OP_MAX] = {
 	[OFFLOAD_OP_BARRIER] = &dpa_algo_barrier,
 	[OFFLOAD_OP_ALLTOALL] = &dpa_algo_alltoall_pairwise,
@@ -133,6 +148,7 @@ static int try_complete_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa
 	if (cqe.status == OFFLOAD_ERR_PEER || cqe.status == OFFLOAD_ERR_LINK_DOWN ||
 	    cqe.status == OFFLOAD_ERR_PEER_CLOSED)
 		dpa_team_poison(&eng->teams[op->team_id], cqe.status, cqe.detail);
+	op_mask_clear(eng, op);  /* before FREE: intake sets it again for the next op */
 	__atomic_store_n(&op->state, DPA_OP_FREE, __ATOMIC_SEQ_CST);
 	/* A command may be waiting for this slot while the thread holding intake parks. */
 	if (commands_waiting(hal))
@@ -274,7 +290,9 @@ static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct 
 	if (op->bulk)
 		off_fetch_add(&eng->inflight_bulk, 1);
 	off_fetch_add(&eng->inflight, 1);
-	/* Publish: threads that see ACTIVE see every field above. */
+	/* Publish: threads that see ACTIVE see every field above; passes look at it from
+	 * the mask's bit on. */
+	op_mask_set(eng, op);
 	__atomic_store_n(&op->state, DPA_OP_ACTIVE, __ATOMIC_SEQ_CST);
 	return 1;
 }
@@ -447,6 +465,63 @@ static void check_abort(struct dpa_engine *eng, struct dpa_op *op, struct dpa_ha
 	}
 }
 
+/* One pass over op's items of this thread (me of nthreads), and its completion once the
+ * last one finished. */
+static int progress_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		       uint32_t me, uint32_t nthreads, uint64_t dead, uint64_t *now)
+{
+	int work = 0;
+
+	__atomic_fetch_add(&op->users, 1, __ATOMIC_SEQ_CST);
+	if (__atomic_load_n(&op->state, __ATOMIC_SEQ_CST) == DPA_OP_ACTIVE) {
+		if (!__atomic_load_n(&op->aborted, __ATOMIC_SEQ_CST))
+			check_abort(eng, op, hal, dead, now);
+		for (uint32_t i = me; i < op->nitems; i += nthreads) {
+			struct dpa_item *it = &op->items[i];
+
+			if (it->flags & DPA_ITEM_FINISHED)
+				continue;
+			if (__atomic_load_n(&op->aborted, __ATOMIC_SEQ_CST)) {
+				if (op->algo->abort && !(it->flags & DPA_ITEM_ABORTED)) {
+					if (op->algo->abort(eng, op, i, hal) == DPA_HAL_EAGAIN)
+						continue;
+					it->flags |= DPA_ITEM_ABORTED;
+					work++;
+				}
+				/* Wait for nothing but our own writes still in flight. */
+				if (it->inflight == 0) {
+					it->flags |= DPA_ITEM_FINISHED;
+					off_fetch_sub(&op->remaining, 1);
+					work++;
+				}
+				continue;
+			}
+			if (!(it->flags & DPA_ITEM_SIG_IN))
+				work += dpa_sig_step(eng, op, hal, i);
+			if (__atomic_load_n(&op->sig_pending, __ATOMIC_SEQ_CST))
+				continue;  /* not every member's signature is judged yet */
+			if (__atomic_load_n(&op->gate_fail, __ATOMIC_SEQ_CST))
+				it->flags |= DPA_ITEM_FINISHED;  /* nothing of it ran */
+			else
+				work += op->algo->progress(eng, op, i, hal);
+			if (it->flags & DPA_ITEM_FINISHED)
+				off_fetch_sub(&op->remaining, 1);
+		}
+		/*
+		 * Whoever sees the last item finished writes the completion; a completion
+		 * that found the ring full is retried by whoever passes by next.
+		 */
+		if (off_load_acquire(&op->remaining) == 0 && off_trylock(&op->completing)) {
+			if (__atomic_load_n(&op->state, __ATOMIC_SEQ_CST) == DPA_OP_ACTIVE &&
+			    off_load_acquire(&op->remaining) == 0)
+				work += try_complete_op(eng, op, hal);
+			off_unlock(&op->completing);
+		}
+	}
+	__atomic_fetch_sub(&op->users, 1, __ATOMIC_SEQ_CST);
+	return work;
+}
+
 static int progress_ops(struct dpa_engine *eng, struct dpa_hal *hal)
 {
 	uint32_t me = dpa_hal_thread_index(hal), nthreads = dpa_hal_num_threads(hal);
@@ -461,117 +536,15 @@ static int progress_ops(struct dpa_engine *eng, struct dpa_hal *hal)
 	if (me < OFFLOAD_MAX_THREADS)
 		eng->closed_snap[me] = closed;
 
-	for (uint32_t o = 0; o < OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW; o++) {
-		struct dpa_op *op = &eng->ops[o];
+	for (uint32_t w = 0; w < DPA_OP_MASK_WORDS; w++) {
+		for (uint64_t m = off_load_acquire(&eng->active_ops[w]); m; m &= m - 1) {
+			struct dpa_op *op = &eng->ops[w * 64 + (uint32_t)__builtin_ctzll(m)];
 
-		if (off_read_once(&op->state) != DPA_OP_ACTIVE)
-			continue;
-		__atomic_fetch_add(&op->users, 1, __ATOMIC_SEQ_CST);
-		if (__atomic_load_n(&op->state, __ATOMIC_SEQ_CST) == DPA_OP_ACTIVE) {
-			if (!__atomic_load_n(&op->aborted, __ATOMIC_SEQ_CST))
-				check_abort(eng, op, hal, dead, &now);
-			for (uint32_t i = me; i < op->nitems; i += nthreads) {
-				struct dpa_item *it = &op->items[i];
-
-				if (it->flags & DPA_ITEM_FINISHED)
-					continue;
-				if (__atomic_load_n(&op->aborted, __ATOMIC_SEQ_CST)) {
-					if (op->algo->abort && !(it->flags & DPA_ITEM_ABORTED)) {
-						if (op->algo->abort(eng, op, i, hal) == DPA_HAL_EAGAIN)
-							continue;
-						it->flags |= DPA_ITEM_ABORTED;
-						work++;
-					}
-					/* Wait for nothing but our own writes still in flight. */
-					if (it->inflight == 0) {
-						it->flags |= DPA_ITEM_FINISHED;
-						off_fetch_sub(&op->remaining, 1);
-						work++;
-					}
-					continue;
-				}
-				if (!(it->flags & DPA_ITEM_SIG_IN))
-					work += dpa_sig_step(eng, op, hal, i);
-				if (__atomic_load_n(&op->sig_pending, __ATOMIC_SEQ_CST))
-					continue;  /* not every member's signature is judged yet */
-				if (__atomic_load_n(&op->gate_fail, __ATOMIC_SEQ_CST))
-					it->flags |= DPA_ITEM_FINISHED;  /* nothing of it ran */
-				else
-					work += op->algo->progress(eng, op, i, hal);
-				if (it->flags & DPA_ITEM_FINISHED)
-					off_fetch_sub(&op->remaining, 1);
-			}
-			/*
-			 * Whoever sees the last item finished writes the completion; a completion
-			 * that found the ring full is retried by whoever passes by next.
-			 */
-			if (off_load_acquire(&op->remaining) == 0 && off_trylock(&op->completing)) {
-				if (__atomic_load_n(&op->state, __ATOMIC_SEQ_CST) == DPA_OP_ACTIVE &&
-				    off_load_acquire(&op->remaining) == 0)
-					work += try_complete_op(eng, op, hal);
-				off_unlock(&op->completing);
-			}
+			if (off_read_once(&op->state) == DPA_OP_ACTIVE)
+				work += progress_op(eng, op, hal, me, nthreads, dead, &now);
 		}
-		__atomic_fetch_sub(&op->users, 1, __ATOMIC_SEQ_CST);
 	}
 	return work;
-}
-
-enum dpa_engine_load dpa_engine_load(const void *state)
-{
-	const struct dpa_engine *eng = state;
-
-	if (off_read_once(&eng->inflight_bulk))
-		return DPA_ENGINE_BULK;
-	return off_read_once(&eng->inflight) ? DPA_ENGINE_SMALL : DPA_ENGINE_IDLE;
-}
-
-/* One op's part of dpa_engine_events_needed(). In the gate, once our signature went to
- * every member, each missing one is at least an event and nothing we do meanwhile helps a
- * peer; past it, the algorithm's say. */
-static uint32_t events_needed(const struct dpa_op *op)
-{
-	uint32_t pending = off_load_acquire(&op->sig_pending);
-
-	if (pending) {
-		for (uint32_t i = 1; i < op->nitems; i++)
-			if (!(off_read_once(&op->items[i].flags) & DPA_ITEM_SIG_OUT))
-				return 1;
-		return pending;
-	}
-	return op->algo->events_needed ? op->algo->events_needed(op) : 1;
-}
-
-uint32_t dpa_engine_events_needed(const void *state)
-{
-	const struct dpa_engine *eng = state;
-	uint32_t need = UINT32_MAX;
-
-	for (uint32_t o = 0; o < OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW && need > 1; o++) {
-		const struct dpa_op *op = &eng->ops[o];
-
-		if (off_load_acquire(&op->state) != DPA_OP_ACTIVE)
-			continue;
-		uint32_t n = off_read_once(&op->aborted) ? 1 : events_needed(op);
-
-		if (n < need)
-			need = n;
-	}
-	return need == UINT32_MAX || need == 0 ? 1 : need;
-}
-
-uint64_t dpa_engine_wake_at(void *state, uint32_t thread, uint64_t now)
-{
-	struct dpa_engine *eng = state;
-	uint64_t when;
-
-	if (thread >= OFFLOAD_MAX_THREADS)
-		return 0;
-	when = off_read_once(&eng->wake_at[thread]);
-	if (!when || when > now)
-		return when;
-	off_cas(&eng->wake_at[thread], &when, 0);
-	return 1;
 }
 
 int dpa_progress(void *state, struct dpa_hal *hal)

@@ -279,6 +279,8 @@ struct dpa_agree {
 	struct offload_cmd cmd;
 };
 
+#define DPA_OP_MASK_WORDS ((OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW + 63) / 64)
+
 struct dpa_engine {
 	struct dpa_engine_params params;
 	uint32_t intake_lock;
@@ -286,6 +288,10 @@ struct dpa_engine {
 	uint32_t inflight;     /* active ops; read by the runtime to choose how to idle */
 	uint32_t inflight_bulk; /* of which move more than DPA_ENGINE_SMALL_BYTES per rank */
 	uint64_t failed_ranks;  /* the ring header's failed_ranks, as last read */
+	/* One bit per op slot that may be ACTIVE: a pass visits these instead of every slot
+	 * (a small op's passes are otherwise mostly that scan). Set before a slot turns
+	 * ACTIVE, cleared before it turns FREE (it can be taken again only after). */
+	uint64_t active_ops[DPA_OP_MASK_WORDS];
 	/* Per thread: the ring header's closed_ranks as it read it at the start of its pass
 	 * (dpa_peer_gone: a word looked for after that read is final). */
 	uint64_t closed_snap[OFFLOAD_MAX_THREADS];

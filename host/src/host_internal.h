@@ -25,6 +25,7 @@
 #define HOST_MAX_SHARED  256u
 #define HOST_OP_BUFS     3u            /* src, dst, aux */
 #define HOST_MR_CACHE    64u           /* registrations kept for buffers used again */
+#define HOST_MR_HINTS    16u           /* cookies whose last entry is looked at first */
 
 /* A buffer host_post registered for one op: a cache entry it holds a reference on
  * (entry + 1), or a registration of its own to release at completion (key). */
@@ -93,8 +94,12 @@ struct host_ctx {
 	uint32_t inflight;            /* posted and not reaped: bounded by cq_entries */
 	struct host_tag tags[HOST_TAGS];
 	struct host_shared shared[HOST_MAX_SHARED];
+	uint32_t shared_end;          /* shared[] is empty from here on */
 	/* Registration cache, under lock (host_mr.c). */
 	struct host_mr_entry mr_cache[HOST_MR_CACHE];
+	/* Per cookie (mod HOST_MR_HINTS): the entry it matched last, + 1. A small op looks
+	 * up its two buffers on every post: that entry, not a scan of the cache. */
+	uint8_t mr_hint[HOST_MR_HINTS];
 	uint64_t mr_clock;
 	uint64_t mr_registrations;    /* every registration host_post or host_mr_acquire made */
 	uint64_t mr_hits;             /* op buffers the cache already covered */

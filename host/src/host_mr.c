@@ -29,7 +29,7 @@
 static const struct host_shared *shared_covering_locked(const struct host_ctx *ctx,
 							const uint8_t *p, uint64_t len)
 {
-	for (uint32_t i = 0; i < HOST_MAX_SHARED; i++) {
+	for (uint32_t i = 0; i < ctx->shared_end; i++) {
 		const struct host_shared *s = &ctx->shared[i];
 
 		if (s->addr && p >= s->addr && len <= s->len && (uint64_t)(p - s->addr) <= s->len - len)
@@ -81,15 +81,25 @@ int host_mr_acquire(struct host_ctx *ctx, const void *addr, uint64_t len, uint32
 
 /* -- the cache ---------------------------------------------------------------------------- */
 
+static int cache_covers(const struct host_mr_entry *e, uint64_t cookie, uint64_t addr,
+			uint64_t len, uint32_t access)
+{
+	return e->cookie == cookie && !e->dead && addr >= e->addr && len <= e->len &&
+	       addr - e->addr <= e->len - len && (e->access & access) == access;
+}
+
 static struct host_mr_entry *cache_find_locked(struct host_ctx *ctx, uint64_t cookie,
 					       uint64_t addr, uint64_t len, uint32_t access)
 {
-	for (uint32_t i = 0; i < HOST_MR_CACHE; i++) {
-		struct host_mr_entry *e = &ctx->mr_cache[i];
+	uint8_t *hint = &ctx->mr_hint[cookie % HOST_MR_HINTS];
 
-		if (e->cookie == cookie && !e->dead && addr >= e->addr && len <= e->len &&
-		    addr - e->addr <= e->len - len && (e->access & access) == access)
-			return e;
+	if (*hint && cache_covers(&ctx->mr_cache[*hint - 1], cookie, addr, len, access))
+		return &ctx->mr_cache[*hint - 1];
+	for (uint32_t i = 0; i < HOST_MR_CACHE; i++) {
+		if (cache_covers(&ctx->mr_cache[i], cookie, addr, len, access)) {
+			*hint = (uint8_t)(i + 1);
+			return &ctx->mr_cache[i];
+		}
 	}
 	return NULL;
 }
@@ -313,8 +323,11 @@ static int alloc_shared_in(struct host_ctx *ctx, uint64_t len, void **addr, uint
 		if (s->addr)
 			continue;
 		rc = ctx->ops->alloc_shared(ctx->dev, len, addr, key);
-		if (!rc)
+		if (!rc) {
 			*s = (struct host_shared){ .addr = *addr, .len = len, .key = *key };
+			if (ctx->shared_end <= i)
+				ctx->shared_end = i + 1;
+		}
 		pthread_mutex_unlock(&ctx->lock);
 		return rc;
 	}
@@ -348,6 +361,8 @@ int host_free_shared(struct host_ctx *ctx, void *addr, uint64_t len)
 			goto out;
 		ctx->shared[i] = (struct host_shared){ 0 };
 	}
+	while (ctx->shared_end && !ctx->shared[ctx->shared_end - 1].addr)
+		ctx->shared_end--;
 	rc = 0;
 out:
 	pthread_mutex_unlock(&ctx->lock);
