@@ -16,6 +16,7 @@ import numpy as np
 
 from offload_lib import _commands, _reduce, _staging
 from offload_lib._buffers import Buffer
+from offload_lib._prepared import Prepared
 from offload_lib._regcache import Cookies
 from offload_lib._native import ffi, lib
 from offload_lib.bootstrap import World, allgather
@@ -427,6 +428,20 @@ class Context:
         tag = self._post_tag(op, what, nbytes, ffi.new(_TAG))
         return Request(self, tag, what, keep, result,
                        self._poll_ns if nbytes <= _SMALL_MAX_BYTES else 0, itemsize)
+
+    def _post_prepared(self, prepared: Prepared, keep: tuple[Any, ...]) -> Request:
+        """Post a command kept from an earlier call on the same host buffers (_prepared.py):
+        what _post_host does, less the encoding and the cookies, which it holds."""
+        if self._stager is not None:
+            self._stager.drain()
+        if self._orphans:
+            self._reap_orphans()
+        tagp = ffi.new(_TAG)
+        rc = lib.host_post(self._handle(), prepared.op, self._post_timeout_ns, tagp)
+        if rc:
+            self._check(rc, f"posting {prepared.what}")
+        return Request(self, int(tagp[0]), prepared.what, keep, None,
+                       self._poll_ns if prepared.op.small else 0)
 
     def _post_tag(self, op: Any, what: str, nbytes: int, tagp: Any) -> int:
         """Post op (moving nbytes per rank) and return its tag."""

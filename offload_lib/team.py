@@ -6,6 +6,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from offload_lib import _commands, _reduce
+from offload_lib._prepared import PreparedCache
 from offload_lib._native import lib
 from offload_lib.errors import InvalidArgument
 from offload_lib.request import PersistentRequest, Request
@@ -29,6 +30,7 @@ class Team:
         self.size = len(self.ranks)
         self.rank = self.ranks.index(ctx.rank)
         self._barrier_op: Any = None
+        self._alltoalls = PreparedCache()  # the next call on the same arrays posts these
 
     def __repr__(self) -> str:
         return f"<Team id={self.id} rank={self.rank}/{self.size}>"
@@ -39,8 +41,15 @@ class Team:
     # -- all-to-all -------------------------------------------------------------------------
     def alltoall(self, src: Any, dst: Any) -> Request:
         """Post an all-to-all: block j of src goes to rank j, block i of dst comes from rank i."""
-        self._ctx._check_open()
-        return self._submit(_commands.alltoall(self, src, dst))
+        ctx = self._ctx
+        ctx._check_open()
+        prepared = self._alltoalls.get(src, dst)
+        if prepared is not None:  # the same numpy arrays as a call before: checked already
+            return ctx._post_prepared(prepared, (src, dst))
+        cmd = _commands.alltoall(self, src, dst)
+        req = self._submit(cmd)
+        self._alltoalls.keep(src, dst, cmd.op, cmd.what)
+        return req
 
     def alltoall_init(self, src: Any, dst: Any) -> PersistentRequest:
         """A persistent all-to-all: registered once, then post()/wait() repeatedly."""

@@ -1,0 +1,169 @@
+"""The small op's fast path (offload_lib/_prepared.py): team.alltoall on the same numpy arrays
+as a call before posts the command that call encoded. It must give exactly what the full
+way gives, every time, and anything the full check looked at that changed since (dtype,
+writability, contiguity, size, address, the arrays themselves) must take the full way
+again: the same errors, never a command for memory that is no longer what it was."""
+from __future__ import annotations
+
+import pytest
+
+from _mp import run_ranks
+
+EXACT = r'''
+ctx = ol.init()
+n = ctx.size
+team = ctx.world
+src = np.zeros(32 * n, np.int64)
+dst = np.zeros(32 * n, np.int64)
+for i in range(200):
+    src[:] = np.arange(32 * n) + 1000 * rank + 10**6 * i  # new data every op
+    dst[:] = -1
+    team.alltoall(src, dst).wait(timeout=20)
+    for s in range(n):
+        check_equal(dst[32 * s:32 * (s + 1)],
+                    np.arange(32 * rank, 32 * rank + 32) + 1000 * s + 10**6 * i, f"op {i} from {s}")
+# The calls after the first took the kept command.
+assert len(team._alltoalls._entries) == 1, team._alltoalls._entries
+
+# Several pairs in turn (more than the cache keeps), views and sub-teams: each exact.
+pairs = [(np.arange(8 * n, dtype=np.float32) + k + 100 * rank, np.zeros(8 * n, np.float32))
+         for k in range(12)]
+for rnd in range(3):
+    for k, (s_, d_) in enumerate(pairs):
+        d_[:] = -1
+        team.alltoall(s_, d_).wait(timeout=20)
+        for s in range(n):
+            check_equal(d_[8 * s:8 * (s + 1)],
+                        np.arange(8 * rank, 8 * rank + 8, dtype=np.float32) + k + 100 * s,
+                        f"pair {k} round {rnd}")
+assert len(team._alltoalls._entries) <= 8
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [1, 2, 3])
+def test_repeated_alltoall_on_the_same_arrays_is_exact(n):
+    run_ranks(n, EXACT, timeout=90)
+
+
+# One rank: what changes in a live array between two calls is seen by the second.
+CHANGED = r'''
+import gc, warnings
+ctx = ol.init()
+team = ctx.world
+
+
+def fresh(dtype=np.float32, count=64):
+    return np.arange(count, dtype=dtype), np.zeros(count, dtype)
+
+
+src, dst = fresh()
+team.alltoall(src, dst).wait(timeout=20)
+team.alltoall(src, dst).wait(timeout=20)
+check_equal(dst, src, "same arrays")
+
+# dst made read-only: the same error as the full check gives, nothing posted.
+dst.flags.writeable = False
+try:
+    team.alltoall(src, dst)
+    raise AssertionError("a read-only dst was posted")
+except ol.InvalidArgument as e:
+    assert "read-only" in str(e), e
+dst.flags.writeable = True
+team.alltoall(src, dst).wait(timeout=20)
+
+# src reinterpreted as another dtype of the same size: src and dst differ now.
+src.dtype = np.int32
+try:
+    team.alltoall(src, dst)
+    raise AssertionError("differing dtypes were posted")
+except ol.InvalidArgument as e:
+    assert "int32" in str(e) and "float32" in str(e), e
+src.dtype = np.float32
+team.alltoall(src, dst).wait(timeout=20)
+check_equal(dst, src, "dtype back")
+
+# Both reinterpreted alike (float64 halves the count): valid, and still exact.
+src.dtype = np.float64
+dst.dtype = np.float64
+dst[:] = 0
+team.alltoall(src, dst).wait(timeout=20)
+check_equal(dst, src, "both float64")
+src.dtype = dst.dtype = np.float32
+
+# Strides set in place (deprecated by numpy, still possible): no longer contiguous.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    s2, d2 = fresh()
+    team.alltoall(s2, d2).wait(timeout=20)
+    s2.shape = (2, 32)
+    try:
+        s2.strides = (4, 8)  # in bounds, not contiguous
+        strided = True
+    except (AttributeError, ValueError):
+        strided = False  # a numpy that forbids it
+    if strided:
+        try:
+            team.alltoall(s2, d2)
+            raise AssertionError("a strided src was posted")
+        except ol.InvalidArgument as e:
+            assert "contiguous" in str(e), e
+
+# New arrays in the place (and maybe under the id) of dead ones: their own memory.
+for i in range(20):
+    s3, d3 = fresh(np.int64, 16)
+    s3 += i
+    team.alltoall(s3, d3).wait(timeout=20)
+    check_equal(d3, s3, f"fresh pair {i}")
+    del s3, d3
+    gc.collect()
+ctx.close()
+
+# A closed context refuses, also on the fast path.
+try:
+    team.alltoall(src, dst)
+    raise AssertionError("posted on a closed context")
+except ol.OffloadError as e:
+    assert "closed" in str(e), e
+'''
+
+
+@pytest.mark.timeout(60)
+def test_what_changed_in_an_array_takes_the_full_check_again():
+    run_ranks(1, CHANGED, timeout=45)
+
+
+# close() from another thread while this one loops on the fast path: the loop ends with
+# OffloadError, promptly, and nothing hangs or crashes.
+CLOSE_RACE = r'''
+import threading
+ctx = ol.init()
+team = ctx.world
+src = np.arange(16 * size, dtype=np.int64)
+dst = np.zeros_like(src)
+team.alltoall(src, dst).wait(timeout=20)
+errors = []
+
+
+def loop():
+    try:
+        while True:
+            team.alltoall(src, dst).wait(timeout=20)
+    except ol.OffloadError as e:
+        errors.append(e)
+
+
+t = threading.Thread(target=loop)
+t.start()
+time.sleep(0.3)
+ctx.close()
+t.join(timeout=30)
+assert not t.is_alive(), "the loop hung after close()"
+assert errors and not isinstance(errors[0], ol.Timeout), errors
+'''
+
+
+@pytest.mark.timeout(60)
+def test_close_from_another_thread_ends_a_fast_path_loop():
+    run_ranks(1, CLOSE_RACE, timeout=45)
