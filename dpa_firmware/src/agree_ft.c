@@ -114,6 +114,8 @@ int dpa_agree_intake(struct dpa_engine *eng, struct dpa_hal *hal, const struct o
 	};
 	ag->deadline_ns = eng->params.op_timeout_ms ?
 		dpa_hal_time_ns(hal) + (uint64_t)eng->params.op_timeout_ms * 1000000u : UINT64_MAX;
+	/* Counted first: a pass that reads no agreement running skips the teams' words. */
+	__atomic_fetch_add(&eng->agreements, 1, __ATOMIC_SEQ_CST);
 	__atomic_store_n(&ag->active, 1, __ATOMIC_RELEASE);  /* publishes the fields above */
 	dpa_hal_notify(hal);  /* its thread may be parked */
 	return 1;
@@ -194,6 +196,13 @@ static int decide(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa_agree 
 	return 1;
 }
 
+/* The agreement completed: the team may start another. */
+static void end(struct dpa_engine *eng, struct dpa_agree *ag)
+{
+	__atomic_store_n(&ag->active, 0, __ATOMIC_RELEASE);
+	__atomic_fetch_sub(&eng->agreements, 1, __ATOMIC_SEQ_CST);
+}
+
 /* Advance the team's agreement; returns work done. */
 static int step(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t t)
 {
@@ -225,7 +234,7 @@ static int step(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t t)
 				      team->peers[q].world_rank,
 				      (uint64_t)OFFLOAD_MISMATCH_OP << OFFLOAD_MISMATCH_SHIFT | OFFLOAD_OP_AGREE, their_op))
 			return work;
-		__atomic_store_n(&ag->active, 0, __ATOMIC_RELEASE);
+		end(eng, ag);
 		return work + 1;
 	}
 	while (ag->round < team->size) {
@@ -268,7 +277,7 @@ static int step(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t t)
 				      ag->est.failed, ag->est.value))
 			return work;
 	}
-	__atomic_store_n(&ag->active, 0, __ATOMIC_RELEASE);
+	end(eng, ag);
 	return work + 1;
 }
 
@@ -277,6 +286,8 @@ int dpa_agree_progress(struct dpa_engine *eng, struct dpa_hal *hal)
 	uint32_t me = dpa_hal_thread_index(hal), nthreads = dpa_hal_num_threads(hal);
 	int work = 0;
 
+	if (!__atomic_load_n(&eng->agreements, __ATOMIC_SEQ_CST))
+		return 0;
 	for (uint32_t t = me; t < OFFLOAD_MAX_TEAMS; t += nthreads)
 		if (__atomic_load_n(&eng->agree[t].active, __ATOMIC_ACQUIRE)) {
 			work += step(eng, hal, t);

@@ -292,6 +292,7 @@ struct dpa_engine {
 	 * (a small op's passes are otherwise mostly that scan). Set before a slot turns
 	 * ACTIVE, cleared before it turns FREE (it can be taken again only after). */
 	uint64_t active_ops[DPA_OP_MASK_WORDS];
+	uint32_t agreements;    /* teams with an agreement running (agree_ft.c) */
 	/* Per thread: the ring header's closed_ranks as it read it at the start of its pass
 	 * (dpa_peer_gone: a word looked for after that read is final). */
 	uint64_t closed_snap[OFFLOAD_MAX_THREADS];
