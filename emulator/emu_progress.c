@@ -82,15 +82,6 @@ long emu_futex(uint32_t *word, int op, uint32_t val, const struct timespec *ts, 
 	return syscall(SYS_futex, word, op, val, NULL, NULL, bits);
 }
 
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#elif defined(__aarch64__)
-	__asm__ __volatile__("yield");
-#endif
-}
-
 /* FUTEX_WAKE woke n sleepers: they are awake from now on, running or not (job header). */
 static void woke(struct emu_device *dev, long n)
 {
@@ -383,7 +374,7 @@ static void thread_idle(struct emu_device *dev, struct dpa_hal *hal, uint32_t sn
 		    off_read_once(&r->driving) || (timer && now >= timer))
 			return;
 		for (int i = 0; i < 64; i++)
-			cpu_relax();
+			off_cpu_relax();
 		now = emu_now_ns();
 	}
 	if (timer && timer - now < (uint64_t)ns)
@@ -454,7 +445,7 @@ void emu_threads_stop(struct emu_device *dev)
 	/* A host thread driving (close called from another thread) sees stop after its
 	 * pass: the engine's memory may go only once it left. */
 	while (off_load_acquire(&dev->drive_lock))
-		cpu_relax();
+		off_cpu_relax();
 }
 
 /* Does the engine need a pass without any event coming: a command not taken, or a timer? */
@@ -501,7 +492,7 @@ static void host_idle(struct emu_device *dev, uint32_t snap, uint32_t *word, uin
 		    (timer && now >= timer))
 			return;
 		for (int i = 0; i < 64; i++)
-			cpu_relax();
+			off_cpu_relax();
 		now = emu_now_ns();
 	}
 	if (timer && timer < until)
