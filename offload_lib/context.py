@@ -1,6 +1,7 @@
 """Context: one rank's connection to its DPA: lifecycle, teams, memory, counters, and the
 posting every collective goes through (Team in team.py encodes with _commands.py and
-submits here; the GPU stager and the reductions post through the same few methods)."""
+submits here; the GPU stager and the reductions post through a _posting.Posting, the
+internal interface over the same few methods)."""
 from __future__ import annotations
 
 import errno
