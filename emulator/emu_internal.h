@@ -217,7 +217,7 @@ struct dpa_hal {
 };
 
 struct emu_device {
-	struct host_device_attr attr;
+	struct host_ctx_params attr;  /* as opened (host_device.h); job: ours */
 	char job[96];
 	int job_fd;                   /* the job segment, flock'ed shared while we live */
 	uint8_t *job_map;

@@ -3,7 +3,7 @@
 #   1. the DPA image: dpa_firmware/src/*.c + dpa_firmware/hal/flexio/*.c, compiled by dpacc
 #      into a host-linkable archive that embeds the device ELF (app dpa_offload_app);
 #   2. build/flexio/libdpaoffload_flexio.so: host/src/flexio/*.c linked with that
-#      archive, libflexio and libibverbs, exporting only dpaoffload_flexio_{ops,abi,probe}().
+#      archive, libflexio and libibverbs, exporting only dpaoffload_flexio_{ops,abi,params_version,probe}().
 # The pip build never compiles these files; host_ctx dlopens the .so when backend=flexio.
 #
 # Environment: DOCA_DIR (default /opt/mellanox/doca), FLEXIO_DIR (default

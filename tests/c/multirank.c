@@ -584,10 +584,10 @@ static int rank_main(uint32_t me, uint32_t n, const char *job, uint32_t threads,
 		     uint64_t rail0_bytes, uint32_t big, struct shared *sh)
 {
 	struct host_ctx_params p = {
+		.struct_size = sizeof(p), .version = HOST_CTX_PARAMS_VERSION,
 		.job = job, .backend = "emulator", .rank = me, .size = n, .num_threads = threads,
-		.ring_entries = 64, .chunk_size = 256 * 1024, .spin_us = 0,
-		.bootstrap_timeout_ns = WAIT_NS, .mtu = 4096, .mcast_rq_depth = 512,
-		.eager_max = OFFLOAD_EAGER_BYTES,
+		.ring_entries = 64, .spin_us = 0, .bootstrap_timeout_ns = WAIT_NS, .mtu = 4096,
+		.mcast_rq_depth = 512, .engine = { .chunk_size = 256 * 1024, .eager_max = OFFLOAD_EAGER_BYTES },
 	};
 	struct rank r = { .me = me, .n = n, .sh = sh, .big = big };
 	uint32_t world[MAX_N], reversed[MAX_N];
