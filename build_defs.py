@@ -64,7 +64,8 @@ def sources(group: str) -> list[str]:
     if group == "core":
         return sources("firmware") + sources("emulator") + sources("host")
     if group == "fuzz":
-        return [f"tests/c/{n}.c" for n in ("fuzz_main", "fuzz_seeds", "fuzz_engine", "fuzz_hal")]
+        return [f"tests/c/{n}.c" for n in ("fuzz_main", "fuzz_mutate", "fuzz_seeds", "fuzz_engine",
+                                             "fuzz_hal")]
     return _glob(groups[group])
 
 
@@ -82,7 +83,7 @@ class Target:
 
 
 def targets() -> dict[str, Target]:
-    multirank = ["tests/c/multirank.c", *sources("core")]
+    multirank = ["tests/c/multirank.c", "tests/c/multirank_alltoall.c", *sources("core")]
     return {
         "fuzz_main": Target(sources("fuzz") + sources("firmware"), ASAN),
         "multirank_asan": Target(multirank, ASAN),

@@ -12,19 +12,9 @@ ROOT = build_defs.ROOT
 MAX_LINES = 600
 SUFFIXES = {".c", ".h", ".py", ".sh"}
 # Files still over the bound, each with its length when the bound came in: none may grow,
-# and one that gets under the bound leaves this list (the test says so).
-OVER = {
-    "dpa_firmware/hal/flexio/dpa_hal_flexio.c": 903,
-    "emulator/emu_mcast.c": 828,
-    "emulator/emu_progress.c": 611,
-    "emulator/flexio_model/src/fxm_flexio.c": 793,
-    "emulator/flexio_model/src/fxm_nic.c": 830,
-    "tests/c/fuzz_main.c": 687,
-    "tests/c/multirank.c": 786,
-    "tests/test_alltoallv.py": 881,
-    "tests/test_firmware_checks.py": 672,
-    "tests/test_moe.py": 660,
-}
+# and one that gets under the bound leaves this list (the test says so). Empty: every
+# file is under it; keep it so.
+OVER: dict[str, int] = {}
 
 
 def _sources() -> list[str]:
