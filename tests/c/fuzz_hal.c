@@ -489,14 +489,14 @@ int dpa_hal_mcast_slot_copy(struct dpa_hal *hal, uint32_t group, uint32_t slot, 
 {
 	(void)hal, (void)addr, (void)key, (void)len, (void)wr_id;
 	fz_fail("dpa_hal_mcast_slot_copy(group %u, slot %u) without slots", group, slot);
-	return -22;
+	return DPA_HAL_EINVAL;
 }
 
 int dpa_hal_mcast_slot_free(struct dpa_hal *hal, uint32_t group, uint32_t slot)
 {
 	(void)hal;
 	fz_fail("dpa_hal_mcast_slot_free(group %u, slot %u) without slots", group, slot);
-	return -22;
+	return DPA_HAL_EINVAL;
 }
 
 void dpa_hal_set_rail(struct dpa_hal *hal, uint32_t peer, uint32_t rail)
