@@ -11,6 +11,11 @@
 
 struct dpa_hal;
 
+/* The firmware's settings. The host's caller fills the engine's own (chunk_size,
+ * op_timeout_ms, link_mbps, mcast_roots, eager_max) once, inside struct host_ctx_params;
+ * host setup adds what it decides (the ABI version, ranks, threads, ring sizes, passes)
+ * and hands the struct down as it is. offload_lib's cffi build reads it from here. */
+/* cffi:begin */
 struct dpa_engine_params {
 	uint32_t abi_version;   /* OFFLOAD_ABI_VERSION of the loader */
 	uint32_t world_rank;
@@ -26,6 +31,7 @@ struct dpa_engine_params {
 	uint32_t eager_max;     /* all-to-all blocks up to this many bytes go eagerly (0: none;
 				 * at most OFFLOAD_EAGER_BYTES) */
 };
+/* cffi:end */
 
 uint64_t dpa_engine_state_size(void);
 /* Returns 0, or -EINVAL when params are out of range. */
