@@ -6,6 +6,7 @@ sources or flags. Run it to build a target outside pytest or to print a list:
 
     python3 build_defs.py build fuzz_main build/fuzz_main      # the fuzz harness (ASan)
     python3 build_defs.py build multirank_tsan build/multirank
+    python3 build_defs.py build sim build/dpa-sim                # the simulator
     python3 build_defs.py list firmware                        # sources, one a line
 """
 from __future__ import annotations
@@ -40,11 +41,15 @@ def sources(group: str) -> list[str]:
         "host": "host/src/*.c",
         "flexio_hal": "dpa_firmware/hal/flexio/*.c",
         "flexio_host": "host/src/flexio/*.c",
+        "sim_hal": "dpa_firmware/hal/sim/*.c",
+        "sim_host": "host/src/sim/*.c",
     }
     if group == "mpi":  # the PMPI library: shipped as sources, built against the MPI found
         return _glob("host/mpi/*.[ch]") + _glob("host/mpi/*.map")
     if group == "core":
         return sources("firmware") + sources("emulator") + sources("host")
+    if group == "sim":  # the simulator (dpa-sim): the same firmware files, a third HAL
+        return sources("firmware") + sources("sim_hal") + sources("sim_host")
     if group == "fuzz":
         return [f"tests/c/{n}.c" for n in ("fuzz_main", "fuzz_seeds", "fuzz_engine", "fuzz_hal")]
     return _glob(groups[group])
@@ -62,9 +67,15 @@ class Target:
                 *(str(ROOT / s) for s in self.sources), "-lpthread", "-o", str(out)]
 
 
+# The simulator's own headers; the firmware is compiled with STRICT and nothing else (no
+# -D, no -include: tests/test_sim_purity.py).
+SIM_INCLUDES = ["dpa_firmware/hal/sim", "host/src/sim"]
+
+
 def targets() -> dict[str, Target]:
     multirank = ["tests/c/multirank.c", *sources("core")]
     return {
+        "sim": Target(sources("sim"), [f"-I{ROOT / inc}" for inc in SIM_INCLUDES]),
         "fuzz_main": Target(sources("fuzz") + sources("firmware"), ASAN),
         "multirank_asan": Target(multirank, ASAN),
         "multirank_tsan": Target(multirank, TSAN),

@@ -137,6 +137,7 @@ struct dpa_send {
 				* the byte count is announced before the done signal */
 	uint32_t placed;       /* OFFLOAD_CMD_F_PLACE: the ready is the receiver's whole table */
 	uint32_t fixed;        /* all-to-all: the receiver's ready is marked FIXED */
+	uint32_t hold;         /* paced: take the ready, but post no data yet */
 };
 
 struct dpa_op {

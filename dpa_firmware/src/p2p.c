@@ -262,7 +262,7 @@ int dpa_exchange_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, str
 		it->posted = send_len;
 		work++;
 	}
-	if (it->flags & DPA_ITEM_READY_IN) {
+	if ((it->flags & DPA_ITEM_READY_IN) && !send->hold) {
 		work += put_chunks(eng, op, hal, it, i, dst, send);
 		/* Every piece completed (a failed one too): tell the receiver how it went, in a
 		 * slot with the byte count first (same QP: it lands before the signal). */
