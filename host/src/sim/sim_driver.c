@@ -302,6 +302,7 @@ static void check(struct sim_drv *d, struct sim_rank *r, uint32_t k, const struc
 	uint64_t m = op->size, off = 0;
 
 	if (c->status != OFFLOAD_OK) {
+		d->failed_ops++;
 		/* A named failure is right only where a fault may cause it. */
 		uint64_t doomed_team = 0;
 

@@ -61,7 +61,7 @@ struct sim_drv {
 	uint64_t failed_now;      /* dead or unreachable so far */
 	uint32_t nfaults;
 	struct sim_fault { uint32_t kind, rank, rail; uint64_t at_ps; } faults[8];
-	uint32_t completions, rescues;
+	uint32_t completions, rescues, failed_ops;
 	uint64_t max_events;      /* 0: no bound; past it, a livelock */
 	char err[512];
 };
@@ -82,7 +82,10 @@ uint64_t sim_vcount(uint64_t seed, uint32_t op, uint32_t src, uint32_t dst, uint
 /* sim_explore.c */
 #define SIM_GEN "g1"
 /* Build and run explorer seed `seed`; returns 0 or -1 with d's err. verbose: describe. */
+struct sim_explore_stats {
+	uint64_t ops_ok, ops_err;  /* completions: exact, and failed with a named error */
+};
 int sim_explore_one(uint64_t seed, FILE *events, FILE *describe, char *err, size_t errlen,
-		    uint64_t *hash);
+		    uint64_t *hash, struct sim_explore_stats *st);
 
 #endif /* SIM_DRIVER_H */

@@ -155,7 +155,7 @@ static int generate(struct sim_drv *d, uint64_t seed, FILE *describe)
 }
 
 int sim_explore_one(uint64_t seed, FILE *events, FILE *describe, char *err, size_t errlen,
-		    uint64_t *hash)
+		    uint64_t *hash, struct sim_explore_stats *st)
 {
 	struct sim_drv *d = calloc(1, sizeof(*d));
 	int rc;
@@ -174,6 +174,10 @@ int sim_explore_one(uint64_t seed, FILE *events, FILE *describe, char *err, size
 	}
 	if (hash)
 		*hash = d->w.hash;
+	if (st) {
+		st->ops_ok += d->completions - d->failed_ops;
+		st->ops_err += d->failed_ops;
+	}
 	sim_drv_free(d);
 	free(d);
 	return rc;
@@ -193,6 +197,7 @@ int sim_cmd_explore(int argc, char **argv)
 	unsigned long long lo = 0, hi = 999, stride = 1, offset = 0, maxfail = 10;
 	double budget = 0, t0 = now_s();
 	uint64_t ran = 0, failures = 0;
+	struct sim_explore_stats st = { 0 };
 
 	for (int i = 0; i < argc; i++) {
 		if (sscanf(argv[i], "seeds=%llu..%llu", &lo, &hi) == 2 ||
@@ -212,7 +217,7 @@ int sim_cmd_explore(int argc, char **argv)
 		if (budget > 0 && now_s() - t0 > budget)
 			break;
 		ran++;
-		if (sim_explore_one(s, NULL, NULL, err, sizeof(err), NULL)) {
+		if (sim_explore_one(s, NULL, NULL, err, sizeof(err), NULL, &st)) {
 			failures++;
 			printf("{\"failed_seed\":%llu,\"error\":\"%s\",\"replay\":\"dpa-offload sim replay %s:%llu\"}\n",
 			       s, err, SIM_GEN, s);
@@ -221,8 +226,10 @@ int sim_cmd_explore(int argc, char **argv)
 				break;
 		}
 	}
-	printf("{\"seeds\":%llu,\"failures\":%llu,\"elapsed_s\":%.3f,\"generator\":\"%s\"}\n",
-	       (unsigned long long)ran, (unsigned long long)failures, now_s() - t0, SIM_GEN);
+	printf("{\"seeds\":%llu,\"failures\":%llu,\"ops_ok\":%llu,\"ops_err\":%llu,"
+	       "\"elapsed_s\":%.3f,\"generator\":\"%s\"}\n", (unsigned long long)ran,
+	       (unsigned long long)failures, (unsigned long long)st.ops_ok,
+	       (unsigned long long)st.ops_err, now_s() - t0, SIM_GEN);
 	return failures ? 1 : 0;
 }
 
@@ -250,7 +257,7 @@ int sim_cmd_replay(int argc, char **argv)
 		perror(events);
 		return 2;
 	}
-	rc = sim_explore_one(seed, ev, stderr, err, sizeof(err), &hash);
+	rc = sim_explore_one(seed, ev, stderr, err, sizeof(err), &hash, NULL);
 	if (ev)
 		fclose(ev);
 	printf("{\"seed\":%llu,\"ok\":%s,\"error\":\"%s\",\"hash\":\"%016llx\"}\n", seed,
