@@ -23,8 +23,8 @@ from offload_lib import sim_model
 from offload_lib.config import parse_size
 from offload_lib.errors import InvalidArgument
 
-COLLECTIVES = ("alltoall", "alltoallv", "barrier", "broadcast", "allgather", "reduce_scatter",
-               "allreduce")
+COLLECTIVES = ("alltoall", "alltoallv", "moe", "barrier", "broadcast", "allgather",
+               "reduce_scatter", "allreduce")
 REAL_LIMIT = 256 << 20   # --payload auto: real bytes while all buffers fit in this
 GB = 1e9
 
@@ -53,6 +53,8 @@ def _op_size(coll: str, n: int, size: int) -> int:
         if size and size < n:
             raise InvalidArgument(f"--size {size} is less than one byte per rank of {n}: raise it")
         return size // n
+    if coll == "moe":
+        return size  # bytes per token (a row)
     if coll == "reduce_scatter":
         return size // (8 * n) * 8 * n
     if coll == "allreduce":
@@ -87,11 +89,12 @@ def run_one(coll: str, n: int, size: int, model: dict[str, int], *, seed: int = 
             extra: Sequence[str] = ()) -> dict[str, Any]:
     """One simulated op (the last of ``iters``); returns dpa-sim's result, plus a row."""
     if payload == "auto":
-        payload = "real" if _buffers(coll, n, size) <= REAL_LIMIT else "phantom"
+        payload = "real" if _buffers(coll, n, size) <= REAL_LIMIT and coll != "moe" else "phantom"
     if payload == "phantom" and coll in ("reduce_scatter", "allreduce"):
         raise InvalidArgument(f"{coll} reduces the bytes it moves: phantom payload cannot run it; "
                               f"use --payload real (n*size <= {REAL_LIMIT >> 20} MiB)")
-    args = [str(sim_model.binary()), "run", f"coll={coll}", f"n={n}", f"size={_op_size(coll, n, size)}",
+    wire = ["coll=alltoallv", "vmode=3"] if coll == "moe" else [f"coll={coll}"]
+    args = [str(sim_model.binary()), "run", *wire, f"n={n}", f"size={_op_size(coll, n, size)}",
             f"seed={seed}", f"threads={threads}", f"chunk={chunk}", f"a2a_window={a2a_window}",
             f"payload={payload}", f"iters={iters}", *extra]
     args += [f"model.{k}={v}" for k, v in model.items()]
@@ -107,6 +110,8 @@ def run_one(coll: str, n: int, size: int, model: dict[str, int], *, seed: int = 
         raise RuntimeError(f"simulation failed: {res.get('error')}")
     t = res["time_ps"] / 1e12
     res["payload"] = payload
+    if coll == "moe":  # nccl-tests' size: what a rank sends
+        size = int(res["inj_bytes_mean"])
     res["row"] = {
         "size": size, "n": n, "time_us": t * 1e6,
         "algbw": size / t / GB if t > 0 and size else 0.0,
@@ -182,7 +187,11 @@ def _plot(path: str, coll: str, rows: Sequence[dict[str, Any]]) -> None:
 def _cmd_collective(coll: str, argv: Sequence[str]) -> int:
     p = argparse.ArgumentParser(prog=f"dpa-offload sim {coll}")
     p.add_argument("-n", type=int, default=8)
-    p.add_argument("--size", default="1M", help="bytes per rank (nccl-tests' size), e.g. 64K, 1M")
+    p.add_argument("--size", default="1M", help="bytes per rank (nccl-tests' size), e.g. 64K, 1M; "
+                   "moe: ignored (--tokens x --hidden x 2 bytes, bf16)")
+    p.add_argument("--tokens", type=int, default=4096, help="moe: tokens per rank (top-8 of 256 "
+                   "experts, Zipf(1.2) popularity)")
+    p.add_argument("--hidden", type=int, default=7168, help="moe: hidden size (bf16 rows)")
     p.add_argument("--model", help="YAML file of parameter: value (see 'dpa-offload sim model')")
     p.add_argument("--profile", choices=("default", "mechanics"), default="default")
     p.add_argument("--seed", type=int, default=1)
@@ -199,7 +208,7 @@ def _cmd_collective(coll: str, argv: Sequence[str]) -> int:
     p.add_argument("--plot")
     p.add_argument("--json", action="store_true")
     a = p.parse_args(list(argv))
-    size = parse_size(a.size)
+    size = 2 * a.hidden if coll == "moe" else parse_size(a.size)
     known = sim_model.defaults()
     model = dict(sim_model.MECHANICS) if a.profile == "mechanics" else {}
     model.update(_topology(a.topology))
@@ -222,7 +231,8 @@ def _cmd_collective(coll: str, argv: Sequence[str]) -> int:
         res = run_one(coll, n, size, model, seed=a.seed, threads=a.threads,
                       chunk=parse_size(a.chunk_size), a2a_window=a.a2a_window, payload=a.payload,
                       iters=a.iters, trace=a.trace if n == ns[-1] else None,
-                      events=a.events if n == ns[-1] else None)
+                      events=a.events if n == ns[-1] else None,
+                      extra=[f"tokens={a.tokens}"] if coll == "moe" else ())
         row = res["row"]
         if coll == "alltoall" and a.profile == "mechanics" and a.threads == 1 and a.a2a_window == 1:
             eff = {**known, **model}

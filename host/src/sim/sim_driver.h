@@ -47,6 +47,7 @@ struct sim_job {
 	uint64_t seed, chunk_size;
 	uint32_t chunks_per_pass, eager_max, mcast_roots, op_timeout_ms, a2a_window;
 	uint64_t max_skew_ns;
+	uint64_t moe_tokens;      /* SIM_V_MOE: tokens per rank */
 };
 
 struct sim_drv {
@@ -63,6 +64,8 @@ struct sim_drv {
 	struct sim_fault { uint32_t kind, rank, rail; uint64_t at_ps; } faults[8];
 	uint32_t completions, rescues, failed_ops;
 	uint64_t max_events;      /* 0: no bound; past it, a livelock */
+	uint64_t *moe;            /* SIM_V_MOE counts of op moe_op, [n * n] tokens */
+	uint32_t moe_op;
 	char err[512];
 };
 
@@ -76,8 +79,17 @@ int sim_drv_add_op(struct sim_drv *d, const struct sim_opdesc *op);
 /* Post the script from now on (each rank after its skew) and run until every op is done
  * or a failure; 0, or -1 with d->err set (a wrong result, a hang, a violation). */
 int sim_drv_run(struct sim_drv *d);
-uint64_t sim_vcount(uint64_t seed, uint32_t op, uint32_t src, uint32_t dst, uint64_t max,
+/* Bytes src sends dst in all-to-all-v op: random up to max (zeros included), or with
+ * SIM_V_MOE the MoE dispatch of the job's moe_tokens tokens, max bytes each. */
+uint64_t sim_vcount(struct sim_drv *d, uint32_t op, uint32_t src, uint32_t dst, uint64_t max,
 		    uint32_t vmode);
+
+/* sim_ops.c */
+int sim_team_rank(const struct sim_team *t, uint32_t world);
+int sim_op_build(struct sim_drv *d, struct sim_rank *r, uint32_t k, struct offload_cmd *c);
+void sim_op_check(struct sim_drv *d, struct sim_rank *r, uint32_t k, const struct offload_cqe *c);
+void sim_op_release(struct sim_drv *d, struct sim_rank *r, struct sim_inst *in);
+void sim_drv_fail(struct sim_drv *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 
 /* sim_explore.c */
 #define SIM_GEN "g1"

@@ -58,6 +58,7 @@ static int parse_run(int argc, char **argv, struct run_args *a)
 	a->opcode = OFFLOAD_OP_ALLTOALL;
 	a->iters = 1;
 	a->size = 4096;
+	a->job.moe_tokens = 4096;
 	for (int i = 0; i < argc; i++) {
 		char *eq = strchr(argv[i], '='), *key = argv[i];
 		uint64_t v = 0;
@@ -118,6 +119,8 @@ static int parse_run(int argc, char **argv, struct run_args *a)
 			a->vmode = (uint32_t)v;
 		} else if (!strcmp(key, "root")) {
 			a->root = (uint32_t)v;
+		} else if (!strcmp(key, "tokens")) {
+			a->job.moe_tokens = v;
 		} else if (!strcmp(key, "a2a_window")) {
 			a->job.a2a_window = (uint32_t)v;
 		} else if (!strcmp(key, "window")) {
