@@ -7,16 +7,8 @@ import filecmp
 from _sim import sim
 
 
-def _first_faulted_seed() -> int:
-    for seed in range(200):
-        out = sim("replay", f"seed={seed}")
-        if out[-1]["ok"]:
-            return seed
-    raise AssertionError("no passing seed among the first 200")
-
-
 def test_replay_twice_byte_identical(tmp_path):
-    seeds = [3, 17, 42]
+    seeds = [9, 17, 42]  # jitter; multicast loss and reordering with a fault; loss with two faults
     for seed in seeds:
         a, b = tmp_path / f"a{seed}.txt", tmp_path / f"b{seed}.txt"
         ra = sim("replay", f"seed={seed}", f"events={a}")[-1]

@@ -33,3 +33,14 @@ def test_replay_token_names_its_generator():
     ok = subprocess.run([sys.executable, "-m", "offload_lib.cli", "sim", "replay", "g1:5"],
                         capture_output=True, text=True)
     assert ok.returncode == 0 and '"ok":true' in ok.stdout and "seed g1:5" in ok.stderr
+
+
+def test_rail_failover_resends_from_a_true_prefix():
+    """Regression, found by the explorer (seed g1:1246: a rail of rank 5 fails while a slow
+    thread of rank 7 has moved an all-to-all-v block's later chunks to the other rail): the
+    rewind to `acked` skipped the bytes of the chunks still in flight on the failed rail, and
+    the op completed OK with a hole. Fixed in p2p.c put_chunks (one rail in flight per item)."""
+    out = subprocess.run([sys.executable, "-m", "offload_lib.cli", "sim", "replay", "g1:1246"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and '"ok":true' in out.stdout, out.stdout
+    assert "fault(kind 2 rank 5 rail 0" in out.stderr, "g1 changed: find the scenario again"

@@ -138,8 +138,6 @@ struct sim_msg {
 };
 
 /* ---- the DPA runtime: one struct dpa_hal per (rank, thread) ---- */
-enum sim_thr_state { SIM_THR_IDLE = 0, SIM_THR_QUEUED = 1 };
-
 struct sim_world;
 struct sim_rank;
 
@@ -153,8 +151,10 @@ struct dpa_hal {
 	uint64_t spin_until;       /* spinning until then, parked after */
 	uint64_t timer_at;         /* ps of a queued TIMER, 0: none */
 	uint8_t *rail;             /* [world size] */
+	uint64_t *last_cqe;        /* [world size * rails]: a queue pair completes in order */
 	struct dpa_hal_cqe *cq;    /* [sq_depth] ring */
 	uint32_t cq_head, cq_tail, outstanding, ring_touched, aux_touched, remote_woken;
+	uint32_t slow;             /* a slow thread (fault): its costs times this, 0 = 1 */
 	uint64_t busy_ps, passes, idle_passes, posts, cqes;
 };
 
@@ -209,7 +209,7 @@ struct sim_world {
 	struct sim_heap heap;
 	uint32_t size, nthreads, rails, payload;
 	uint32_t remote_wake_all;    /* 1: a remote write wakes every thread (emulator) */
-	uint32_t mcast_staged_unused;
+	uint32_t strict_late;        /* no fatal fault: a write into released memory is a bug */
 	uint64_t mcast_loss_ppm, mcast_reorder_ppm, mcast_reorder_ns;
 	struct sim_rank *ranks;      /* [size] */
 	struct sim_fabric fab;
@@ -253,11 +253,16 @@ uint32_t sim_mr_reg(struct sim_world *w, struct sim_rank *r, uint64_t addr, uint
 void sim_mr_dereg(struct sim_rank *r, uint32_t key);
 const struct sim_mr *sim_mr_check(const struct sim_rank *r, uint32_t key, uint64_t addr,
 				  uint64_t len, uint32_t access);
+/* key named a registration that was released (the host reaped its op): a late write. */
+int sim_mr_released(const struct sim_rank *r, uint32_t key);
 
 /* sim_nic.c */
 void sim_nic_arrive(struct sim_world *w, struct sim_msg *m);
 void sim_nic_cqe(struct sim_world *w, struct sim_rank *r, uint32_t thr, struct sim_msg *m,
 		 int32_t status);
+/* Schedule m's completion at t or, to keep its queue pair's completions in order, just
+ * after the previous one. */
+void sim_cqe_at(struct sim_world *w, struct sim_msg *m, uint64_t t, int32_t status);
 uint64_t sim_wire_ps(const struct sim_model *m, uint64_t bytes);
 uint64_t sim_one_way_ps(const struct sim_world *w, uint32_t src, uint32_t dst);
 /* Reserve the path of a message of `bytes` leaving src's port at or after t: returns the
@@ -270,5 +275,11 @@ void sim_port_down(struct sim_world *w, uint32_t rank, uint32_t rail);
 void sim_mc_arrive(struct sim_world *w, struct sim_rank *r, struct sim_msg *m);
 
 #define SIM_PS(ns) ((uint64_t)(ns) * 1000u)
+
+/* Charge ps of work to the running pass (a slow thread pays its factor). */
+static inline void sim_cost(struct dpa_hal *hal, uint64_t ps)
+{
+	hal->clock += hal->slow ? ps * hal->slow : ps;
+}
 
 #endif /* SIM_H */

@@ -211,8 +211,9 @@ int sim_world_init(struct sim_world *w, uint32_t size, uint32_t nthreads, uint32
 			h->r = r;
 			h->index = t;
 			h->rail = calloc(size, 1);
+			h->last_cqe = calloc((uint64_t)size * rails, 8);
 			h->cq = calloc(w->model.nic_sq_depth, sizeof(*h->cq));
-			if (!h->rail || !h->cq)
+			if (!h->rail || !h->last_cqe || !h->cq)
 				return -1;
 		}
 		for (uint32_t g = 0; g < OFFLOAD_MAX_TEAMS; g++) {
@@ -238,6 +239,7 @@ void sim_world_free(struct sim_world *w)
 
 		for (uint32_t t = 0; r->thr && t < r->nthreads; t++) {
 			free(r->thr[t].rail);
+			free(r->thr[t].last_cqe);
 			free(r->thr[t].cq);
 		}
 		for (uint32_t g = 0; g < OFFLOAD_MAX_TEAMS; g++)
@@ -292,7 +294,8 @@ static void run_pass(struct sim_world *w, struct sim_rank *r, uint32_t thr)
 	h->run_queued = 0;
 	if (!r->alive)
 		return;
-	h->clock = start + SIM_PS(w->model.dpa_pass_ns);
+	h->clock = start;
+	sim_cost(h, SIM_PS(w->model.dpa_pass_ns));
 	h->ring_touched = 0;
 	work = dpa_progress(r->state, h);
 	h->busy_ps += h->clock - start;

@@ -34,14 +34,14 @@ void *dpa_hal_window_ptr(struct dpa_hal *hal, enum dpa_hal_window win, uint64_t 
 
 	switch (win) {
 	case DPA_HAL_WIN_RING:  /* host memory: the first touch of a pass reads it over PCIe */
-		hal->clock += SIM_PS(hal->ring_touched ? m->dpa_win_ns : m->dpa_ring_ns);
+		sim_cost(hal, SIM_PS(hal->ring_touched ? m->dpa_win_ns : m->dpa_ring_ns));
 		hal->ring_touched = 1;
 		return in_window(r->ring, r->ring_len, offset, len);
 	case DPA_HAL_WIN_STATS:
-		hal->clock += SIM_PS(m->dpa_win_ns);
+		sim_cost(hal, SIM_PS(m->dpa_win_ns));
 		return in_window(r->stats, (uint64_t)r->nthreads * sizeof(*r->stats), offset, len);
 	case DPA_HAL_WIN_CTRL:
-		hal->clock += SIM_PS(m->dpa_check_ns);
+		sim_cost(hal, SIM_PS(m->dpa_check_ns));
 		return in_window(r->ctrl, sizeof(struct offload_ctrl), offset, len);
 	}
 	return NULL;
@@ -52,7 +52,7 @@ void *dpa_hal_aux_ptr(struct dpa_hal *hal, uint32_t key, uint64_t addr, uint64_t
 	const struct sim_mr *mr = sim_mr_check(hal->r, key, addr, len,
 					       OFFLOAD_ACCESS_LOCAL_READ | OFFLOAD_ACCESS_LOCAL_WRITE);
 
-	hal->clock += SIM_PS(hal->w->model.dpa_aux_ns);
+	sim_cost(hal, SIM_PS(hal->w->model.dpa_aux_ns));
 	if (!mr)
 		return NULL;
 	if (mr->phantom) {
@@ -92,7 +92,7 @@ static struct sim_msg *msg_new(struct dpa_hal *hal, uint32_t kind, uint32_t peer
 	m->rail = peer < hal->w->size ? hal->rail[peer] : 0;
 	hal->outstanding++;
 	hal->posts++;
-	hal->clock += SIM_PS(hal->w->model.dpa_post_ns);
+	sim_cost(hal, SIM_PS(hal->w->model.dpa_post_ns));
 	m->posted = hal->clock;
 	return m;
 }
@@ -111,7 +111,7 @@ static int send_msg(struct dpa_hal *hal, struct sim_msg *m, int32_t status, uint
 	if (!status && (me->port[m->rail].down || w->ranks[m->dst].port[m->rail].down))
 		status = OFFLOAD_ERR_LINK_DOWN;
 	if (status) {
-		sim_schedule(w, t, SIM_EV_CQE, me->rank, hal->index, (uint32_t)status, m);
+		sim_cqe_at(w, m, t, status);
 		return 0;
 	}
 	if (m->dst == me->rank) {  /* loopback: PCIe read, the NIC, PCIe write */
@@ -242,7 +242,7 @@ int dpa_hal_poll_cq(struct dpa_hal *hal, struct dpa_hal_cqe *out, int max)
 		hal->cq_head++;
 		hal->outstanding--;
 		hal->cqes++;
-		hal->clock += SIM_PS(hal->w->model.dpa_cqe_ns);
+		sim_cost(hal, SIM_PS(hal->w->model.dpa_cqe_ns));
 	}
 	if (hal->remote_woken) {  /* as FlexIO: the thread a remote CQE woke wakes the others */
 		hal->remote_woken = 0;
@@ -270,6 +270,6 @@ void dpa_hal_host_notify(struct dpa_hal *hal)
 
 uint64_t dpa_hal_time_ns(struct dpa_hal *hal)
 {
-	hal->clock += SIM_PS(hal->w->model.dpa_clock_ns);
+	sim_cost(hal, SIM_PS(hal->w->model.dpa_clock_ns));
 	return hal->clock / 1000u;
 }

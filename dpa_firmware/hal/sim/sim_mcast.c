@@ -65,7 +65,7 @@ int dpa_hal_mcast_send(struct dpa_hal *hal, uint32_t group, uint64_t laddr, uint
 		return DPA_HAL_EAGAIN;
 	hal->outstanding++;
 	hal->posts++;
-	hal->clock += SIM_PS(md->dpa_post_ns);
+	sim_cost(hal, SIM_PS(md->dpa_post_ns));
 	t = hal->clock + SIM_PS(md->nic_wqe_ns);
 	*m = (struct sim_msg){ .kind = SIM_MSG_MCAST, .src = me->rank, .thr = hal->index,
 			       .dst = me->rank, .laddr = laddr, .lkey = lkey, .len = len,
@@ -142,6 +142,10 @@ void sim_mc_arrive(struct sim_world *w, struct sim_rank *r, struct sim_msg *m)
 		if (m->len > reg->len - off)
 			break;
 		mr = sim_mr_check(r, reg->key, reg->addr + off, m->len, OFFLOAD_ACCESS_LOCAL_WRITE);
+		if (!mr && w->strict_late && sim_mr_released(r, reg->key))
+			sim_violation(w, "t=%.3fus late multicast placement: rank %u's region for chunk %llu "
+				      "is still posted after its op completed and the memory was released",
+				      (double)w->now / 1e6, r->rank, (unsigned long long)id);
 		if (!mr)
 			break;
 		if (w->payload == SIM_REAL && !m->phantom && !mr->phantom && m->len)
@@ -179,7 +183,7 @@ int dpa_hal_mcast_post(struct dpa_hal *hal, uint32_t group, uint32_t seq8,
 						    regions[i].len, OFFLOAD_ACCESS_LOCAL_WRITE))
 			return DPA_HAL_EINVAL;
 	rx = &hal->r->mc[group];
-	hal->clock += SIM_PS(hal->w->model.dpa_post_ns);
+	sim_cost(hal, SIM_PS(hal->w->model.dpa_post_ns));
 	join(rx);
 	if (n)
 		memcpy(rx->regions, regions, n * sizeof(*regions));
@@ -202,7 +206,7 @@ int dpa_hal_mcast_poll(struct dpa_hal *hal, uint32_t group, struct dpa_hal_mcast
 		out[n++] = rx->cq[rx->cq_head % hal->w->model.mcast_rq_depth];
 		rx->cq_head++;
 		rx->pending--;
-		hal->clock += hal->w->model.dpa_mcast_chunk_ps;
+		sim_cost(hal, hal->w->model.dpa_mcast_chunk_ps);
 	}
 	return n;
 }

@@ -64,3 +64,10 @@ const struct sim_mr *sim_mr_check(const struct sim_rank *r, uint32_t key, uint64
 		return NULL;
 	return mr;
 }
+
+int sim_mr_released(const struct sim_rank *r, uint32_t key)
+{
+	uint32_t idx = key & ((1u << SIM_MR_INDEX_BITS) - 1);
+
+	return idx < r->mrs.n && !r->mrs.mr[idx].valid && r->mrs.mr[idx].key == key;
+}

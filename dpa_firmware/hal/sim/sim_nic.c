@@ -108,8 +108,19 @@ void sim_port_down(struct sim_world *w, uint32_t rank, uint32_t rail)
 		w->ranks[rank].port[rail].down = 1;
 }
 
-static void cqe_at(struct sim_world *w, struct sim_msg *m, uint64_t t, int32_t status)
+void sim_cqe_at(struct sim_world *w, struct sim_msg *m, uint64_t t, int32_t status)
 {
+	struct dpa_hal *h = &w->ranks[m->src].thr[m->thr];
+
+	/* A failure found early (a port that is down) must not overtake the completions of
+	 * work posted before it: the firmware rewinds a failed rail to its acknowledged prefix. */
+	if (m->dst < w->size) {
+		uint64_t *last = &h->last_cqe[(uint64_t)m->dst * w->rails + m->rail];
+
+		if (t <= *last)
+			t = *last + 1;
+		*last = t;
+	}
 	sim_schedule(w, t, SIM_EV_CQE, m->src, m->thr, (uint32_t)status, m);
 }
 
@@ -119,7 +130,7 @@ static void ack(struct sim_world *w, struct sim_msg *m, int32_t status)
 	uint64_t back = m->src == m->dst ? 0 :
 			sim_one_way_ps(w, m->dst, m->src) + sim_wire_ps(&w->model, w->model.nic_ack_bytes);
 
-	cqe_at(w, m, w->now + back + SIM_PS(w->model.nic_cqe_ns), status);
+	sim_cqe_at(w, m, w->now + back + SIM_PS(w->model.nic_cqe_ns), status);
 }
 
 static void remote_wake(struct sim_world *w, struct sim_rank *r, const struct sim_msg *m)
@@ -164,15 +175,15 @@ void sim_nic_arrive(struct sim_world *w, struct sim_msg *m)
 	if (m->kind == SIM_MSG_READ_RESP) {  /* back at the requester */
 		if (w->payload == SIM_REAL && !m->phantom && m->len)
 			memmove((void *)(uintptr_t)m->laddr, (const void *)(uintptr_t)m->raddr, m->len);
-		cqe_at(w, m, w->now + SIM_PS(w->model.nic_cqe_ns), OFFLOAD_OK);
+		sim_cqe_at(w, m, w->now + SIM_PS(w->model.nic_cqe_ns), OFFLOAD_OK);
 		return;
 	}
 	if (!dst->alive) {  /* transport retries run out */
-		cqe_at(w, m, w->now + SIM_PS(w->model.fault_retry_ns), OFFLOAD_ERR_PEER);
+		sim_cqe_at(w, m, w->now + SIM_PS(w->model.fault_retry_ns), OFFLOAD_ERR_PEER);
 		return;
 	}
 	if (src->port[m->rail].down || dst->port[m->rail].down) {
-		cqe_at(w, m, w->now, OFFLOAD_ERR_LINK_DOWN);
+		sim_cqe_at(w, m, w->now, OFFLOAD_ERR_LINK_DOWN);
 		return;
 	}
 	w->cnt.msgs++;
@@ -184,6 +195,12 @@ void sim_nic_arrive(struct sim_world *w, struct sim_msg *m)
 		mr = m->len ? sim_mr_check(dst, m->rkey, m->raddr, m->len, OFFLOAD_ACCESS_REMOTE_WRITE) :
 			      NULL;
 		if (m->len && !mr) {
+			/* The receiver's op completed and its host let the memory go: without a
+			 * fault that could excuse it, a write landing now is the firmware's bug. */
+			if (w->strict_late && sim_mr_released(dst, m->rkey))
+				sim_violation(w, "t=%.3fus late write: rank %u wrote %llu bytes into rank %u's "
+					      "memory after the op that published it completed there",
+					      (double)w->now / 1e6, m->src, (unsigned long long)m->len, m->dst);
 			ack(w, m, OFFLOAD_ERR_REMOTE_ACCESS);
 			return;
 		}

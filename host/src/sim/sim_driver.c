@@ -292,6 +292,7 @@ int sim_drv_run(struct sim_drv *d)
 	struct sim_world *w = &d->w;
 	uint32_t stalls = 0, seen = d->completions;
 
+	w->strict_late = !d->doomed && !d->nfaults;
 	for (uint32_t i = 0; i < d->job.n; i++) {
 		struct sim_host *h = &d->hosts[i];
 

@@ -127,9 +127,10 @@ static int generate(struct sim_drv *d, uint64_t seed, FILE *describe)
 		d->faults[d->nfaults++] = f;
 		d->doomed |= 1ull << f.rank;
 	}
-	if (faults && chance(&g, 25)) {  /* a slow thread: its passes cost more */
-		d->w.ranks[pick(&g, 0, job.n - 1)].thr[0].idle_passes = 0;
-		d->w.model.dpa_pass_ns *= pick(&g, 2, 20);
+	if (faults && chance(&g, 25)) {  /* a slow thread: every cost of its passes x 2..1000 */
+		struct sim_rank *r = &d->w.ranks[pick(&g, 0, job.n - 1)];
+
+		r->thr[pick(&g, 0, job.threads - 1)].slow = pick(&g, 2, 1000);
 	}
 	for (uint32_t i = 0; i < d->nfaults; i++)
 		sim_schedule(&d->w, d->faults[i].at_ps, SIM_EV_FAULT, 0, 0, i, NULL);

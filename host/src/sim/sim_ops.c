@@ -407,8 +407,11 @@ void sim_op_check(struct sim_drv *d, struct sim_rank *r, uint32_t k, const struc
 			}
 			for (uint64_t i = 0; i < want; i++)
 				if (in->dst[base + i] != pat(t->members[s], r->rank, i, k)) {
-					sim_drv_fail(d, "rank %u op %u all-to-all-v: from team rank %u byte %llu wrong",
-					     r->rank, k, s, (unsigned long long)i);
+					sim_drv_fail(d, "rank %u op %u all-to-all-v: from team rank %u byte %llu "
+						     "(at %llu of %llu) is %#x, want %#x", r->rank, k, s,
+						     (unsigned long long)i, (unsigned long long)(base + i),
+						     (unsigned long long)in->dst_len, in->dst[base + i],
+						     pat(t->members[s], r->rank, i, k));
 					return;
 				}
 			if (op->vmode == SIM_V_SLOTS)
