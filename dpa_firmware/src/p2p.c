@@ -223,8 +223,7 @@ static int put_chunks(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 		}
 		/* Acknowledged bytes are a prefix of what went out on one queue only: writes
 		 * still in flight on the old rail complete (or fail) before the rest goes on the
-		 * new one, or a rewind to `acked` would skip the bytes they carried (found by the
-		 * simulator's explorer, docs/simulation.md). */
+		 * new one, or a rewind to `acked` would skip the bytes they carried. */
 		if (it->inflight && rail != (it->flags & DPA_ITEM_RAIL_MASK) >> DPA_ITEM_RAIL_SHIFT)
 			return 0;
 		it->flags = (it->flags & ~DPA_ITEM_RAIL_MASK) | (rail << DPA_ITEM_RAIL_SHIFT);
