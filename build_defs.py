@@ -6,8 +6,11 @@ sources or flags. Run it to build a target outside pytest or to print a list:
 
     python3 build_defs.py build fuzz_main build/fuzz_main      # the fuzz harness (ASan)
     python3 build_defs.py build multirank_tsan build/multirank
+    python3 build_defs.py build flexio_addr_test build/flexio_addr_test
+    python3 build_defs.py targets                              # the targets build knows
     python3 build_defs.py build sim build/dpa-sim                # the simulator
     python3 build_defs.py list firmware                        # sources, one a line
+    python3 build_defs.py flags flexio_device                  # a flag set, on one line
 """
 from __future__ import annotations
 
@@ -19,7 +22,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent
 
 INCLUDES = ["dpa_firmware/include", "host/include"]
-STRICT = ["-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-Werror"]
+WARNINGS = ["-Wall", "-Wextra", "-Werror"]
+STRICT = ["-std=c11", "-O2", "-g", *WARNINGS]
+# The contract headers as any C11 user compiles them: pedantic, no extensions.
+PEDANTIC = ["-std=c11", "-pedantic", *WARNINGS]
 # The firmware as dpacc sees it: no libc, no system headers but the compiler's own.
 FREESTANDING = ["-std=c11", "-ffreestanding", "-nostdinc", "-Wall", "-Wextra", "-Werror",
                 "-Wpedantic", "-O2"]
@@ -27,6 +33,18 @@ ASAN = ["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-fno-omit-
 # gcc warns that TSan does not model atomic_thread_fence (-Wtsan). Every word the fences
 # order is itself accessed with __atomic builtins, which TSan does model.
 TSAN = ["-fsanitize=thread", "-Wno-tsan", "-fno-omit-frame-pointer"]
+# The hardware build (scripts/build_flexio.sh): DOCA's dpacc for the device image (the
+# firmware and its FlexIO HAL), its generated host stubs, and the host backend. The SDK
+# marks most of the FlexIO API experimental; its headers use deprecated declarations.
+# -ffp-contract=off: the reductions' documented order rounds every partial (reduce.h);
+# clang contracts a*b+c into an fma by default, which would change results.
+FLEXIO_DEVICE = ["-O2", "-ffp-contract=off", "-Wall", "-Wextra", "-Wno-deprecated-declarations",
+                 "-DFLEXIO_DEV_ALLOW_EXPERIMENTAL_API"]
+FLEXIO_DEVICE_INCLUDES = ["dpa_firmware/include", "dpa_firmware/src", "dpa_firmware/hal/flexio"]
+FLEXIO_HOST_STUBS = ["-fPIC", "-O2", "-Wno-deprecated-declarations",
+                     "-DFLEXIO_ALLOW_EXPERIMENTAL_API"]
+FLEXIO_HOST = ["-std=c11", "-O2", "-g", "-Wall", "-Wextra", "-fPIC", "-fvisibility=hidden",
+               "-DFLEXIO_ALLOW_EXPERIMENTAL_API"]
 
 
 def _glob(pattern: str) -> list[str]:
@@ -51,7 +69,8 @@ def sources(group: str) -> list[str]:
     if group == "sim":  # the simulator (dpa-sim): the same firmware files, a third HAL
         return sources("firmware") + sources("sim_hal") + sources("sim_host")
     if group == "fuzz":
-        return [f"tests/c/{n}.c" for n in ("fuzz_main", "fuzz_seeds", "fuzz_engine", "fuzz_hal")]
+        return [f"tests/c/{n}.c" for n in ("fuzz_main", "fuzz_mutate", "fuzz_seeds", "fuzz_engine",
+                                             "fuzz_hal")]
     return _glob(groups[group])
 
 
@@ -61,9 +80,10 @@ class Target:
 
     sources: list[str]
     flags: list[str] = field(default_factory=list)
+    includes: list[str] = field(default_factory=lambda: list(INCLUDES))
 
     def command(self, cc: str, out: Path | str) -> list[str]:
-        return [cc, *STRICT, *self.flags, *(f"-I{ROOT / inc}" for inc in INCLUDES),
+        return [cc, *STRICT, *self.flags, *(f"-I{ROOT / inc}" for inc in self.includes),
                 *(str(ROOT / s) for s in self.sources), "-lpthread", "-o", str(out)]
 
 
@@ -73,13 +93,34 @@ SIM_INCLUDES = ["dpa_firmware/hal/sim", "host/src/sim"]
 
 
 def targets() -> dict[str, Target]:
-    multirank = ["tests/c/multirank.c", *sources("core")]
+    multirank = ["tests/c/multirank.c", "tests/c/multirank_alltoall.c", *sources("core")]
     return {
         "sim": Target(sources("sim"), [f"-I{ROOT / inc}" for inc in SIM_INCLUDES]),
         "fuzz_main": Target(sources("fuzz") + sources("firmware"), ASAN),
         "multirank_asan": Target(multirank, ASAN),
         "multirank_tsan": Target(multirank, TSAN),
+        # The FlexIO backend's GID and next-hop choice over made-up tables (no SDK needed).
+        "flexio_addr_test": Target(["tests/c/flexio_addr_test.c", "host/src/flexio/flexio_addr.c",
+                                    "host/src/flexio/flexio_netlink.c"],
+                                   includes=["host/src/flexio"]),
     }
+
+
+def flags(name: str) -> list[str]:
+    """A flag set by name, include paths absolute: the hardware build's (flexio_device,
+    flexio_host_stubs, flexio_host; flexio_host_check: the host backend with warnings as
+    errors, as the tests compile it), and pedantic (the contract headers' check)."""
+    def inc(dirs: list[str]) -> list[str]:
+        return [f"-I{ROOT / d}" for d in dirs]
+
+    sets = {
+        "flexio_device": FLEXIO_DEVICE + inc(FLEXIO_DEVICE_INCLUDES),
+        "flexio_host_stubs": FLEXIO_HOST_STUBS,
+        "flexio_host": FLEXIO_HOST + inc(INCLUDES),
+        "flexio_host_check": FLEXIO_HOST + ["-Werror"] + inc(INCLUDES),
+        "pedantic": PEDANTIC + inc(INCLUDES),
+    }
+    return sets[name]
 
 
 def library() -> tuple[str, dict[str, object]]:
@@ -99,6 +140,12 @@ def freestanding_command(cc: str, source: str | Path, out: Path | str) -> list[s
 def main(argv: list[str]) -> int:
     if len(argv) == 2 and argv[0] == "list":
         print("\n".join(str(ROOT / s) for s in sources(argv[1])))
+        return 0
+    if len(argv) == 2 and argv[0] == "flags":
+        print(" ".join(flags(argv[1])))
+        return 0
+    if argv == ["targets"]:
+        print("\n".join(targets()))
         return 0
     if len(argv) == 3 and argv[0] == "build":
         cmd = targets()[argv[1]].command("gcc", argv[2])

@@ -57,18 +57,20 @@ static void emu_close(struct host_device *hd)
 }
 
 /* Multicast settings: a zeroed attr (mtu 0) is refused, not guessed at. */
-static int mcast_attr_valid(const struct host_device_attr *attr)
+static int mcast_attr_valid(const struct host_ctx_params *attr)
 {
 	return attr->mtu >= 256 && attr->mtu <= 65536 && !(attr->mtu & (attr->mtu - 1)) &&
 	       attr->mcast_rq_depth >= 2 && attr->mcast_loss_ppm <= 1000000 &&
 	       attr->mcast_reorder_ppm <= 1000000 && attr->mcast_staged <= 1;
 }
 
-static int emu_open(const struct host_device_attr *attr, struct host_device **out)
+static int emu_open(const struct host_ctx_params *attr, struct host_device **out)
 {
 	struct emu_device *dev;
 	int rc;
 
+	if (!host_params_known(attr))
+		return -EPROTONOSUPPORT;
 	if (!attr->job || strlen(attr->job) >= sizeof(dev->job) - 1 || strchr(attr->job, '/') ||
 	    attr->size == 0 || attr->size > OFFLOAD_MAX_RANKS || attr->rank >= attr->size ||
 	    attr->num_threads == 0 || attr->num_threads > OFFLOAD_MAX_THREADS ||
@@ -82,6 +84,7 @@ static int emu_open(const struct host_device_attr *attr, struct host_device **ou
 	dev->job_fd = -1;
 	strcpy(dev->job, attr->job);
 	dev->attr.job = dev->job;
+	dev->attr.backend = dev->attr.backend_lib = NULL;  /* the caller's strings */
 	for (uint32_t r = 0; r < attr->rails; r++)
 		if (attr->rail_down_after[r] != UINT64_MAX)
 			dev->rail_faults = 1;

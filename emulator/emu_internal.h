@@ -217,7 +217,7 @@ struct dpa_hal {
 };
 
 struct emu_device {
-	struct host_device_attr attr;
+	struct host_ctx_params attr;  /* as opened (host_device.h); job: ours */
 	char job[96];
 	int job_fd;                   /* the job segment, flock'ed shared while we live */
 	uint8_t *job_map;
@@ -321,11 +321,55 @@ static inline int emu_push_cqe(struct dpa_hal *hal, uint64_t wr_id, int32_t stat
 uint32_t emu_mcast_slots(uint32_t mtu);
 /* A rank's process taking over its rank: the dead process's memberships must not count. */
 void emu_mcast_forget(struct emu_device *dev);
+/* Group `group`'s ring slot of free-running index i, and its payload. */
+static inline struct emu_mcast_slot *emu_mcast_slot_of(const struct emu_device *dev,
+						       uint32_t group, uint64_t i)
+{
+	return &dev->mc_slots[(uint64_t)group * dev->mc_nslots + (i & (dev->mc_nslots - 1))];
+}
+
+static inline uint8_t *emu_mcast_payload_of(const struct emu_device *dev, uint32_t group,
+					    uint64_t i)
+{
+	return dev->mc_payload +
+	       ((uint64_t)group * dev->mc_nslots + (i & (dev->mc_nslots - 1))) * dev->attr.mtu;
+}
+
+/* emu_mcast_place.c: a member's NIC delivering accepted chunks (placed, or staged) */
+/*
+ * By-reference chunks that land back to back from back-to-back source bytes (an owner's
+ * train, as a poll usually finds it) are copied as one run: one resolve of the source and
+ * one copy instead of one per chunk, then each slot's seqlock is checked. Their
+ * completions are the last `count` entries of the poll's output until the run is flushed.
+ */
+#define EMU_MCAST_RUN_MAX 64u
+
+struct emu_mcast_run {
+	uint8_t *dst;
+	uint64_t src_addr;
+	uint64_t len;
+	uint32_t sender;
+	uint32_t key;
+	uint32_t count;
+	uint64_t index[EMU_MCAST_RUN_MAX];  /* the slots, in output order */
+};
+
+/* Copy the run and keep the completions of the slots not rewritten meanwhile; returns the
+ * output's new length (the run's entries are its tail). */
+int emu_mcast_flush_run(struct emu_device *dev, uint32_t group, struct emu_mcast_run *run,
+			struct dpa_hal_mcast_cqe *out, int n);
+/* Place slot i's chunk: out[*n] and ++*n, 1; or 0 if it was dropped. */
+int emu_mcast_deliver(struct emu_device *dev, uint32_t group, struct emu_mcast_rx *rx,
+		      uint64_t i, struct emu_mcast_run *run, struct dpa_hal_mcast_cqe *out, int *n);
+/* Staging slots per group (staged receive), and the lock a poll of the group holds. */
+uint32_t emu_mcast_stage_slots(const struct emu_device *dev);
+void emu_mcast_lock_rx(struct emu_mcast_rx *rx);
 
 /* emu_copy.c: a copy into memory mapped here, as the NIC's DMA would do it */
 void emu_dma_copy(void *dst, const void *src, uint64_t len);
 
-/* emu_progress.c: who runs the firmware (progress threads, or a waiting host thread) */
+/* emu_progress.c: who runs the firmware (progress threads, or a waiting host thread);
+ * emu_bell.c: waking it */
 /* A peer's write reached rank (an event for its firmware): wake whoever runs it, unless
  * it has no op to progress, or its driver asked to sleep through more of them. With a
  * pass's hal, the futex call waits for the end of the pass (one for all its writes). */
@@ -347,6 +391,14 @@ void emu_wake_waiters(struct host_device *hd, uint32_t *word);
 /* Would a waiting host thread's spin help: no rank copies in bulk (it would take the
  * copiers' core) and every awake thread of the job has a core? */
 int emu_spin_worthwhile(const struct emu_device *dev);
+
+/* emu_bell.c: the job's bell, private futex words, the clock */
+#define EMU_WAKE_DPA  1u                /* futex bitset: progress threads */
+#define EMU_WAKE_HOST 2u                /* futex bitset: the host thread driving */
+/* The bell's bits of rank's progress threads (EMU_WAKE_DPA) or driver (EMU_WAKE_HOST). */
+uint32_t emu_bell_bits(uint32_t rank, uint32_t kind);
+/* One FUTEX_WAKE for `bits` of every rank in `ranks` (taken out of asleep already). */
+void emu_ring(struct emu_device *dev, uint32_t bits, uint64_t ranks);
 long emu_futex(uint32_t *word, int op, uint32_t val, const struct timespec *ts, uint32_t bits);
 struct timespec emu_ns_to_ts(int64_t ns);
 /* Sleep on a private futex word while it reads `seen`, counted in the job's asleep (the

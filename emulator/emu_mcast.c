@@ -47,7 +47,6 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -67,17 +66,6 @@ uint32_t emu_mcast_slots(uint32_t mtu)
 	return n > EMU_MCAST_MAX_SLOTS ? EMU_MCAST_MAX_SLOTS : n;
 }
 
-static struct emu_mcast_slot *slot_of(const struct emu_device *dev, uint32_t group, uint64_t i)
-{
-	return &dev->mc_slots[(uint64_t)group * dev->mc_nslots + (i & (dev->mc_nslots - 1))];
-}
-
-static uint8_t *payload_of(const struct emu_device *dev, uint32_t group, uint64_t i)
-{
-	return dev->mc_payload +
-	       ((uint64_t)group * dev->mc_nslots + (i & (dev->mc_nslots - 1))) * dev->attr.mtu;
-}
-
 void emu_mcast_forget(struct emu_device *dev)
 {
 	for (uint32_t g = 0; g < OFFLOAD_MAX_TEAMS; g++)
@@ -88,112 +76,6 @@ void emu_mcast_forget(struct emu_device *dev)
 uint32_t dpa_hal_mtu(const struct dpa_hal *hal)
 {
 	return hal->dev->attr.mtu;
-}
-
-static uint32_t stage_slots(const struct emu_device *dev)
-{
-	uint32_t n = dev->attr.mcast_rq_depth;
-
-	return n < EMU_MCAST_STAGE_MAX ? n : EMU_MCAST_STAGE_MAX;
-}
-
-uint32_t dpa_hal_mcast_slots(const struct dpa_hal *hal)
-{
-	return hal->dev->attr.mcast_staged ? stage_slots(hal->dev) : 0;
-}
-
-static int stage_busy(const struct emu_mcast_rx *rx, uint32_t slot)
-{
-	return (rx->stage_busy[slot / 64] >> (slot % 64)) & 1;
-}
-
-static void stage_set(struct emu_mcast_rx *rx, uint32_t slot, int busy)
-{
-	uint64_t bit = 1ull << (slot % 64);
-
-	rx->stage_busy[slot / 64] = busy ? rx->stage_busy[slot / 64] | bit :
-					   rx->stage_busy[slot / 64] & ~bit;
-}
-
-/* A free staging slot, now busy; UINT32_MAX if every one holds a chunk. */
-static uint32_t stage_take(const struct emu_device *dev, struct emu_mcast_rx *rx)
-{
-	uint32_t n = stage_slots(dev);
-
-	for (uint32_t k = 0; k < n; k++) {
-		uint32_t slot = (rx->stage_next + k) % n;
-
-		if (!stage_busy(rx, slot)) {
-			stage_set(rx, slot, 1);
-			rx->stage_next = (slot + 1) % n;
-			return slot;
-		}
-	}
-	return UINT32_MAX;
-}
-
-static void lock_rx(struct emu_mcast_rx *rx)
-{
-	while (!off_trylock(&rx->lock))
-		sched_yield();  /* a poll of this group is placing chunks: brief */
-}
-
-/* The slot, if it is the firmware's to hand back; NULL otherwise (the lock is then free). */
-static struct emu_mcast_rx *slot_owner(struct dpa_hal *hal, uint32_t group, uint32_t slot)
-{
-	struct emu_device *dev = hal->dev;
-	struct emu_mcast_rx *rx;
-
-	if (group >= OFFLOAD_MAX_TEAMS || !dev->attr.mcast_staged || slot >= stage_slots(dev))
-		return NULL;
-	rx = &dev->mc_rx[group];
-	lock_rx(rx);
-	if (rx->stage && stage_busy(rx, slot))
-		return rx;
-	off_unlock(&rx->lock);
-	return NULL;
-}
-
-int dpa_hal_mcast_slot_copy(struct dpa_hal *hal, uint32_t group, uint32_t slot, uint64_t addr,
-			    uint32_t key, uint32_t len, uint64_t wr_id)
-{
-	struct emu_device *dev = hal->dev;
-	struct emu_mcast_rx *rx;
-	struct emu_map *held;
-	uint8_t *ptr = NULL;
-	int32_t pid, st = OFFLOAD_OK;
-
-	if (emu_cq_full(hal))
-		return DPA_HAL_EAGAIN;
-	rx = slot_owner(hal, group, slot);
-	if (!rx)
-		return -EINVAL;
-	if (len > rx->stage_len[slot]) {  /* only what arrived: never the slot's stale bytes */
-		off_unlock(&rx->lock);
-		return -EINVAL;
-	}
-	/* Into our own registered memory, as the DPA's copy out of its slot would go. */
-	if (len)
-		st = emu_mr_resolve(dev, dev->attr.rank, key, addr, len, OFFLOAD_ACCESS_LOCAL_WRITE,
-				    &ptr, &pid, &held);
-	if (!st && len && !ptr)
-		st = OFFLOAD_ERR_REMOTE_ACCESS;
-	if (!st && len)
-		memmove(ptr, rx->stage + (uint64_t)slot * dev->attr.mtu, len);
-	stage_set(rx, slot, 0);
-	off_unlock(&rx->lock);
-	return emu_push_cqe(hal, wr_id, st, st ? 0 : len, 0);
-}
-
-int dpa_hal_mcast_slot_free(struct dpa_hal *hal, uint32_t group, uint32_t slot)
-{
-	struct emu_mcast_rx *rx = slot_owner(hal, group, slot);
-
-	if (!rx)
-		return -EINVAL;
-	stage_set(rx, slot, 0);
-	off_unlock(&rx->lock);
-	return 0;
 }
 
 /* splitmix64's finalizer: fault decisions must be reproducible, not random. */
@@ -330,7 +212,7 @@ static int claim_slot(struct emu_device *dev, uint32_t group, uint64_t *index)
 		 * before ours). A sender that claimed this index first makes this fail too:
 		 * retry at the new head; only one stalled mid-copy is worth an EAGAIN. */
 		prev = head >= nslots ? head - nslots + 1 : 0;
-		if (off_load_acquire(&slot_of(dev, group, head)->gen) != prev) {
+		if (off_load_acquire(&emu_mcast_slot_of(dev, group, head)->gen) != prev) {
 			uint64_t now = off_load_acquire(&g->head);
 
 			if (now != head) {
@@ -403,7 +285,7 @@ int dpa_hal_mcast_send(struct dpa_hal *hal, uint32_t group, uint64_t laddr, uint
 		return emu_push_cqe(hal, wr_id, st, 0, rail);
 	if (claim_slot(dev, group, &index))
 		return DPA_HAL_EAGAIN;
-	s = slot_of(dev, group, index);
+	s = emu_mcast_slot_of(dev, group, index);
 	/* Seqlock writer: mark the slot before touching it (a reader the credits did not
 	 * count may still be copying the previous chunk), publish it once whole. */
 	off_write_once(&s->gen, EMU_MCAST_WRITING);
@@ -414,7 +296,7 @@ int dpa_hal_mcast_send(struct dpa_hal *hal, uint32_t group, uint64_t laddr, uint
 	off_write_once(&s->src_key, len && mappable(dev, lkey) ? lkey : 0u);
 	off_write_once(&s->src_addr, laddr);
 	if (len && !s->src_key)
-		memmove(payload_of(dev, group, index), (const void *)(uintptr_t)laddr, len);
+		memmove(emu_mcast_payload_of(dev, group, index), (const void *)(uintptr_t)laddr, len);
 	off_store_release(&s->gen, index + 1);
 	/* Loopback is off: our NIC never receives our chunks. If it had consumed everything
 	 * before this one, it consumes this one now, so a sender that does not poll holds no
@@ -446,7 +328,7 @@ void dpa_hal_mcast_leave(struct dpa_hal *hal, uint32_t group)
 	if (group >= OFFLOAD_MAX_TEAMS)
 		return;
 	rx = &dev->mc_rx[group];
-	lock_rx(rx);
+	emu_mcast_lock_rx(rx);
 	/* Senders stop counting our cursor; a later join starts at the head again. */
 	__atomic_fetch_and(&dev->mc_groups[group].joined, ~(1ull << dev->attr.rank),
 			   __ATOMIC_SEQ_CST);
@@ -480,9 +362,9 @@ int dpa_hal_mcast_post(struct dpa_hal *hal, uint32_t group, uint32_t seq8,
 				   regions[i].len, OFFLOAD_ACCESS_LOCAL_WRITE, &ptr, &pid, &held))
 			return -EINVAL;
 	rx = &dev->mc_rx[group];
-	lock_rx(rx);
+	emu_mcast_lock_rx(rx);
 	if (n && dev->attr.mcast_staged && !rx->stage) {
-		rx->stage = malloc((uint64_t)stage_slots(dev) * dev->attr.mtu);
+		rx->stage = malloc((uint64_t)emu_mcast_stage_slots(dev) * dev->attr.mtu);
 		if (!rx->stage) {
 			off_unlock(&rx->lock);
 			return -ENOMEM;
@@ -497,177 +379,6 @@ int dpa_hal_mcast_post(struct dpa_hal *hal, uint32_t group, uint32_t seq8,
 	off_write_once(&rx->posted, n > 0);
 	off_unlock(&rx->lock);
 	return 0;
-}
-
-/* Where a chunk lands: its posted region (seq8 and chunk id), checked against our
- * registration. NULL: no posted region takes it. */
-static uint8_t *place(struct emu_device *dev, const struct emu_mcast_rx *rx, uint32_t imm,
-		      uint32_t len)
-{
-	uint64_t mtu = dev->attr.mtu, id = imm & 0xffffffu;
-	struct emu_map *held;
-	uint8_t *ptr;
-	int32_t pid;
-
-	if (imm >> 24 != rx->seq8)
-		return NULL;
-	for (uint32_t i = 0; i < rx->nregions; i++) {
-		const struct dpa_hal_mcast_region *r = &rx->regions[i];
-		uint64_t nchunks = r->len / mtu + (r->len % mtu != 0), off;
-
-		if (id < r->first_chunk || id - r->first_chunk >= nchunks)
-			continue;
-		off = (id - r->first_chunk) * mtu;
-		if (off + len > r->len)
-			return NULL;  /* the chunk is longer than the region's last piece */
-		if (!len)
-			return (uint8_t *)(uintptr_t)(r->addr + off);
-		if (emu_mr_resolve(dev, dev->attr.rank, r->key, r->addr + off, len,
-				   OFFLOAD_ACCESS_LOCAL_WRITE, &ptr, &pid, &held) != OFFLOAD_OK || !ptr)
-			return NULL;
-		return ptr;
-	}
-	return NULL;
-}
-
-/*
- * By-reference chunks that land back to back from back-to-back source bytes (an owner's
- * train, as a poll usually finds it) are copied as one run: one resolve of the source and
- * one copy instead of one per chunk, then each slot's seqlock is checked. Their
- * completions are the last `count` entries of the poll's output until the run is flushed.
- */
-#define EMU_MCAST_RUN_MAX 64u
-
-struct emu_mcast_run {
-	uint8_t *dst;
-	uint64_t src_addr;
-	uint64_t len;
-	uint32_t sender;
-	uint32_t key;
-	uint32_t count;
-	uint64_t index[EMU_MCAST_RUN_MAX];  /* the slots, in output order */
-};
-
-/* Copy the run and keep the completions of the slots not rewritten meanwhile; returns the
- * output's new length (the run's entries are its tail). */
-static int flush_run(struct emu_device *dev, uint32_t group, struct emu_mcast_run *run,
-		     struct dpa_hal_mcast_cqe *out, int n)
-{
-	int first = n - (int)run->count, kept = first;
-	struct emu_map *held;
-	uint8_t *src;
-	int32_t pid;
-	int ok;
-
-	if (!run->count)
-		return n;
-	/* A source deregistered (or its owner gone) drops the run: read again if wanted. */
-	ok = emu_mr_resolve(dev, run->sender, run->key, run->src_addr, run->len,
-			    OFFLOAD_ACCESS_REMOTE_READ, &src, &pid, &held) == OFFLOAD_OK && src;
-	if (ok) {
-		memmove(run->dst, src, run->len);
-		emu_map_release(held);
-	}
-	/* Seqlock reader: a slot rewritten while we copied was not ours to deliver. Only a
-	 * reader the credits did not count can be overtaken; its copy is refetched anyway. */
-	__atomic_thread_fence(__ATOMIC_ACQUIRE);
-	for (uint32_t k = 0; k < run->count; k++)
-		if (ok && off_read_once(&slot_of(dev, group, run->index[k])->gen) == run->index[k] + 1)
-			out[kept++] = out[first + (int)k];
-	run->count = 0;
-	return kept;
-}
-
-/* Staged receive: ring slot i's chunk, whatever its immediate, whole into a free staging
- * slot, which its completion names (out[*n] and ++*n); 0 if it was dropped. */
-static int deliver_staged(struct emu_device *dev, uint32_t group, struct emu_mcast_rx *rx,
-			  uint64_t i, uint64_t gen, struct dpa_hal_mcast_cqe *out, int *n)
-{
-	const struct emu_mcast_slot *s = slot_of(dev, group, i);
-	uint32_t imm = off_read_once(&s->imm), len = off_read_once(&s->len);
-	uint32_t key = off_read_once(&s->src_key), slot;
-	const uint8_t *src = payload_of(dev, group, i);
-	struct emu_map *held = NULL;
-	uint8_t *ptr;
-	int32_t pid;
-
-	if (!rx->nregions || len > dev->attr.mtu)
-		return 0;  /* not armed: no receive is posted */
-	if (len && key) {  /* by reference: from the sender's buffer */
-		if (emu_mr_resolve(dev, off_read_once(&s->sender), key, off_read_once(&s->src_addr),
-				   len, OFFLOAD_ACCESS_REMOTE_READ, &ptr, &pid, &held) != OFFLOAD_OK ||
-		    !ptr)
-			return 0;
-		src = ptr;
-	}
-	slot = stage_take(dev, rx);
-	if (slot != UINT32_MAX && len)
-		memmove(rx->stage + (uint64_t)slot * dev->attr.mtu, src, len);
-	emu_map_release(held);
-	if (slot == UINT32_MAX)
-		return 0;  /* every slot holds a chunk: the receive queue overran */
-	__atomic_thread_fence(__ATOMIC_ACQUIRE);  /* seqlock reader, as in flush_run() */
-	if (off_read_once(&s->gen) != gen) {
-		stage_set(rx, slot, 0);
-		return 0;
-	}
-	rx->stage_len[slot] = len;
-	out[(*n)++] = (struct dpa_hal_mcast_cqe){ .imm = imm, .len = len, .slot = slot };
-	return 1;
-}
-
-/* Place slot i's chunk: out[*n] and ++*n, 1; or 0 if it was dropped. A by-reference chunk
- * may join the pending run (its completion is then kept only if the run's copy holds); any
- * other chunk is copied now, after the run. */
-static int deliver(struct emu_device *dev, uint32_t group, struct emu_mcast_rx *rx,
-		   uint64_t i, struct emu_mcast_run *run, struct dpa_hal_mcast_cqe *out, int *n)
-{
-	struct emu_mcast_slot *s = slot_of(dev, group, i);
-	uint64_t gen = off_load_acquire(&s->gen);  /* pairs with the sender's publish */
-	uint32_t imm, len, key, sender;
-	uint64_t src_addr;
-	uint8_t *dst;
-
-	if (gen != i + 1)
-		return 0;
-	if (dev->attr.mcast_staged)
-		return deliver_staged(dev, group, rx, i, gen, out, n);
-	imm = off_read_once(&s->imm);
-	len = off_read_once(&s->len);
-	key = off_read_once(&s->src_key);
-	sender = off_read_once(&s->sender);
-	src_addr = off_read_once(&s->src_addr);
-	dst = len <= dev->attr.mtu ? place(dev, rx, imm, len) : NULL;
-	if (!dst)
-		return 0;
-	if (len && key) {
-		if (run->count && (run->count == EMU_MCAST_RUN_MAX || run->sender != sender ||
-				   run->key != key || run->dst + run->len != dst ||
-				   run->src_addr + run->len != src_addr))
-			*n = flush_run(dev, group, run, out, *n);
-		if (!run->count) {  /* field by field: index[] is filled as the run grows */
-			run->dst = dst;
-			run->src_addr = src_addr;
-			run->len = 0;
-			run->sender = sender;
-			run->key = key;
-		}
-		run->index[run->count++] = i;
-		run->len += len;
-		out[(*n)++] = (struct dpa_hal_mcast_cqe){ .imm = imm, .len = len };
-		return 1;
-	}
-	*n = flush_run(dev, group, run, out, *n);
-	/* Cached copies, in and out of the ring (memmove: a forged region may overlap it):
-	 * MTU-sized chunks from a ring that stays in cache ran slower with streaming stores,
-	 * whose fence each chunk pays (bench broadcast/allgather, 1M and 16M). */
-	if (len)
-		memmove(dst, payload_of(dev, group, i), len);
-	__atomic_thread_fence(__ATOMIC_ACQUIRE);
-	if (off_read_once(&s->gen) != gen)
-		return 0;
-	out[(*n)++] = (struct dpa_hal_mcast_cqe){ .imm = imm, .len = len };
-	return 1;
 }
 
 static int done_test(const struct emu_device *dev, const struct emu_mcast_rx *rx, uint64_t i)
@@ -705,7 +416,7 @@ static uint64_t queued(const struct emu_device *dev, const struct emu_mcast_rx *
 	uint64_t q = 0;
 
 	for (uint64_t i = from; i < to; i++) {
-		const struct emu_mcast_slot *s = slot_of(dev, group, i);
+		const struct emu_mcast_slot *s = emu_mcast_slot_of(dev, group, i);
 
 		if (done_test(dev, rx, i) || off_load_acquire(&s->gen) != i + 1)
 			continue;
@@ -725,13 +436,13 @@ static int overtaken(const struct emu_device *dev, const struct emu_mcast_group 
 	return gen > i + 1;
 }
 
-/* What this NIC does with published slot i: deliver() it (1 if it was), or drop or hold
- * it (0). */
+/* What this NIC does with published slot i: emu_mcast_deliver() it (1 if it was), or drop
+ * or hold it (0). */
 static int consume(struct emu_device *dev, uint32_t group, struct emu_mcast_rx *rx, uint64_t i,
 		   uint64_t *excess, struct emu_mcast_run *run, struct dpa_hal_mcast_cqe *out,
 		   int *n)
 {
-	if (off_read_once(&slot_of(dev, group, i)->sender) == dev->attr.rank)
+	if (off_read_once(&emu_mcast_slot_of(dev, group, i)->sender) == dev->attr.rank)
 		return 0;
 	if (inject(dev, group, i, EMU_SALT_LOSS, off_read_once(&dev->attr.mcast_loss_ppm)))
 		return 0;
@@ -744,7 +455,7 @@ static int consume(struct emu_device *dev, uint32_t group, struct emu_mcast_rx *
 		rx->hold = i + 1;  /* its slot stays ours: the cursor stops before it */
 		return 0;
 	}
-	return deliver(dev, group, rx, i, run, out, n);
+	return emu_mcast_deliver(dev, group, rx, i, run, out, n);
 }
 
 static int poll_ring(struct emu_device *dev, uint32_t group, struct emu_mcast_rx *rx,
@@ -771,24 +482,24 @@ static int poll_ring(struct emu_device *dev, uint32_t group, struct emu_mcast_rx
 
 		if (done_test(dev, rx, i))
 			continue;
-		gen = off_load_acquire(&slot_of(dev, group, i)->gen);
+		gen = off_load_acquire(&emu_mcast_slot_of(dev, group, i)->gen);
 		if (gen != i + 1) {
 			if (!overtaken(dev, g, i, gen))
 				continue;  /* its sender is still writing it: a later poll */
 		} else if (consume(dev, group, rx, i, &excess, &run, out, &n) && n < max &&
 			   rx->hold && rx->hold != i + 1) {
 			/* the held chunk comes right after the one that overtook it */
-			deliver(dev, group, rx, rx->hold - 1, &run, out, &n);
+			emu_mcast_deliver(dev, group, rx, rx->hold - 1, &run, out, &n);
 			rx->hold = 0;
 		}
 		done_set(dev, rx, i, 1);
 	}
 	/* Nothing overtook a chunk held since the last poll: it is late, not lost. */
 	if (rx->hold && rx->hold == held_before && n < max) {
-		deliver(dev, group, rx, rx->hold - 1, &run, out, &n);
+		emu_mcast_deliver(dev, group, rx, rx->hold - 1, &run, out, &n);
 		rx->hold = 0;
 	}
-	n = flush_run(dev, group, &run, out, n);  /* before our cursor lets the slots go */
+	n = emu_mcast_flush_run(dev, group, &run, out, n);  /* before our cursor lets the slots go */
 	while (rx->next < head && done_test(dev, rx, rx->next))
 		done_set(dev, rx, rx->next++, 0);
 	cursor = rx->hold && rx->hold - 1 < rx->next ? rx->hold - 1 : rx->next;

@@ -31,176 +31,20 @@
  */
 #define _GNU_SOURCE
 #include <errno.h>
-#include <limits.h>
 #include <linux/futex.h>
 #include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include "dpa_engine.h"
 #include "emu_internal.h"
 #include "offload_atomic.h"
 
-#define EMU_WAKE_DPA  1u                /* futex bitset: progress threads */
-#define EMU_WAKE_HOST 2u                /* futex bitset: the host thread driving */
 #define EMU_SLEEP_SLICE_NS 50000000ll   /* re-check the stop flag at least this often */
 #define EMU_WAKE_COST_INIT 20000ull     /* ns, until a wake-up has been measured */
 #define EMU_DRIVE_ROUNDS 64             /* passes a post or a test() runs at most */
 #define EMU_WAKING_NS 3000ull           /* a woken thread normally runs within this */
-
-uint64_t emu_now_ns(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
-}
-
-struct timespec emu_ns_to_ts(int64_t ns)
-{
-	struct timespec ts = { .tv_sec = ns / 1000000000ll, .tv_nsec = ns % 1000000000ll };
-
-	return ts;
-}
-
-/* bits: 0 for a plain FUTEX_WAIT/WAKE, else a bitset (only on shared words here). */
-long emu_futex(uint32_t *word, int op, uint32_t val, const struct timespec *ts, uint32_t bits)
-{
-	if (!bits)
-		return syscall(SYS_futex, word, op, val, ts, NULL, 0);
-	op = op == FUTEX_WAIT ? FUTEX_WAIT_BITSET : FUTEX_WAKE_BITSET;
-	/* WAIT_BITSET takes an absolute CLOCK_MONOTONIC deadline. */
-	if (ts) {
-		uint64_t at = emu_now_ns() + (uint64_t)ts->tv_sec * 1000000000ull +
-			      (uint64_t)ts->tv_nsec;
-		struct timespec abs = emu_ns_to_ts((int64_t)at);
-
-		return syscall(SYS_futex, word, op, val, &abs, NULL, bits);
-	}
-	return syscall(SYS_futex, word, op, val, NULL, NULL, bits);
-}
-
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#elif defined(__aarch64__)
-	__asm__ __volatile__("yield");
-#endif
-}
-
-/* FUTEX_WAKE woke n sleepers: they are awake from now on, running or not (job header). */
-static void woke(struct emu_device *dev, long n)
-{
-	if (n > 0)
-		off_fetch_sub(&dev->hdr->asleep, (uint32_t)n);
-}
-
-/* The bell's bits of rank's progress threads (kind EMU_WAKE_DPA) or driver (EMU_WAKE_HOST). */
-static uint32_t bell_bits(uint32_t rank, uint32_t kind)
-{
-	return 1u << ((2 * rank + (kind == EMU_WAKE_HOST)) % 32);
-}
-
-/* Ring the bell for `bits` (one FUTEX_WAKE for every rank in `ranks`, whose sleepers the
- * caller already took out of the job's asleep: they count as awake from now on). */
-static void ring(struct emu_device *dev, uint32_t bits, uint64_t ranks)
-{
-	uint64_t now = emu_now_ns();
-
-	for (uint64_t m = ranks; m; m &= m - 1) {
-		struct emu_rank *r = &dev->ranks[__builtin_ctzll(m)];
-
-		off_write_once(&r->wake_ns, now);  /* the sleeper measures its wake-up */
-		if (!off_read_once(&r->waking_ns))
-			off_write_once(&r->waking_ns, now);
-	}
-	/* After the events the sleepers compare: one that read the old bell sees them. */
-	off_fetch_add(&dev->hdr->bell, 1);
-	emu_futex(&dev->hdr->bell, FUTEX_WAKE, INT_MAX, NULL, bits);
-}
-
-/*
- * The rank's event counter moved (its firmware has news): wake whoever runs the firmware.
- * While a host thread drives, only it (the progress threads would find nothing to do; it
- * wakes them if it leaves work behind), and once: the first waker to disarm it. Unless
- * forced (kick), a peer's write wakes no driver before the events it said it needs are in
- * (an eager all-to-all waits for every block before it can complete) and no progress
- * thread of a rank with no op in flight (its next post or doorbell looks at everything).
- * With a pass's hal, the bell rings at the end of the pass, once for all it woke.
- */
-static void wake(struct emu_device *dev, uint32_t rank, int force, struct dpa_hal *pass)
-{
-	struct emu_rank *r = &dev->ranks[rank];
-	uint32_t ev = off_fetch_add(&r->event, 1) + 1, armed = 1, bits;
-
-	/* Pairs with a sleeper's fence between announcing itself and re-reading event. */
-	off_fence();
-	/* Whoever takes a sleeper's announcement (armed, or one of sleepers) wakes it and
-	 * takes it out of the job's asleep, before the futex call (which a woken thread on
-	 * this core may preempt): spinners must count it awake from now on. */
-	if (off_read_once(&r->driving)) {
-		if (!off_read_once(&r->armed) ||
-		    (!force && (int32_t)(ev - off_read_once(&r->wake_event)) < 0) ||
-		    !off_cas(&r->armed, &armed, 0))
-			return;
-		off_fetch_sub(&dev->hdr->asleep, 1);
-		bits = bell_bits(rank, EMU_WAKE_HOST);
-	} else {
-		uint64_t taken;
-
-		if (!off_read_once(&r->sleepers) ||
-		    (!force && off_read_once(&r->load) == DPA_ENGINE_IDLE) ||
-		    !(taken = __atomic_exchange_n(&r->sleepers, 0, __ATOMIC_ACQ_REL)))
-			return;
-		off_fetch_sub(&dev->hdr->asleep, (uint32_t)__builtin_popcountll(taken));
-		bits = bell_bits(rank, EMU_WAKE_DPA);
-	}
-	if (!pass) {
-		ring(dev, bits, 1ull << rank);
-		return;
-	}
-	pass->wake_bits |= bits;
-	pass->wake_ranks |= 1ull << rank;
-}
-
-void emu_flush_wakes(struct dpa_hal *pass)
-{
-	if (!pass->wake_bits)
-		return;
-	ring(pass->dev, pass->wake_bits, pass->wake_ranks);
-	pass->wake_bits = 0;
-	pass->wake_ranks = 0;
-}
-
-void emu_wake_rank(struct emu_device *dev, uint32_t rank, struct dpa_hal *pass)
-{
-	wake(dev, rank, 0, pass);
-}
-
-void emu_kick_rank(struct emu_device *dev, uint32_t rank)
-{
-	wake(dev, rank, 1, NULL);
-}
-
-int emu_wait_word(struct emu_device *dev, uint32_t *word, uint32_t seen, int64_t timeout_ns)
-{
-	struct timespec ts = emu_ns_to_ts(timeout_ns);
-	long rc;
-
-	off_fetch_add(&dev->hdr->asleep, 1);
-	rc = emu_futex(word, FUTEX_WAIT_PRIVATE, seen, timeout_ns >= 0 ? &ts : NULL, 0);
-	if (rc != 0)
-		off_fetch_sub(&dev->hdr->asleep, 1);  /* nobody woke us: we count ourselves out */
-	return rc < 0 && errno == ETIMEDOUT ? -ETIMEDOUT : 0;
-}
-
-void emu_wake_word(struct emu_device *dev, uint32_t *word)
-{
-	woke(dev, emu_futex(word, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, 0));
-}
 
 static struct emu_rank *self_rank(struct emu_device *dev)
 {
@@ -278,7 +122,7 @@ static void sleep_on_event(struct emu_device *dev, uint32_t snap, uint32_t bits,
 	if (off_load_acquire(&r->event) == snap && !off_read_once(&dev->stop) &&
 	    !(bits == EMU_WAKE_HOST && off_load_acquire(&dev->closing)))
 		rc = emu_futex(&dev->hdr->bell, FUTEX_WAIT, bell, &slice,
-			       bell_bits(dev->attr.rank, bits));
+			       emu_bell_bits(dev->attr.rank, bits));
 	if (rc != 0)
 		return;
 	off_write_once(&r->waking_ns, 0);  /* running: no spinner need leave its core to us */
@@ -383,7 +227,7 @@ static void thread_idle(struct emu_device *dev, struct dpa_hal *hal, uint32_t sn
 		    off_read_once(&r->driving) || (timer && now >= timer))
 			return;
 		for (int i = 0; i < 64; i++)
-			cpu_relax();
+			off_cpu_relax();
 		now = emu_now_ns();
 	}
 	if (timer && timer - now < (uint64_t)ns)
@@ -446,7 +290,8 @@ void emu_threads_stop(struct emu_device *dev)
 		uint32_t me = dev->attr.rank;
 
 		off_fetch_add(&self_rank(dev)->event, 1);
-		ring(dev, bell_bits(me, EMU_WAKE_DPA) | bell_bits(me, EMU_WAKE_HOST), 1ull << me);
+		emu_ring(dev, emu_bell_bits(me, EMU_WAKE_DPA) | emu_bell_bits(me, EMU_WAKE_HOST),
+			 1ull << me);
 	}
 	for (uint32_t i = 0; i < dev->nthreads_started; i++)
 		pthread_join(dev->threads[i], NULL);
@@ -454,7 +299,7 @@ void emu_threads_stop(struct emu_device *dev)
 	/* A host thread driving (close called from another thread) sees stop after its
 	 * pass: the engine's memory may go only once it left. */
 	while (off_load_acquire(&dev->drive_lock))
-		cpu_relax();
+		off_cpu_relax();
 }
 
 /* Does the engine need a pass without any event coming: a command not taken, or a timer? */
@@ -501,7 +346,7 @@ static void host_idle(struct emu_device *dev, uint32_t snap, uint32_t *word, uin
 		    (timer && now >= timer))
 			return;
 		for (int i = 0; i < 64; i++)
-			cpu_relax();
+			off_cpu_relax();
 		now = emu_now_ns();
 	}
 	if (timer && timer < until)

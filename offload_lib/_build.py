@@ -16,6 +16,7 @@ from cffi import FFI
 ROOT = Path(__file__).resolve().parent.parent
 HEADER = ROOT / "host" / "include" / "offload_host.h"
 ABI_HEADER = ROOT / "dpa_firmware" / "include" / "offload_abi.h"
+ENGINE_HEADER = ROOT / "dpa_firmware" / "include" / "dpa_engine.h"  # the firmware's settings
 
 _DEFINE = re.compile(r"^#define\s+(\w+)(\(?)\s*(.*)$")
 _SUFFIX = re.compile(r"\b(0x[0-9a-fA-F]+|\d+)[uUlL]+\b")
@@ -85,6 +86,7 @@ def make_ffi(abi_text: str, module: str, sources: str = "") -> FFI:
 
 
 ffibuilder = make_ffi(ABI_HEADER.read_text(), "offload_lib._native",
+                      _cdef_section(ENGINE_HEADER.read_text()) +
                       _cdef_section(HEADER.read_text()))
 # The bootstrap's allgather, called back by hardware backends (offload_lib/context.py).
 ffibuilder.cdef('extern "Python" int offload_allgather(void *, const void *, uint32_t, void *);')

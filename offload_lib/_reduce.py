@@ -17,6 +17,7 @@ import numpy as np
 
 from offload_lib._buffers import Buffer, as_buffer
 from offload_lib._native import ffi, lib
+from offload_lib._posting import Posting
 from offload_lib.errors import InvalidArgument
 
 if TYPE_CHECKING:
@@ -83,7 +84,8 @@ class ScratchPool:
             raw = np.empty(size + 4096, np.uint8)
             start = -raw.ctypes.data % 4096
             arr = raw[start:start + size]
-            key, owned = ctx._register(as_buffer(arr, writable=True, name="scratch"), _ALL_ACCESS)
+            key, owned = Posting(ctx).register(as_buffer(arr, writable=True, name="scratch"),
+                                               _ALL_ACCESS)
             assert owned, "a fresh scratch buffer was registered already"
         return arr, key, _Lease(self, arr, key)
 
@@ -95,7 +97,7 @@ class ScratchPool:
                 _, old = self._free.pop(0)
                 ctx = self._ctx()
                 if ctx is not None:
-                    ctx._release_key(old)
+                    Posting(ctx).release(old)
 
     def release_all(self) -> None:
         ctx = self._ctx()
@@ -103,7 +105,7 @@ class ScratchPool:
             free, self._free = self._free, []
         if ctx is not None:
             for _, key in free:
-                ctx._release_key(key)
+                Posting(ctx).release(key)
 
 
 class _Lease:
@@ -120,7 +122,7 @@ class _Lease:
 
 def post(team: Team, opcode: int, s: Buffer, d: Buffer, word: int, what: str) -> Any:
     """Post a reduction command on checked buffers, with scratch from the pool."""
-    ctx = team._ctx
+    posting = Posting(team._ctx)
     n = team.size
     stride = s.nbytes // n if opcode == lib.OFFLOAD_OP_REDUCE_SCATTER else order_block(s.nbytes, s.itemsize, n)
     op = ffi.new("struct host_op *")
@@ -132,7 +134,7 @@ def post(team: Team, opcode: int, s: Buffer, d: Buffer, word: int, what: str) ->
     op.dst_addr, op.dst_len = d.addr, d.nbytes
     keep: tuple[Any, ...] = ()
     if s.nbytes:
-        arr, key, lease = ctx._scratch().take(stride * n)
+        arr, key, lease = posting.scratch().take(stride * n)
         op.aux_addr, op.aux_len, op.aux_key = arr.ctypes.data, stride * n, key
         keep = (lease,)
     if s.on_gpu or d.on_gpu:
@@ -142,21 +144,21 @@ def post(team: Team, opcode: int, s: Buffer, d: Buffer, word: int, what: str) ->
     if s.overlaps(d):
         lo, hi = min(s.addr, d.addr), max(s.addr + s.nbytes, d.addr + d.nbytes)
         span = Buffer(lo, hi - lo, 1, "|u1", (s.obj, d.obj))
-        key, owned = ctx._register(span, _ALL_ACCESS)
+        key, owned = posting.register(span, _ALL_ACCESS)
         op.src_key = op.dst_key = key
         if owned:
-            keep = (*keep, _KeyLease(ctx, key))
-    return ctx._post(op, what, (s.obj, d.obj, *keep), None, s.nbytes, s.itemsize)
+            keep = (*keep, _KeyLease(posting, key))
+    return posting.op(op, what, (s.obj, d.obj, *keep), None, s.nbytes, s.itemsize)
 
 
 class _KeyLease:
-    __slots__ = ("_ctx", "_key")
+    __slots__ = ("_posting", "_key")
 
-    def __init__(self, ctx: Context, key: int) -> None:
-        self._ctx, self._key = ctx, key
+    def __init__(self, posting: Posting, key: int) -> None:
+        self._posting, self._key = posting, key
 
     def __del__(self) -> None:
-        self._ctx._release_key(self._key)
+        self._posting.release(self._key)
 
 
 def check_reduce_scatter(team: Team, src: Any, dst: Any) -> tuple[Buffer, Buffer]:

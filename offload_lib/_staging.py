@@ -36,7 +36,8 @@ import numpy as np
 from offload_lib import _commands
 from offload_lib._buffers import Buffer
 from offload_lib._cuda import Copy2D
-from offload_lib._native import ffi, lib
+from offload_lib._native import lib
+from offload_lib._posting import Posting
 from offload_lib.errors import Canceled, InvalidArgument, OffloadError, Timeout
 from offload_lib.request import McastStats
 
@@ -127,6 +128,7 @@ class Stager:
 
     def __init__(self, ctx: Any, drv: Any, direct: bool = False) -> None:
         self.ctx, self.drv, self.direct = ctx, drv, direct
+        self.posting = Posting(ctx)  # how its pieces are posted, cancelled, registered
         self.piece_bytes = ctx.config.gpu_piece
         self._cv = threading.Condition()
         self._posting: collections.deque[_Op] = collections.deque()
@@ -173,7 +175,7 @@ class Stager:
     def post(self, cmd: _commands.Command) -> Any:
         """Post a staged piece: a command on host (staging) buffers, through the context's
         posting, not the public Team API (which would route GPU buffers back here)."""
-        return self.ctx._post_host(cmd)
+        return self.posting.command(cmd)
 
     def submit(self, what: str, bufs: list[Buffer], pieces: list[_Piece],
                staging: list[np.ndarray], result: Callable[[_Op], Any] = lambda op: None,
@@ -226,7 +228,7 @@ class Stager:
 
     def _cancel_posted(self, op: _Op, reqs: list[Any]) -> None:
         for req in reqs:  # the completer collects their (cancelled) completions
-            rc = lib.host_cancel(self.ctx._handle(), req._tag, self.ctx._post_timeout_ns)
+            rc = self.posting.cancel(req)
             if rc not in (0, -errno.ENOENT):  # it had completed
                 op.error = op.error or OffloadError(f"{op.what}: cancel failed ({rc})")
 
@@ -242,17 +244,15 @@ class Stager:
                     if b.addr not in keys:
                         keys[b.addr] = self._register_dmabuf(b)
                     setattr(op, name, keys[b.addr])
-            piece = _Piece([], lambda: self.ctx._post(op, what, keep, result, itemsize=itemsize))
+            piece = _Piece([], lambda: self.posting.op(op, what, keep, result, itemsize=itemsize))
             return self.submit(what, list(bufs), [piece], [], lambda o: o.pieces[0].value,
                                release=list(keys.values()))
         except BaseException:
             for key in keys.values():
-                self.ctx._release_key(key)
+                self.posting.release(key)
             raise
 
     def _register_dmabuf(self, b: Buffer) -> int:
-        from offload_lib.errors import check_rc
-
         # The whole allocation, as NCCL registers it: dma-buf ranges are whole pages.
         with self.drv.scope(self.drv.device_of(b.addr)[0]):
             base, size = self.drv.allocation(b.addr)
@@ -260,13 +260,10 @@ class Stager:
             span = -(-size // page) * page
             fd = self.drv.dmabuf(base, span)
         try:
-            key = ffi.new("uint32_t *")
             # src or dst: local read/write, remote read/write
             access = (lib.OFFLOAD_ACCESS_LOCAL_READ | lib.OFFLOAD_ACCESS_LOCAL_WRITE |
                       lib.OFFLOAD_ACCESS_REMOTE_READ | lib.OFFLOAD_ACCESS_REMOTE_WRITE)
-            check_rc(lib.host_mr_acquire_dmabuf(self.ctx._handle(), base, span, fd, access, key),
-                     "registering GPU memory for GPUDirect RDMA")
-            return int(key[0])
+            return self.posting.register_dmabuf(base, span, fd, access)
         finally:
             os.close(fd)
 
@@ -335,7 +332,7 @@ class Stager:
                     drv.flush_rdma_writes()
                 drv.stream_write_value(dev.stream, dev.word, op.seq)
                 for key in op.release:
-                    self.ctx._release_key(key)
+                    self.posting.release(key)
                 landed = drv.event_record(dev.stream)
                 drv.event_synchronize(landed)
                 # Staging goes back only when no copy of this op can still touch it, even

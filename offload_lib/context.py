@@ -1,6 +1,7 @@
 """Context: one rank's connection to its DPA: lifecycle, teams, memory, counters, and the
 posting every collective goes through (Team in team.py encodes with _commands.py and
-submits here; the GPU stager and the reductions post through the same few methods)."""
+submits here; the GPU stager and the reductions post through a _posting.Posting, the
+internal interface over the same few methods)."""
 from __future__ import annotations
 
 import errno
@@ -45,7 +46,7 @@ _STAT_WORDS = ffi.sizeof("struct offload_thread_stats") // 8
 
 @ffi.def_extern()
 def offload_allgather(arg: Any, mine: Any, length: int, out: Any) -> int:
-    """host_device_attr.allgather for hardware backends: the bootstrap's allgather."""
+    """host_ctx_params.allgather for hardware backends: the bootstrap's allgather."""
     try:
         ctx = ffi.from_handle(arg)
         parts = allgather(ctx._world, bytes(ffi.buffer(mine, length)),
@@ -155,7 +156,12 @@ class Context:
         self._closed = True  # until the device is open
         self._close_lock = threading.Lock()
         self._shut = threading.Event()  # set once the device stopped (close() returned)
+        # One struct, filled here once and passed down by pointer (host setup, the backend,
+        # the firmware's part as it is): offload_host.h's struct host_ctx_params.
         params = ffi.new("struct host_ctx_params *")
+        params.struct_size = ffi.sizeof("struct host_ctx_params")
+        params.version = lib.HOST_CTX_PARAMS_VERSION
+        engine = params.engine  # the firmware's settings (dpa_engine.h)
         job_c = ffi.new("char[]", world.job.encode())
         backend_c = ffi.new("char[]", backend.encode())
         params.job, params.backend = job_c, backend_c
@@ -171,11 +177,11 @@ class Context:
         # thread that waits on the completion ring (threads mode) spins as long, then sleeps.
         params.spin_us = config.spin_us
         self._poll_ns = config.spin_us * 1000
-        params.eager_max = config.eager_max
+        engine.eager_max = config.eager_max
         params.ring_entries = config.ring_entries
-        params.chunk_size = config.chunk_size
+        engine.chunk_size = config.chunk_size
         params.bootstrap_timeout_ns = int(config.bootstrap_timeout * 1e9)
-        params.op_timeout_ms = int(round(config.op_timeout * 1000))
+        engine.op_timeout_ms = int(round(config.op_timeout * 1000))
         # Hardware backends connect their queues through the bootstrap (see _allgather).
         self._world = world
         self._self_handle = ffi.new_handle(self)
@@ -183,10 +189,10 @@ class Context:
         params.allgather_arg = self._self_handle
         params.rails = config.rails
         params.mtu = config.mtu
-        params.mcast_roots = config.mcast_roots
+        engine.mcast_roots = config.mcast_roots
         params.mcast_rq_depth = config.mcast_rq_depth
         params.mcast_staged = config.mcast_placement == "staged"
-        params.link_mbps = max(1, int(config.link_rate * 1000))
+        engine.link_mbps = max(1, int(config.link_rate * 1000))
         params.mcast_loss_ppm = int(round(config.mcast_loss * 1e6))
         params.mcast_reorder_ppm = int(round(config.mcast_reorder * 1e6))
         params.mcast_seed = config.mcast_seed
@@ -210,6 +216,11 @@ class Context:
         if rc == -errno.EACCES:
             raise OffloadError(f"{what}: /dev/shm/{world.job} is not a private file of this "
                                "user (made by someone else?): refusing to use it")
+        if rc == -errno.EPROTONOSUPPORT:
+            raise OffloadError(f"{what}: the host library reads struct host_ctx_params version "
+                               f"{lib.HOST_CTX_PARAMS_VERSION}, not the {params.struct_size} bytes "
+                               f"of version {params.version} given: offload_lib._native was built "
+                               "from other headers (reinstall: pip install -e .)")
         check_rc(rc, what)
         self._ptr = ffi.gc(out[0], lib.host_ctx_close)
         self._closed = False

@@ -3,7 +3,7 @@
 #   1. the DPA image: dpa_firmware/src/*.c + dpa_firmware/hal/flexio/*.c, compiled by dpacc
 #      into a host-linkable archive that embeds the device ELF (app dpa_offload_app);
 #   2. build/flexio/libdpaoffload_flexio.so: host/src/flexio/*.c linked with that
-#      archive, libflexio and libibverbs, exporting only dpaoffload_flexio_{ops,abi,probe}().
+#      archive, libflexio and libibverbs, exporting only dpaoffload_flexio_{ops,abi,params_version,probe}().
 # The pip build never compiles these files; host_ctx dlopens the .so when backend=flexio.
 #
 # Environment: DOCA_DIR (default /opt/mellanox/doca), FLEXIO_DIR (default
@@ -113,11 +113,12 @@ PYTHON=${PYTHON:-python3}
 DEV_SRCS=$("$PYTHON" "$ROOT/build_defs.py" list firmware; "$PYTHON" "$ROOT/build_defs.py" list flexio_hal)
 HOST_SRCS=$("$PYTHON" "$ROOT/build_defs.py" list flexio_host)
 [ -n "$DEV_SRCS" ] && [ -n "$HOST_SRCS" ] || missing "the source lists of build_defs.py" "$PYTHON"
-# -ffp-contract=off: the reductions' documented order rounds every partial (reduce.h);
-# clang contracts a*b+c into an fma by default, which would change results.
-DEV_FLAGS="-O2 -ffp-contract=off -Wall -Wextra -Wno-deprecated-declarations -DFLEXIO_DEV_ALLOW_EXPERIMENTAL_API \
--I$ROOT/dpa_firmware/include -I$ROOT/dpa_firmware/src -I$ROOT/dpa_firmware/hal/flexio"
-HOST_STUB_FLAGS="-fPIC -O2 -Wno-deprecated-declarations -DFLEXIO_ALLOW_EXPERIMENTAL_API"
+# So do the flags (the device's keep the reductions' rounding order: see build_defs.py).
+DEV_FLAGS=$("$PYTHON" "$ROOT/build_defs.py" flags flexio_device)
+HOST_STUB_FLAGS=$("$PYTHON" "$ROOT/build_defs.py" flags flexio_host_stubs)
+HOST_FLAGS=$("$PYTHON" "$ROOT/build_defs.py" flags flexio_host)
+[ -n "$DEV_FLAGS" ] && [ -n "$HOST_STUB_FLAGS" ] && [ -n "$HOST_FLAGS" ] || \
+	missing "the flag sets of build_defs.py" "$PYTHON"
 DEV_ARCHIVE=$OUT_DIR/$APP_NAME.a
 
 set -- -o "$DEV_ARCHIVE" -hostcc="$CC" -hostcc-options="$HOST_STUB_FLAGS" \
@@ -140,10 +141,8 @@ EXPORTS=$OUT_DIR/exports.map
 printf '{\n  global: dpaoffload_flexio_*;\n  local: *;\n};\n' >"$EXPORTS"
 SO=$OUT_DIR/libdpaoffload_flexio.so
 echo "build_flexio.sh: $CC -> $SO"
-# shellcheck disable=SC2086 # MLX5_LINK: empty or two words, HOST_SRCS: paths, split on purpose
-"$CC" -std=c11 -O2 -g -Wall -Wextra -fPIC -shared -fvisibility=hidden \
-	-DFLEXIO_ALLOW_EXPERIMENTAL_API \
-	-I"$ROOT/dpa_firmware/include" -I"$ROOT/host/include" \
+# shellcheck disable=SC2086 # MLX5_LINK: empty or two words, HOST_SRCS and HOST_FLAGS: split on purpose
+"$CC" $HOST_FLAGS -shared \
 	-isystem "$FLEXIO_INC" -isystem "$FLEXIO_DEV_INC" -isystem "$VERBS_INC" \
 	$HOST_SRCS "$DEV_ARCHIVE" \
 	-Wl,--version-script="$EXPORTS" -Wl,-z,defs \

@@ -111,8 +111,55 @@ def _literal_ints(node: ast.AST) -> bool:
     return any(isinstance(n, ast.Constant) and type(n.value) is int for n in ast.walk(node))
 
 
-def test_no_python_source_copies_an_abi_value():
+def _negative_literal(node: ast.AST) -> bool:
+    """-2, -110: a status or negative errno written as a number (-1 is too common)."""
+    return isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub) and \
+        isinstance(node.operand, ast.Constant) and type(node.operand.value) is int and \
+        node.operand.value > 1
+
+
+def _table_copies(node: ast.AST, aliases: set[str], words: set[str]) -> list[str]:
+    """Entries of a dict table that copy an ABI value: a name of one mapped to a literal
+    ({"OP_ALLTOALL": 3}, dict(F_SLOTS=64)), a literal mapped to a name of one ({3: "OP_ALLTOALL"}),
+    a status or errno as a literal key ({-7: Timeout}); bare words ({"alltoall": 3}) where
+    two entries of a table read so (one alone, {"size": 4}, is too common)."""
+    def named(n: ast.AST | None, names: set[str]) -> bool:
+        return isinstance(n, ast.Constant) and isinstance(n.value, str) and \
+            n.value.upper().lstrip("_") in names
+
+    def literal(n: ast.AST | None) -> bool:
+        return n is not None and _literal_ints(n) and "lib." not in ast.unparse(n)
+
+    def copies(k: ast.AST | None, v: ast.AST, names: set[str]) -> bool:
+        return (named(k, names) and literal(v)) or (literal(k) and named(v, names))
+
+    out, bare = [], []
+    if isinstance(node, ast.Dict):
+        for k, v in zip(node.keys, node.values):
+            entry = f"{ast.unparse(k) if k else '**'}: {ast.unparse(v)}"
+            if copies(k, v, aliases) or (k is not None and _negative_literal(k)):
+                out.append(entry)
+            elif copies(k, v, words):
+                bare.append(entry)
+    elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "dict":
+        for kw in node.keywords:
+            if kw.arg and literal(kw.value):
+                entry = f"{kw.arg}={ast.unparse(kw.value)}"
+                if kw.arg.upper().lstrip("_") in aliases:
+                    out.append(entry)
+                elif kw.arg.upper() in words:
+                    bare.append(entry)
+    return out + (bare if len(bare) > 1 else [])
+
+
+def _copies() -> list[str]:
+    """Every place a Python source writes an ABI value or a negative errno as a literal."""
     aliases = _abi_aliases()
+    # The enums Python keeps tables of, by their last word: opcodes, statuses, reduction ops
+    # and types, mismatch kinds ({"alltoall": 3}, {"sum": 0}).
+    words = {name.split("_", 2)[2] for name in _abi_names(ABI_HEADER.read_text())
+             if name.startswith(("OFFLOAD_OP_", "OFFLOAD_ERR_", "OFFLOAD_RED_", "OFFLOAD_DT_",
+                                 "OFFLOAD_MISMATCH_"))}
     found = []
     for path in _python_sources():
         tree = ast.parse(path.read_text(), str(path))
@@ -124,16 +171,21 @@ def test_no_python_source_copies_an_abi_value():
                     if isinstance(t, ast.Name) and t.id.lstrip("_") in aliases and \
                             _literal_ints(node.value) and "lib." not in ast.unparse(node.value):
                         found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+            for where in _table_copies(node, aliases, words):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {where}")
             # A negative errno compared as a number (rc != -110) instead of -errno.ETIMEDOUT.
             if isinstance(node, ast.Compare):
                 for side in [node.left, *node.comparators]:
                     for n in (side.elts if isinstance(side, (ast.Tuple, ast.List, ast.Set))
                               else [side]):
-                        if isinstance(n, ast.UnaryOp) and isinstance(n.op, ast.USub) and \
-                                isinstance(n.operand, ast.Constant) and \
-                                type(n.operand.value) is int and n.operand.value > 1:
+                        if _negative_literal(n):
                             found.append(f"{path.relative_to(ROOT)}:{node.lineno}: "
                                          f"{ast.unparse(node)}")
+    return found
+
+
+def test_no_python_source_copies_an_abi_value():
+    found = _copies()
     assert not found, "ABI values or errnos written as literals (use lib.OFFLOAD_* / errno.E*):\n" \
         + "\n".join(found)
 
@@ -143,9 +195,12 @@ def test_the_scan_would_see_a_copy(tmp_path, monkeypatch):
     fake = tmp_path / "offload_lib"
     fake.mkdir()
     (fake / "copy.py").write_text("OP_ALLTOALL = 3\n_LOCAL_READ, _LOCAL_WRITE = 1, 2\n"
-                                  "def f(rc):\n    return rc != -110 or rc in (0, -2)\n")
+                                  "def f(rc):\n    return rc != -110 or rc in (0, -2)\n"
+                                  "OPS = {'alltoall': 3, 'BROADCAST': 4}\n"
+                                  "NAMES = {3: 'OP_ALLTOALL'}\nERRS = {-7: TimeoutError}\n"
+                                  "FLAGS = dict(F_SLOTS=64)\n")
     monkeypatch.setattr(sys.modules[__name__], "ROOT", tmp_path)
-    with pytest.raises(AssertionError) as err:
-        test_no_python_source_copies_an_abi_value()
-    assert "OP_ALLTOALL = 3" in str(err.value) and "-110" in str(err.value)
-    assert "_LOCAL_READ" in str(err.value)
+    found = "\n".join(_copies())
+    for copy in ("OP_ALLTOALL = 3", "-110", "-2", "_LOCAL_READ", "'alltoall': 3", "'BROADCAST': 4",
+                 "3: 'OP_ALLTOALL'", "-7: TimeoutError", "F_SLOTS=64"):
+        assert copy in found, copy

@@ -30,8 +30,7 @@ def test_firmware_calls_nothing_outside_the_hal(tmp_path: Path) -> None:
     objs = []
     for source in SOURCES:
         obj = tmp_path / (source.stem + ".o")
-        subprocess.run([CC, "-std=c11", "-O2", "-I", str(FIRMWARE / "include"), "-c", str(source),
-                        "-o", str(obj)], check=True)
+        subprocess.run(build_defs.freestanding_command(CC, source, obj), check=True)
         objs.append(str(obj))
     nm = shutil.which("nm")
     if nm is None:
@@ -63,8 +62,7 @@ def test_firmware_calls_run_one_way(tmp_path: Path) -> None:
     algorithms = set()
     for source in SOURCES:
         obj = str(tmp_path / (source.stem + ".o"))
-        subprocess.run([CC, "-std=c11", "-O2", "-I", str(FIRMWARE / "include"), "-c", str(source),
-                        "-o", obj], check=True)
+        subprocess.run(build_defs.freestanding_command(CC, source, obj), check=True)
         for sym in _symbols(nm, obj, "--defined-only"):
             kind, name = sym[-2], sym[-1]
             if kind == "T":

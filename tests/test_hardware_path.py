@@ -11,12 +11,13 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+import build_defs
+
+ROOT = build_defs.ROOT
 FIRMWARE = ROOT / "dpa_firmware"
 DOCA_DIR = Path(os.environ.get("DOCA_DIR", "/opt/mellanox/doca"))
 FLEXIO_DIR = Path(os.environ.get("FLEXIO_DIR", "/opt/mellanox/flexio"))
 INCLUDE_DIRS = [FLEXIO_DIR / "include", DOCA_DIR / "include", Path("/usr/include")]
-STRICT = ["-std=c11", "-pedantic", "-Wall", "-Wextra", "-Werror"]
 CC = shutil.which("gcc") or shutil.which("cc")
 
 pytestmark = pytest.mark.skipif(CC is None, reason="no C compiler")
@@ -29,7 +30,7 @@ def _find(header: str) -> Path | None:
 def _compile(tmp_path: Path, source: str, *flags: str) -> subprocess.CompletedProcess[str]:
     src = tmp_path / "check.c"
     src.write_text(source)
-    return subprocess.run([CC, *STRICT, "-fsyntax-only", *flags, str(src)],
+    return subprocess.run([CC, *flags, "-fsyntax-only", str(src)],
                           capture_output=True, text=True, timeout=60)
 
 
@@ -38,7 +39,7 @@ def test_hardware_facing_abi_is_strict_c11(tmp_path):
     strict, pedantic C11 with no vendor header, and their static asserts hold."""
     out = _compile(tmp_path, '#include "offload_abi.h"\n#include "host_device.h"\n'
                              "int main(void) { return (int)sizeof(struct offload_ring_hdr) - 256; }\n",
-                   f"-I{FIRMWARE / 'include'}", f"-I{ROOT / 'host' / 'include'}")
+                   *build_defs.flags("pedantic"))
     assert out.returncode == 0, out.stderr
 
 
@@ -62,10 +63,10 @@ def test_hal_binding_covers_every_hal_function():
     decl = re.findall(r"^\w[\w\s\*]*?\b(dpa_hal_\w+)\(", (FIRMWARE / "include" / "dpa_hal.h").read_text(),
                       re.M)
     assert len(decl) >= 12, decl
-    for where in (FIRMWARE / "hal" / "flexio", ROOT / "emulator"):
-        text = "\n".join(p.read_text() for p in where.glob("*.c"))
+    for binding in ("flexio_hal", "emulator"):
+        text = "\n".join((ROOT / s).read_text() for s in build_defs.sources(binding))
         missing = [f for f in decl if not re.search(rf"^\w[\w\s\*]*\b{f}\(", text, re.M)]
-        assert not missing, f"{where.name} does not define {missing}"
+        assert not missing, f"{binding} does not define {missing}"
 
 
 def test_flexio_device_binding_compiles_where_the_sdk_is():
@@ -89,10 +90,10 @@ def test_flexio_host_backend_compiles_where_the_sdk_is(tmp_path):
         what = "libflexio/flexio.h (DOCA)" if flexio is None else "infiniband/verbs.h (libibverbs-dev)"
         pytest.skip(f"{what} is not installed here (looked in "
                     f"{', '.join(map(str, INCLUDE_DIRS))}); the host backend compiles with it")
-    out = subprocess.run([CC, "-std=c11", "-Wall", "-Wextra", "-Werror", "-fsyntax-only",
-                          "-DFLEXIO_ALLOW_EXPERIMENTAL_API", f"-I{FIRMWARE / 'include'}",
-                          f"-I{ROOT / 'host' / 'include'}", "-isystem", str(flexio), "-isystem",
-                          str(verbs), *map(str, sorted((ROOT / "host" / "src" / "flexio").glob("*.c")))],
+    # The flags build_flexio.sh compiles it with, warnings as errors.
+    out = subprocess.run([CC, *build_defs.flags("flexio_host_check"), "-fsyntax-only",
+                          "-isystem", str(flexio), "-isystem", str(verbs),
+                          *(str(ROOT / s) for s in build_defs.sources("flexio_host"))],
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
 

@@ -11,6 +11,11 @@
 
 struct dpa_hal;
 
+/* The firmware's settings. The host's caller fills the engine's own (chunk_size,
+ * op_timeout_ms, link_mbps, mcast_roots, eager_max) once, inside struct host_ctx_params;
+ * host setup adds what it decides (the ABI version, ranks, threads, ring sizes, passes)
+ * and hands the struct down as it is. offload_lib's cffi build reads it from here. */
+/* cffi:begin */
 struct dpa_engine_params {
 	uint32_t abi_version;   /* OFFLOAD_ABI_VERSION of the loader */
 	uint32_t world_rank;
@@ -28,6 +33,7 @@ struct dpa_engine_params {
 	uint32_t a2a_window;    /* pairwise all-to-all: blocks each thread has on the wire at
 				 * once (0: all it can; 1: the textbook one step at a time) */
 };
+/* cffi:end */
 
 uint64_t dpa_engine_state_size(void);
 /* Returns 0, or -EINVAL when params are out of range. */

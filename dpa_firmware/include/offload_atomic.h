@@ -19,6 +19,17 @@
 					__ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE)
 #define off_fence()              __atomic_thread_fence(__ATOMIC_SEQ_CST)
 
+/* One iteration of a spin-wait: tells the core a sibling thread may run (the spin stays
+ * short; waits longer than a spin sleep on a futex). A no-op where no hint exists. */
+static inline void off_cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield");
+#endif
+}
+
 /* A test-and-set lock for short critical sections between DPA threads (no sleeping). */
 static inline int off_trylock(uint32_t *lock)
 {

@@ -244,11 +244,9 @@ static int eager_abort(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, st
 
 	if (i == 0 || dpa_peer_gone(eng, op, hal, team->peers[p].world_rank))
 		return 0;
-	if (!(it->flags & DPA_ITEM_SIG_OUT) && dpa_sig_gated(hal, op->team_id, op->seq, p)) {
-		if (dpa_sig_post(eng, op, hal, i) == DPA_HAL_EAGAIN)
-			return DPA_HAL_EAGAIN;
-		it->flags |= DPA_ITEM_SIG_OUT;
-	}
+	if (!(it->flags & DPA_ITEM_SIG_OUT) && dpa_sig_gated(hal, op->team_id, op->seq, p) &&
+	    dpa_sig_post_once(eng, op, hal, i) == DPA_HAL_EAGAIN)
+		return DPA_HAL_EAGAIN;
 	if (it->flags & DPA_ITEM_SIGNALED) {
 		if (OFFLOAD_EAGER_SEQ(off_load_acquire(&ctrl->eager_credit[eager_slot(op)][p])) ==
 		    op->seq)
@@ -267,14 +265,10 @@ static int fallback_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 {
 	struct dpa_team *team = &eng->teams[op->team_id];
 	struct dpa_item *it = &op->items[i];
-	int work = 0;
+	int work = dpa_sig_post_once(eng, op, hal, i);
 
-	if (!(it->flags & DPA_ITEM_SIG_OUT)) {
-		if (dpa_sig_post(eng, op, hal, i) == DPA_HAL_EAGAIN)
-			return 0;
-		it->flags |= DPA_ITEM_SIG_OUT;
-		work++;
-	}
+	if (work == DPA_HAL_EAGAIN)
+		return 0;
 	if (!(it->flags & DPA_ITEM_SIGNALED))
 		return work;
 	team->eager_skip[eager_slot(op)][p] = op->seq;

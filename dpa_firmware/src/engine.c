@@ -264,9 +264,8 @@ static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct 
 			op->items[i].flags |= DPA_ITEM_SIG_IN;
 			continue;
 		}
-		if (dpa_sig_post(eng, op, hal, i) == DPA_HAL_EAGAIN)
+		if (dpa_sig_post_once(eng, op, hal, i) == DPA_HAL_EAGAIN)
 			break;
-		op->items[i].flags |= DPA_ITEM_SIG_OUT;
 	}
 	/* Bytes this rank sends: count per peer, unless the algorithm says otherwise. */
 	op->bulk = (op->algo->bytes_sent ? op->algo->bytes_sent(op, team->size) :

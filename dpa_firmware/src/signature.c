@@ -69,7 +69,7 @@ void dpa_sig_init(struct dpa_engine *eng, struct dpa_op *op)
 	};
 }
 
-int dpa_sig_post(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal, uint32_t i)
+static int sig_post(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal, uint32_t i)
 {
 	const struct dpa_team *team = &eng->teams[op->team_id];
 	uint32_t me = team->my_rank;
@@ -78,6 +78,18 @@ int dpa_sig_post(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 				  dpa_ctrl_sig_off(op->team_id, op->seq, me), &op->sig,
 				  offsetof(struct offload_sig, seq), offsetof(struct offload_sig, seq),
 				  DPA_WR_SIG);
+}
+
+int dpa_sig_post_once(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal, uint32_t i)
+{
+	struct dpa_item *it = &op->items[i];
+
+	if (it->flags & DPA_ITEM_SIG_OUT)
+		return 0;
+	if (sig_post(eng, op, hal, i) == DPA_HAL_EAGAIN)
+		return DPA_HAL_EAGAIN;
+	it->flags |= DPA_ITEM_SIG_OUT;
+	return 1;
 }
 
 /* The first difference of theirs from ours, as enum offload_mismatch (0: none), with both
@@ -206,14 +218,11 @@ int dpa_sig_step(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 	uint32_t p = (team->my_rank + i) % team->size, world = team->peers[p].world_rank;
 	const struct offload_sig *theirs = dpa_sig_gated(hal, op->team_id, op->seq, p);
 	struct offload_sig eager;
-	int work = 0;
+	int work;
 
-	if (!(it->flags & DPA_ITEM_SIG_OUT)) {
-		if (dpa_sig_post(eng, op, hal, i) == DPA_HAL_EAGAIN)
-			return 0;
-		it->flags |= DPA_ITEM_SIG_OUT;
-		work++;
-	}
+	work = dpa_sig_post_once(eng, op, hal, i);
+	if (work == DPA_HAL_EAGAIN)
+		return 0;
 	if (theirs) {
 		if (!dpa_sig_judge(op, theirs, world))
 			__atomic_store_n(&op->gate_fail, 1, __ATOMIC_SEQ_CST);

@@ -7,8 +7,9 @@
 /* signature.c: every op's signature and the gate before its algorithm (see there). */
 uint32_t dpa_team_fp(uint32_t team_id, uint32_t size, const struct offload_peer *peers);
 void dpa_sig_init(struct dpa_engine *eng, struct dpa_op *op);
-/* Post our signature to peer me + i; DPA_HAL_EAGAIN: the control log is full, later. */
-int dpa_sig_post(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal, uint32_t i);
+/* Post our signature to peer me + i unless it is out already (DPA_ITEM_SIG_OUT): 1 posted
+ * now, 0 out before, DPA_HAL_EAGAIN: the control log is full, later. */
+int dpa_sig_post_once(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal, uint32_t i);
 /* Item i's part of the gate: our signature out, peer me + i's judged. Returns work done. */
 int dpa_sig_step(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal, uint32_t i);
 /* Peer `world`'s signature against ours: 1 if it agrees; else the op fails with

@@ -11,46 +11,36 @@
 
 #include "dpa_engine.h"
 #include "offload_abi.h"
+#include "offload_host.h"
 
 struct host_device;
 
 #define HOST_MAX_RAILS 8u
 
-struct host_device_attr {
-	const char *job;          /* job name: names the job's shared resources */
-	uint32_t rank;
-	uint32_t size;
-	uint32_t num_threads;     /* DPA progress threads */
-	uint32_t spin_us;         /* waits spin at most this long (and at most a wake-up's
-				   * cost), then sleep */
-	uint32_t resv0;           /* was yield_us: nothing yields any more */
-	int64_t bootstrap_timeout_ns;
-	uint32_t rails;           /* ports per rank, 1..HOST_MAX_RAILS */
-	/* UD multicast: chunk size, this member's receive queue (chunks), and fault injection:
-	 * loss and reordering per chunk in parts per million, reproducible from the seed. */
-	uint32_t mtu;
-	uint32_t mcast_rq_depth;
-	uint32_t mcast_loss_ppm;
-	uint32_t mcast_reorder_ppm;
-	uint64_t mcast_seed;
-	/* Fault injection: rail r goes down once this rank sent this many bytes on it
-	 * (UINT64_MAX: never). */
-	uint64_t rail_down_after[HOST_MAX_RAILS];
-	/* Exchange of len bytes per rank: all[r * len ...] receives rank r's bytes; returns 0 or
-	 * -errno. Hardware backends connect RC QPs with it; the emulator ignores it. */
-	int (*allgather)(void *arg, const void *mine, uint32_t len, void *all);
-	void *allgather_arg;
-	/* Appended (a backend built against the older layout still reads the fields above):
-	 * multicast received into staging slots, as on UD, instead of placed by chunk id. */
-	uint32_t mcast_staged;
-	/* Bytes of the firmware's ring window and stats window (host_fw_windows), known at
-	 * open: a device that places them itself (fw_memory) sizes its memory by them. */
-	uint64_t ring_len;
-	uint64_t stats_len;
-	/* Appended: the job's secret (from its launcher): ranks of another job given the same
-	 * name must not join ours (the emulator's job segment keeps it). Never 0. */
-	uint64_t job_key;
-};
+/* A device opens with the caller's struct host_ctx_params (offload_host.h) and keeps it
+ * (attr): rank, size, threads, rails, multicast settings and fault injection, the
+ * bootstrap's allgather (hardware backends connect their queues with it; the emulator
+ * ignores it). The strings it points to are the caller's: a device copies what it keeps. */
+
+/* A params struct of the layout these headers describe (host setup and every backend
+ * check it: a caller or backend built from other headers is refused, not misread). */
+static inline int host_params_known(const struct host_ctx_params *p)
+{
+	return p && p->struct_size == sizeof(*p) && p->version == HOST_CTX_PARAMS_VERSION;
+}
+
+/* Bytes of the firmware's ring window and stats window (host_fw_windows), known at open:
+ * a device that places them itself (fw_memory) sizes its memory by them. */
+static inline uint64_t host_ring_len(const struct host_ctx_params *p)
+{
+	return sizeof(struct offload_ring_hdr) + p->ring_entries * sizeof(struct offload_cmd) +
+	       2ull * p->ring_entries * sizeof(struct offload_cqe);
+}
+
+static inline uint64_t host_stats_len(const struct host_ctx_params *p)
+{
+	return (uint64_t)p->num_threads * sizeof(struct offload_thread_stats);
+}
 
 /* Host memory the firmware reaches through windows. */
 struct host_fw_windows {
@@ -89,7 +79,7 @@ struct host_device_ops {
 	 * memory (the emulator), and callers stage it through host memory. */
 	int (*mr_reg_dmabuf)(struct host_device *dev, uint64_t addr, uint64_t len, int fd,
 			     uint32_t access, uint32_t *key);
-	int (*open)(const struct host_device_attr *attr, struct host_device **out);
+	int (*open)(const struct host_ctx_params *attr, struct host_device **out);
 	int (*peer_ctrl)(struct host_device *dev, uint32_t rank, struct offload_peer *out);
 	/* Whether a host thread polling for a completion helps now (the emulator says no
 	 * while its threads copy in bulk on the same cores). */

@@ -11,10 +11,19 @@
 
 #include <stdint.h>
 
+#include "dpa_engine.h"
+
 /* cffi:begin */
 struct host_ctx;
 
+/* The layout of struct host_ctx_params this library reads (as io_uring_params: one struct,
+ * filled once by the caller and passed down by pointer to host setup and the backend,
+ * which keeps it; nothing copies its fields one by one). Bumped when a field changes. */
+#define HOST_CTX_PARAMS_VERSION 1
+
 struct host_ctx_params {
+	uint32_t struct_size;       /* sizeof(struct host_ctx_params) of the caller's headers */
+	uint32_t version;           /* HOST_CTX_PARAMS_VERSION of the caller's headers */
 	const char *job;            /* job name shared by all ranks */
 	const char *backend;        /* "emulator", or "flexio": loaded from backend_lib */
 	const char *backend_lib;    /* shared library of a run-time loaded backend */
@@ -22,11 +31,9 @@ struct host_ctx_params {
 	uint32_t size;
 	uint32_t num_threads;
 	uint32_t ring_entries;      /* command ring slots, power of two */
-	uint64_t chunk_size;
 	uint32_t spin_us;           /* waits spin at most this long (and at most what a wake-up
 				     * costs), then sleep */
 	int64_t bootstrap_timeout_ns;
-	uint32_t op_timeout_ms;     /* the firmware aborts an op not done by then; 0: never */
 	/* Exchange of len bytes per rank among all ranks (all[r*len] gets rank r's): hardware
 	 * backends connect their queue pairs with it; the emulator does not call it. */
 	int (*allgather)(void *arg, const void *mine, uint32_t len, void *all);
@@ -37,15 +44,16 @@ struct host_ctx_params {
 	uint32_t mcast_loss_ppm;    /* fault injection: chunks lost, per million */
 	uint32_t mcast_reorder_ppm; /* fault injection: chunks reordered, per million */
 	uint64_t mcast_seed;
-	uint32_t mcast_roots;       /* all-gather: ranks multicasting at once */
-	uint32_t link_mbps;         /* link rate for the multicast loss timeout, MB/s */
 	uint64_t rail_down_after[8];/* fault injection: rail r fails after this many bytes
 				     * sent on it (UINT64_MAX: never) */
 	uint32_t mcast_staged;      /* emulator: receive multicast into staging slots, as on UD */
 	uint64_t job_key;           /* the job's secret, the same on every rank, not 0 */
 	uint32_t coop;              /* cooperative progress: a host thread posting, testing or
 				     * waiting for a small op runs the emulated firmware itself */
-	uint32_t eager_max;         /* all-to-all blocks up to this many bytes go eagerly */
+	/* The firmware's settings (dpa_engine.h): the caller sets chunk_size, op_timeout_ms,
+	 * link_mbps, mcast_roots and eager_max; host setup fills in the rest and starts the
+	 * firmware with it. */
+	struct dpa_engine_params engine;
 };
 
 /* One command as the host builds it; translated into the 64-byte ABI slot at post. */
@@ -82,9 +90,11 @@ struct host_completion {
 	uint64_t result1;
 };
 
-/* -ENODEV: unknown backend; -ENOENT / -ENOEXEC: its library did not load / lacks the
- * entry point dpaoffload_flexio_ops; -EPROTO: it was built from other headers (its
- * dpaoffload_flexio_abi() is not OFFLOAD_ABI_VERSION). */
+/* -EPROTONOSUPPORT: params' struct_size or version is not this library's (the caller was
+ * built from other headers); -ENODEV: unknown backend; -ENOENT / -ENOEXEC: its library did
+ * not load / lacks the entry point dpaoffload_flexio_ops; -EPROTO: it was built from other
+ * headers (its dpaoffload_flexio_abi() is not OFFLOAD_ABI_VERSION, or it reads another
+ * host_ctx_params: dpaoffload_flexio_params_version()). */
 int host_ctx_open(const struct host_ctx_params *params, struct host_ctx **out);
 /* Safe from any thread while others are inside: calls from then on return -ESHUTDOWN,
  * threads asleep in host_wait, running the firmware in one (cooperative progress), or in a

@@ -239,6 +239,8 @@ static void fill_params(struct host_ctx_params *p, const struct dpo_context *ctx
 	const struct dpo_config *c = &ctx->cfg;
 
 	memset(p, 0, sizeof(*p));
+	p->struct_size = sizeof(*p);
+	p->version = HOST_CTX_PARAMS_VERSION;
 	p->job = ctx->job;
 	p->backend = ctx->backend;
 	p->backend_lib = c->backend_lib[0] ? c->backend_lib : NULL;
@@ -246,21 +248,21 @@ static void fill_params(struct host_ctx_params *p, const struct dpo_context *ctx
 	p->size = ctx->size;
 	p->num_threads = ctx->num_threads;
 	p->ring_entries = c->ring_entries;
-	p->chunk_size = c->chunk_size;
+	p->engine.chunk_size = c->chunk_size;
 	/* the emulator itself stops spinning where the ranks outnumber the cores */
 	p->spin_us = c->spin_us;
 	p->coop = !strcmp(ctx->backend, "emulator") && c->coop;
-	p->eager_max = (uint32_t)c->eager_max;
+	p->engine.eager_max = (uint32_t)c->eager_max;
 	p->bootstrap_timeout_ns = (int64_t)(c->bootstrap_timeout * 1e9);
-	p->op_timeout_ms = (uint32_t)(c->op_timeout * 1000 + 0.5);
+	p->engine.op_timeout_ms = (uint32_t)(c->op_timeout * 1000 + 0.5);
 	p->rails = c->rails;
 	p->mtu = c->mtu;
 	p->mcast_rq_depth = c->mcast_rq_depth;
 	p->mcast_loss_ppm = (uint32_t)(c->mcast_loss * 1e6 + 0.5);
 	p->mcast_reorder_ppm = (uint32_t)(c->mcast_reorder * 1e6 + 0.5);
 	p->mcast_seed = c->mcast_seed;
-	p->mcast_roots = c->mcast_roots;
-	p->link_mbps = c->link_rate * 1000 < 1 ? 1 : (uint32_t)(c->link_rate * 1000);
+	p->engine.mcast_roots = c->mcast_roots;
+	p->engine.link_mbps = c->link_rate * 1000 < 1 ? 1 : (uint32_t)(c->link_rate * 1000);
 	for (int i = 0; i < 8; i++)
 		p->rail_down_after[i] = UINT64_MAX;
 	p->mcast_staged = c->mcast_staged;

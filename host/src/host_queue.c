@@ -202,15 +202,6 @@ int host_test(struct host_ctx *ctx, uint32_t tag, struct host_completion *out)
 	return rc;
 }
 
-static inline void cpu_relax(void)
-{
-#if defined(__x86_64__) || defined(__i386__)
-	__builtin_ia32_pause();
-#elif defined(__aarch64__)
-	__asm__ __volatile__("yield");
-#endif
-}
-
 static int wait_in(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, int64_t poll_ns,
 		   struct host_completion *out)
 {
@@ -241,7 +232,7 @@ static int wait_in(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, int64
 			continue;
 		if (now - start < poll_ns) {
 			for (int i = 0; i < 64; i++)
-				cpu_relax();
+				off_cpu_relax();
 			continue;
 		}
 		off_fetch_add(&ctx->ring->cq_waiters, 1);

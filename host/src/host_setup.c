@@ -25,11 +25,12 @@
  * where DOCA is absent. */
 #define FLEXIO_OPS_SYMBOL "dpaoffload_flexio_ops"
 #define FLEXIO_ABI_SYMBOL "dpaoffload_flexio_abi"
+#define FLEXIO_PARAMS_SYMBOL "dpaoffload_flexio_params_version"
 
 static int find_backend(struct host_ctx *ctx, const char *name, const char *lib)
 {
 	const struct host_device_ops *(*get_ops)(void);
-	uint32_t (*get_abi)(void);
+	uint32_t (*get_abi)(void), (*get_params)(void);
 
 	if (!name || !strcmp(name, "emulator")) {
 		ctx->ops = &emu_device_ops;
@@ -42,8 +43,10 @@ static int find_backend(struct host_ctx *ctx, const char *name, const char *lib)
 		return -ENOENT;
 	*(void **)&get_ops = dlsym(ctx->backend_dl, FLEXIO_OPS_SYMBOL);
 	*(void **)&get_abi = dlsym(ctx->backend_dl, FLEXIO_ABI_SYMBOL);
+	*(void **)&get_params = dlsym(ctx->backend_dl, FLEXIO_PARAMS_SYMBOL);
 	/* A backend built from other headers would read our structs wrong. */
-	if (get_ops && (!get_abi || get_abi() != OFFLOAD_ABI_VERSION))
+	if (get_ops && (!get_abi || get_abi() != OFFLOAD_ABI_VERSION || !get_params ||
+			get_params() != HOST_CTX_PARAMS_VERSION))
 		return -EPROTO;
 	ctx->ops = get_ops ? get_ops() : NULL;
 	return ctx->ops ? 0 : -ENOEXEC;
@@ -55,21 +58,16 @@ uint32_t host_num_threads(const struct host_ctx *ctx)
 	return ctx->num_threads;
 }
 
-static uint64_t ring_bytes(uint32_t entries)
-{
-	return sizeof(struct offload_ring_hdr) + entries * sizeof(struct offload_cmd) +
-	       2ull * entries * sizeof(struct offload_cqe);
-}
-
 /* The command and completion rings and the stats: in memory of the device's where it
  * places them itself (a card's window arena), else page-aligned zeroed memory of ours. */
-static int map_rings(struct host_ctx *ctx, uint32_t entries)
+static int map_rings(struct host_ctx *ctx, const struct host_ctx_params *p)
 {
+	uint32_t entries = p->ring_entries;
 	struct host_fw_windows fw;
 
 	ctx->sq_entries = entries;
 	ctx->cq_entries = entries * 2;
-	ctx->ring_len = ring_bytes(entries);
+	ctx->ring_len = host_ring_len(p);
 	if (ctx->ops->fw_memory) {
 		int rc = ctx->ops->fw_memory(ctx->dev, &fw);
 
@@ -99,32 +97,18 @@ static int map_rings(struct host_ctx *ctx, uint32_t entries)
 
 int host_ctx_open(const struct host_ctx_params *p, struct host_ctx **out)
 {
-	struct host_device_attr attr = {
-		.job = p->job, .rank = p->rank, .size = p->size, .num_threads = p->num_threads,
-		.spin_us = p->spin_us,
-		.bootstrap_timeout_ns = p->bootstrap_timeout_ns, .rails = p->rails,
-		.allgather = p->allgather, .allgather_arg = p->allgather_arg,
-		.mtu = p->mtu, .mcast_rq_depth = p->mcast_rq_depth, .mcast_staged = p->mcast_staged,
-		.mcast_loss_ppm = p->mcast_loss_ppm, .mcast_reorder_ppm = p->mcast_reorder_ppm,
-		.mcast_seed = p->mcast_seed, .job_key = p->job_key,
-		.ring_len = ring_bytes(p->ring_entries),
-		.stats_len = (uint64_t)p->num_threads * sizeof(struct offload_thread_stats),
-	};
-	struct dpa_engine_params params = {
-		.abi_version = OFFLOAD_ABI_VERSION, .world_rank = p->rank, .world_size = p->size,
-		.num_threads = p->num_threads, .chunk_size = p->chunk_size, .chunks_per_pass = 4,
-		.op_timeout_ms = p->op_timeout_ms, .link_mbps = p->link_mbps,
-		.mcast_roots = p->mcast_roots, .eager_max = p->eager_max,
-	};
+	struct dpa_engine_params params;
 	struct host_fw_windows win;
 	struct host_ctx *ctx;
 	int rc;
 
+	_Static_assert(sizeof(p->rail_down_after) / sizeof(p->rail_down_after[0]) ==
+		       HOST_MAX_RAILS, "rails");
+	if (!host_params_known(p))
+		return -EPROTONOSUPPORT;
 	if (p->ring_entries < 8 || (p->ring_entries & (p->ring_entries - 1)) ||
-	    p->ring_entries * 2 > HOST_TAGS || !p->chunk_size)
+	    p->ring_entries * 2 > HOST_TAGS || !p->engine.chunk_size)
 		return -EINVAL;
-	_Static_assert(sizeof(p->rail_down_after) == sizeof(attr.rail_down_after), "rails");
-	memcpy(attr.rail_down_after, p->rail_down_after, sizeof(attr.rail_down_after));
 	ctx = calloc(1, sizeof(*ctx));
 	if (!ctx)
 		return -ENOMEM;
@@ -136,13 +120,20 @@ int host_ctx_open(const struct host_ctx_params *p, struct host_ctx **out)
 	ctx->next_tag = 1;
 	ctx->coop = !!p->coop;
 	if (!rc)
-		rc = ctx->ops->open(&attr, &ctx->dev);
+		rc = ctx->ops->open(p, &ctx->dev);
 	if (!rc)
-		rc = map_rings(ctx, p->ring_entries);
+		rc = map_rings(ctx, p);
 	if (rc)
 		goto err;
+	/* The caller's engine settings as they are, with what setup decided. */
+	params = p->engine;
+	params.abi_version = OFFLOAD_ABI_VERSION;
+	params.world_rank = p->rank;
+	params.world_size = p->size;
+	params.num_threads = p->num_threads;
 	params.sq_entries = ctx->sq_entries;
 	params.cq_entries = ctx->cq_entries;
+	params.chunks_per_pass = 4;
 	win = (struct host_fw_windows){ .ring = ctx->ring_mem, .ring_len = ctx->ring_len,
 		.stats = ctx->stats, .stats_len = p->num_threads * sizeof(*ctx->stats) };
 	rc = ctx->ops->start(ctx->dev, &params, &win);

@@ -224,4 +224,11 @@ struct fz_bytes {
  * (what each exercises) up to max; returns how many. */
 uint32_t fz_build_seeds(struct fz_bytes *out, const char **names, uint32_t max);
 
+/* fuzz_mutate.c: the driver's random numbers (seeded once: the seed fixes every input), a
+ * mutation of in (other: a second input to splice from) and a random input. */
+void fz_rng_seed(uint64_t seed);
+uint32_t fz_below(uint32_t n);
+void fz_mutate(struct fz_bytes *in, const struct fz_bytes *other);
+void fz_random_input(struct fz_bytes *in);
+
 #endif /* FUZZ_H */

@@ -23,8 +23,6 @@
 
 #include "fuzz.h"
 
-#define EINVAL_ 22
-
 static const uint32_t fz_access[FZ_KINDS] = {
 	[FZ_CTRL] = OFFLOAD_ACCESS_REMOTE_WRITE | OFFLOAD_ACCESS_REMOTE_ATOMIC |
 		    OFFLOAD_ACCESS_LOCAL_READ | OFFLOAD_ACCESS_LOCAL_WRITE,
@@ -357,7 +355,7 @@ int dpa_hal_rdma_write_sg(struct dpa_hal *hal, uint32_t peer, const struct dpa_h
 	if (cq_full(hal))
 		return DPA_HAL_EAGAIN;
 	if (!nsge || nsge > DPA_HAL_MAX_SGE)
-		return -EINVAL_;
+		return DPA_HAL_EINVAL;
 	for (uint32_t i = 0; i < nsge && !st; i++) {
 		st = check_local(w, sge[i].addr, lkey, sge[i].len, OFFLOAD_ACCESS_LOCAL_READ, &local[i]);
 		if (__builtin_add_overflow(total, sge[i].len, &total))
@@ -491,14 +489,14 @@ int dpa_hal_mcast_slot_copy(struct dpa_hal *hal, uint32_t group, uint32_t slot, 
 {
 	(void)hal, (void)addr, (void)key, (void)len, (void)wr_id;
 	fz_fail("dpa_hal_mcast_slot_copy(group %u, slot %u) without slots", group, slot);
-	return -22;
+	return DPA_HAL_EINVAL;
 }
 
 int dpa_hal_mcast_slot_free(struct dpa_hal *hal, uint32_t group, uint32_t slot)
 {
 	(void)hal;
 	fz_fail("dpa_hal_mcast_slot_free(group %u, slot %u) without slots", group, slot);
-	return -22;
+	return DPA_HAL_EINVAL;
 }
 
 void dpa_hal_set_rail(struct dpa_hal *hal, uint32_t peer, uint32_t rail)

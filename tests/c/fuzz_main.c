@@ -7,9 +7,7 @@
  * fuzz_seeds.c), then random inputs and seeds mutated field by field, for a bounded number
  * of runs or seconds. Same seed, same inputs: a failure reproduces.
  *
- *   cc -std=c11 -O2 -g -fsanitize=address,undefined -fno-sanitize-recover=all \
- *      -Idpa_firmware/include tests/c/fuzz_main.c tests/c/fuzz_seeds.c tests/c/fuzz_engine.c \
- *      tests/c/fuzz_hal.c $(ls dpa_firmware/src/[a-z]*.c) -o fuzz_main
+ *   python3 build_defs.py build fuzz_main fuzz_main   (fuzz_mutate.c makes the inputs)
  *   ./fuzz_main -seed=1 -max_total_time=20       random + mutated inputs, bounded
  *   ./fuzz_main crash-1-1234.bin corpus/         replay files (or every file in a folder)
  *   ./fuzz_main -dump_corpus=corpus/             write the seed inputs (for libFuzzer)
@@ -188,314 +186,9 @@ static void run_one(const uint8_t *data, size_t size, uint64_t iter)
 	cur_data = NULL;
 }
 
-/* ---- random numbers (splitmix64: the seed alone fixes every input) ---- */
-
-static uint64_t rng_state;
-
-static uint64_t rnd(void)
-{
-	uint64_t z = (rng_state += 0x9e3779b97f4a7c15ull);
-
-	z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-	z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-	return z ^ (z >> 31);
-}
-
-static uint32_t below(uint32_t n)
-{
-	return n ? (uint32_t)(rnd() % n) : 0;
-}
-
 static struct fz_bytes seeds[NSEEDS_MAX];
 static const char *seed_names[NSEEDS_MAX];
 static uint32_t nseeds;
-
-/* ---- mutation ---- */
-
-static const uint64_t interesting64[] = {
-	0, 1, 2, 7, 8, 63, 64, 100, 255, 256, 1000, 1024, 4095, 4096, 4097, 65535, 65536, 65537,
-	1ull << 31, 1ull << 32, (1ull << 32) - 1, 1ull << 62, 1ull << 63, UINT64_MAX,
-	UINT64_MAX - 1, UINT64_MAX - 63, FZ_AUX_BASE, FZ_AUX_BASE + FZ_AUX_LEN - 8,
-};
-
-static uint64_t pick_addr(uint32_t world)
-{
-	static const uint64_t len[FZ_KINDS] = { sizeof(struct offload_ctrl), FZ_SRC_LEN, FZ_DST_LEN };
-	uint32_t k = below(FZ_KINDS + 1);
-	uint64_t base, span;
-
-	if (k == FZ_KINDS) {   /* aux */
-		base = FZ_AUX_BASE;
-		span = FZ_AUX_LEN;
-	} else {
-		base = fz_addr(below(world + 1), (enum fz_kind)k);
-		span = len[k];
-	}
-	switch (below(6)) {
-	case 0: return base;
-	case 1: return base + span;
-	case 2: return base + span - 1 - below(16);
-	case 3: return base - 1 - below(64);
-	case 4: return base + (below((uint32_t)span) & ~7u);
-	default: return base + below((uint32_t)span);
-	}
-}
-
-static uint64_t pick_value(uint32_t world)
-{
-	switch (below(5)) {
-	case 0: return interesting64[below(sizeof(interesting64) / sizeof(interesting64[0]))];
-	case 1: return pick_addr(world);
-	case 2: return below(5000);
-	case 3: return (uint64_t)below(64) << below(20);
-	default: return rnd();
-	}
-}
-
-static uint32_t pick_key(uint32_t world)
-{
-	switch (below(4)) {
-	case 0: return 0;
-	case 1: return (uint32_t)rnd();
-	default: return fz_key(below(world + 1), (enum fz_kind)below(FZ_KINDS));
-	}
-}
-
-/* Offsets of the sections, the way fz_decode finds them. */
-struct layout {
-	uint32_t world, ncmds, npokes;
-	size_t cmds, pokes, aux;
-};
-
-static struct layout layout_of(const struct fz_bytes *in)
-{
-	static struct fz_input dec;
-	struct layout l;
-
-	fz_decode(in->data, in->len, &dec);
-	l.world = dec.world;
-	l.ncmds = dec.ncmds;
-	l.npokes = dec.npokes;
-	l.cmds = sizeof(struct fz_header);
-	l.pokes = l.cmds + l.ncmds * sizeof(struct offload_cmd);
-	l.aux = l.pokes + l.npokes * sizeof(struct fz_poke);
-	return l;
-}
-
-static void set_header_count(struct fz_bytes *in, size_t field, uint32_t v)
-{
-	in->data[field] = (uint8_t)v;
-}
-
-static void mutate_cmd(struct fz_bytes *in, const struct layout *l)
-{
-	struct offload_cmd c;
-	size_t off;
-
-	if (!l->ncmds)
-		return;
-	off = l->cmds + below(l->ncmds) * sizeof(c);
-	memcpy(&c, in->data + off, sizeof(c));
-	switch (below(12)) {
-	case 0: c.opcode = (uint8_t)(below(4) ? below(OFFLOAD_OP_MAX + 2) : rnd()); break;
-	case 1: c.flags = (uint8_t)(below(2) ? 1u << below(8) : rnd()); break;
-	case 2: c.team = (uint16_t)(below(3) ? below(OFFLOAD_MAX_TEAMS + 1) : rnd()); break;
-	case 3: c.src_addr = pick_value(l->world); break;
-	case 4: c.dst_addr = pick_value(l->world); break;
-	case 5: c.count = below(3) ? pick_value(l->world) : FZ_TAG(below(FZ_MAX_CMDS)); break;
-	case 6: c.src_key = pick_key(l->world); break;
-	case 7: c.dst_key = pick_key(l->world); break;
-	case 8: c.dst_len = pick_value(l->world); break;
-	case 9: c.aux_addr = below(3) ? FZ_AUX_BASE + below(FZ_AUX_LEN + 64) : pick_value(l->world); break;
-	case 10: c.root = below(2) ? below(8) : (uint32_t)rnd(); break;
-	default: c.count = c.count ? c.count * 2 : 1; c.dst_len = c.count * l->world; break;
-	}
-	memcpy(in->data + off, &c, sizeof(c));
-}
-
-static void mutate_poke(struct fz_bytes *in, const struct layout *l)
-{
-	struct fz_poke p;
-	size_t off;
-
-	if (!l->npokes)
-		return;
-	off = l->pokes + below(l->npokes) * sizeof(p);
-	memcpy(&p, in->data + off, sizeof(p));
-	switch (below(8)) {
-	case 0: p.kind = (uint8_t)below(FZ_POKE_KINDS); break;
-	case 1: p.seq = (uint16_t)(below(4) ? below(12) : rnd()); break;
-	case 2: p.a = pick_value(l->world); break;
-	case 3: p.b = pick_value(l->world); break;
-	case 4: p.c = below(2) ? pick_key(l->world) : (uint32_t)rnd(); break;
-	case 5: p.d = below(2) ? OFFLOAD_READY_REFUSED : (uint32_t)rnd(); break;
-	case 6: p.at_pass = (uint16_t)below(64); break;
-	default: p.src = (uint8_t)below(l->world + 1); p.slot = (uint8_t)below(8); break;
-	}
-	memcpy(in->data + off, &p, sizeof(p));
-}
-
-/* Insert n bytes at off (bounded by FZ_MAX_INPUT); returns 0 if there is no room. */
-static int insert_bytes(struct fz_bytes *in, size_t off, const void *p, size_t n)
-{
-	if (in->len + n > FZ_MAX_INPUT)
-		return 0;
-	memmove(in->data + off + n, in->data + off, in->len - off);
-	memcpy(in->data + off, p, n);
-	in->len += n;
-	return 1;
-}
-
-static void erase_bytes(struct fz_bytes *in, size_t off, size_t n)
-{
-	memmove(in->data + off, in->data + off + n, in->len - off - n);
-	in->len -= n;
-}
-
-static void add_poke(struct fz_bytes *in, const struct layout *l)
-{
-	uint32_t src = below(l->world), me = in->data[1] % l->world;
-	struct fz_poke p = { .kind = (uint8_t)below(FZ_POKE_KINDS), .team = (uint8_t)below(3),
-		.slot = (uint8_t)below(OFFLOAD_OP_WINDOW), .src = (uint8_t)src,
-		.at_pass = (uint16_t)below(40), .seq = (uint16_t)(1 + below(10)) };
-
-	switch (p.kind) {
-	case FZ_POKE_READY:
-		p.a = fz_addr(src, FZ_DST) + me * (uint64_t)below(2048);
-		p.b = below(2) ? below(4096) : pick_value(l->world);
-		p.c = below(4) ? fz_key(src, FZ_DST) : pick_key(l->world);
-		p.d = below(8) ? 0 : OFFLOAD_READY_REFUSED;
-		break;
-	case FZ_POKE_COUNT:
-		p.a = below(4) ? below(4096) : pick_value(l->world);
-		break;
-	case FZ_POKE_DONE:
-		p.a = below(4) ? OFFLOAD_SIGNAL_OK : below(2) ? OFFLOAD_SIGNAL_ERROR : rnd();
-		break;
-	case FZ_POKE_HOST:
-		p.c = below(4) ? 0 : (uint32_t)rnd();
-		p.a = below(2) ? 1ull << below(l->world) : rnd();
-		break;
-	case FZ_POKE_RAIL:
-		p.c = below(4);
-		p.d = below(4) == 0;
-		break;
-	default:
-		p.a = pick_value(l->world);
-		p.c = (uint32_t)rnd();
-		break;
-	}
-	if (l->npokes < FZ_MAX_POKES && insert_bytes(in, l->aux, &p, sizeof(p)))
-		set_header_count(in, offsetof(struct fz_header, npokes), l->npokes + 1);
-}
-
-static void mutate_aux(struct fz_bytes *in, const struct layout *l)
-{
-	static const uint32_t anchors[] = { FZ_SEED_AUX_DESC, FZ_SEED_AUX_ARGS, FZ_SEED_AUX_ARGS2,
-					    FZ_SEED_AUX_ROWS, FZ_SEED_AUX_DESC2 };
-	uint32_t base = anchors[below(5)], off;
-	uint64_t v = pick_value(l->world);
-
-	/* Near a structure the seeds placed: a field of a descriptor or of the args. */
-	off = base + (below(3) ? below(64) * 8 : below(sizeof(struct offload_alltoallv_args)));
-	if (below(3) == 0)
-		v = below(70);
-	while (l->aux + off + 8 > in->len && in->len + 8 <= FZ_MAX_INPUT)
-		in->data[in->len++] = 0;
-	if (l->aux + off + 8 <= in->len)
-		memcpy(in->data + l->aux + off, &v, below(2) ? 8 : 4);
-}
-
-static void mutate(struct fz_bytes *in, const struct fz_bytes *other)
-{
-	uint32_t n = 1 + below(6);
-
-	if (in->len < sizeof(struct fz_header)) {  /* mutations assume a whole header */
-		memset(in->data + in->len, 0, sizeof(struct fz_header) - in->len);
-		in->len = sizeof(struct fz_header);
-	}
-	for (uint32_t k = 0; k < n; k++) {
-		struct layout l = layout_of(in);
-		size_t off;
-		struct offload_cmd c;
-
-		switch (below(14)) {
-		case 0:
-			if (in->len)
-				in->data[below((uint32_t)in->len)] ^= (uint8_t)(1u << below(8));
-			break;
-		case 1:
-			if (in->len)
-				in->data[below((uint32_t)in->len)] = (uint8_t)(below(2) ? rnd() : interesting64[below(8)]);
-			break;
-		case 2: /* a header field */
-			in->data[below(sizeof(struct fz_header))] = (uint8_t)rnd();
-			break;
-		case 3: case 4: case 5:
-			mutate_cmd(in, &l);
-			break;
-		case 6: /* duplicate a command */
-			if (l.ncmds && l.ncmds < FZ_MAX_CMDS) {
-				off = l.cmds + below(l.ncmds) * sizeof(c);
-				memcpy(&c, in->data + off, sizeof(c));
-				if (insert_bytes(in, l.cmds + below(l.ncmds + 1) * sizeof(c), &c, sizeof(c)))
-					set_header_count(in, offsetof(struct fz_header, ncmds), l.ncmds + 1);
-			}
-			break;
-		case 7: /* drop a command */
-			if (l.ncmds) {
-				erase_bytes(in, l.cmds + below(l.ncmds) * sizeof(c), sizeof(c));
-				set_header_count(in, offsetof(struct fz_header, ncmds), l.ncmds - 1);
-			}
-			break;
-		case 8: /* splice: a command of another input */
-			if (other && l.ncmds) {
-				struct layout lo = layout_of(other);
-
-				if (lo.ncmds) {
-					memcpy(&c, other->data + lo.cmds + below(lo.ncmds) * sizeof(c), sizeof(c));
-					memcpy(in->data + l.cmds + below(l.ncmds) * sizeof(c), &c, sizeof(c));
-				}
-			}
-			break;
-		case 9:
-			add_poke(in, &l);
-			break;
-		case 10:
-			mutate_poke(in, &l);
-			break;
-		case 11: case 12:
-			mutate_aux(in, &l);
-			break;
-		default: /* truncate */
-			if (in->len > 16 && !below(4))
-				in->len = 16 + below((uint32_t)(in->len - 16));
-			break;
-		}
-	}
-}
-
-static void random_input(struct fz_bytes *in)
-{
-	size_t ncmds = below(24), npokes = below(4), aux = below(2) ? below(4096) : 0;
-
-	for (size_t i = 0; i < sizeof(struct fz_header); i++)
-		in->data[i] = (uint8_t)rnd();
-	in->data[offsetof(struct fz_header, ncmds)] = (uint8_t)ncmds;
-	in->data[offsetof(struct fz_header, npokes)] = (uint8_t)npokes;
-	in->len = sizeof(struct fz_header) + ncmds * 64 + npokes * 32 + aux;
-	for (size_t i = sizeof(struct fz_header); i < in->len; i++)
-		in->data[i] = (uint8_t)rnd();
-	/* Opcodes mostly valid: otherwise almost every command is rejected at once. */
-	for (size_t i = 0; i < ncmds; i++) {
-		uint8_t *cmd = in->data + sizeof(struct fz_header) + i * 64;
-
-		if (below(4))
-			cmd[0] = (uint8_t)below(OFFLOAD_OP_MAX + 1);
-		if (below(2))
-			cmd[2] = cmd[3] = 0;   /* team 0 */
-	}
-}
 
 /* ---- main ---- */
 
@@ -627,7 +320,7 @@ int main(int argc, char **argv)
 	if (!have_seed)
 		seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 20);
 	cur_seed = seed;
-	rng_state = seed;
+	fz_rng_seed(seed);
 	nseeds = fz_build_seeds(seeds, seed_names, NSEEDS_MAX);
 	install_handlers();
 	setvbuf(stdout, NULL, _IOLBF, 0);
@@ -656,21 +349,21 @@ int main(int argc, char **argv)
 	for (uint32_t i = 0; i < POOL; i++)
 		pool[i] = seeds[i % nseeds];
 	for (double last = t0; iters < runs; iters++) {
-		uint32_t choice = below(8);
+		uint32_t choice = fz_below(8);
 
 		if (choice == 0) {
-			random_input(&cur);
+			fz_random_input(&cur);
 		} else {
 			/* Mostly a seed, sometimes a mutant of earlier rounds: mutations compound. */
-			const struct fz_bytes *base = choice < 5 ? &seeds[below(nseeds)] : &pool[below(POOL)];
+			const struct fz_bytes *base = choice < 5 ? &seeds[fz_below(nseeds)] : &pool[fz_below(POOL)];
 
 			cur = *base;
-			mutate(&cur, &seeds[below(nseeds)]);
+			fz_mutate(&cur, &seeds[fz_below(nseeds)]);
 		}
 		if (cur.len > max_len)
 			cur.len = max_len;
 		run_one(cur.data, cur.len, iters);
-		pool[below(POOL)] = cur;
+		pool[fz_below(POOL)] = cur;
 		if ((iters & 255) == 0) {
 			double t = now_s();
 

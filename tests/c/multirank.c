@@ -7,12 +7,10 @@
  * barriers (no rank leaves before all arrived), a forged all-to-all whose src and dst
  * overlap, two host threads posting on two teams at once, and multicast broadcast and
  * all-gather (private and shared buffers, 2% of chunks lost), checking every element
- * received and the guard past every destination. Built with sanitizers by
- * tests/test_sanitizers.py; runs alone too:
+ * received and the guard past every destination (the point-to-point checks are in
+ * multirank_alltoall.c). Built with sanitizers by tests/test_sanitizers.py; runs alone too:
  *
- *   cc -std=c11 -O2 -g -fsanitize=address,undefined -Idpa_firmware/include -Ihost/include \
- *      tests/c/multirank.c $(ls dpa_firmware/src/[a-z]*.c emulator/[a-z]*.c host/src/[a-z]*.c) \
- *      -lpthread -o multirank
+ *   python3 build_defs.py build multirank_asan multirank
  *   ./multirank -n 4 [-threads 2] [-rails 1] [-rail0_down_after BYTES] [-timeout 60] [-big 262144]
  *               [-staged] [-threads-only]
  * (-rail0_down_after: each rank's port 0 fails once it sent that much; with -rails 2 or more
@@ -38,32 +36,9 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "offload_abi.h"
-#include "offload_host.h"
+#include "multirank.h"
 
-#define MAX_N          16u
-#define GUARD_ELEMS    64u
-#define GUARD_VAL      0xEEEEEEEEu
-#define WAIT_NS        (30ll * 1000000000ll)
-#define BARRIER_ROUNDS 6u
-
-/* Memory shared by the parent and every rank (set up before fork). */
-struct shared {
-	uint32_t arrived[2 * BARRIER_ROUNDS];
-	uint32_t mcast_staged;  /* -staged: multicast received into staging slots (UD) */
-	uint32_t threads_only;  /* -threads-only: no cooperative progress */
-	uint64_t job_key;
-};
-
-struct rank {
-	uint32_t me, n;
-	struct host_ctx *ctx;
-	struct shared *sh;
-	uint32_t big;          /* elements per peer of the largest all-to-all */
-	int failures;
-};
-
-static void fail(struct rank *r, const char *fmt, ...)
+void fail(struct rank *r, const char *fmt, ...)
 {
 	char line[512];
 	va_list ap;
@@ -83,20 +58,12 @@ static void fail(struct rank *r, const char *fmt, ...)
 		return;
 }
 
-static uint32_t val(uint32_t src, uint32_t dst, uint32_t i, uint32_t iter)
+uint32_t val(uint32_t src, uint32_t dst, uint32_t i, uint32_t iter)
 {
 	return (src << 24) ^ (dst << 16) ^ (i * 2654435761u) ^ (iter * 40503u);
 }
 
-/* Buffers of uint32 elements with a guard after them: private (malloc) or job-shared. */
-struct buf {
-	uint32_t *p;
-	uint64_t elems;        /* usable */
-	uint64_t alloc_bytes;
-	int shared;
-};
-
-static int buf_new(struct rank *r, struct buf *b, uint64_t elems, int shared)
+int buf_new(struct rank *r, struct buf *b, uint64_t elems, int shared)
 {
 	uint64_t bytes = (elems + GUARD_ELEMS) * sizeof(uint32_t);
 	uint32_t key;
@@ -124,7 +91,7 @@ static int buf_new(struct rank *r, struct buf *b, uint64_t elems, int shared)
 	return 0;
 }
 
-static void buf_free(struct rank *r, struct buf *b)
+void buf_free(struct rank *r, struct buf *b)
 {
 	if (!b->p)
 		return;
@@ -135,7 +102,7 @@ static void buf_free(struct rank *r, struct buf *b)
 	b->p = NULL;
 }
 
-static void check_guard(struct rank *r, const struct buf *b, uint64_t from, const char *what)
+void check_guard(struct rank *r, const struct buf *b, uint64_t from, const char *what)
 {
 	for (uint64_t i = from; i < b->elems + GUARD_ELEMS; i++) {
 		if (b->p[i] != GUARD_VAL) {
@@ -146,7 +113,7 @@ static void check_guard(struct rank *r, const struct buf *b, uint64_t from, cons
 	}
 }
 
-static int post(struct rank *r, const struct host_op *op, uint32_t *tag, const char *what)
+int post(struct rank *r, const struct host_op *op, uint32_t *tag, const char *what)
 {
 	struct host_op o = *op;
 	int rc;
@@ -160,7 +127,7 @@ static int post(struct rank *r, const struct host_op *op, uint32_t *tag, const c
 	return rc;
 }
 
-static int wait_ok(struct rank *r, uint32_t tag, struct host_completion *c, const char *what)
+int wait_ok(struct rank *r, uint32_t tag, struct host_completion *c, const char *what)
 {
 	int rc = host_wait(r->ctx, tag, WAIT_NS, 1000000, c);
 
@@ -173,280 +140,6 @@ static int wait_ok(struct rank *r, uint32_t tag, struct host_completion *c, cons
 		return -EIO;
 	}
 	return 0;
-}
-
-/* ---- all-to-all ---- */
-
-struct a2a {
-	struct buf src, dst;
-	uint32_t cnt, iter, team, tag;
-	const uint32_t *members;   /* world rank of each team rank */
-	uint32_t my;               /* my team rank */
-};
-
-static int a2a_post(struct rank *r, struct a2a *a, uint32_t cnt, uint32_t iter, int shared,
-		    uint32_t team, const uint32_t *members)
-{
-	uint64_t total = (uint64_t)cnt * r->n;
-	struct host_op op;
-	char what[96];
-
-	a->cnt = cnt;
-	a->iter = iter;
-	a->team = team;
-	a->members = members;
-	for (a->my = 0; members[a->my] != r->me; a->my++)
-		;
-	if (buf_new(r, &a->src, total, shared & 1) || buf_new(r, &a->dst, total, shared & 2))
-		return -1;
-	/* Block p of src goes to team rank p; values name world ranks. */
-	for (uint32_t p = 0; p < r->n; p++)
-		for (uint32_t i = 0; i < cnt; i++)
-			a->src.p[(uint64_t)p * cnt + i] = val(r->me, members[p], i, iter);
-	op = (struct host_op){ .opcode = OFFLOAD_OP_ALLTOALL, .team = team,
-		.src_addr = (uintptr_t)a->src.p, .src_len = total * 4,
-		.dst_addr = (uintptr_t)a->dst.p, .dst_len = total * 4, .count = (uint64_t)cnt * 4 };
-	snprintf(what, sizeof(what), "alltoall team %u, %u elements per peer", team, cnt);
-	return post(r, &op, &a->tag, what);
-}
-
-static void a2a_finish(struct rank *r, struct a2a *a)
-{
-	struct host_completion c;
-	uint64_t total = (uint64_t)a->cnt * r->n;
-	char what[96];
-
-	snprintf(what, sizeof(what), "alltoall team %u, %u elements per peer (%s src, %s dst)",
-		 a->team, a->cnt, a->src.shared ? "shared" : "private",
-		 a->dst.shared ? "shared" : "private");
-	if (!wait_ok(r, a->tag, &c, what)) {
-		if (c.result0 != total * 4)
-			fail(r, "%s: result0 %llu, want %llu", what, (unsigned long long)c.result0,
-			     (unsigned long long)(total * 4));
-		for (uint32_t s = 0; s < r->n; s++) {
-			for (uint32_t i = 0; i < a->cnt; i++) {
-				uint32_t got = a->dst.p[(uint64_t)s * a->cnt + i];
-				uint32_t want = val(a->members[s], r->me, i, a->iter);
-
-				if (got != want) {
-					fail(r, "%s: block from team rank %u, element %u: got %#x, want %#x",
-					     what, s, i, got, want);
-					s = r->n;
-					break;
-				}
-			}
-		}
-		check_guard(r, &a->dst, total, what);
-	}
-	buf_free(r, &a->src);
-	buf_free(r, &a->dst);
-}
-
-static void test_alltoall(struct rank *r, const uint32_t *world)
-{
-	const uint32_t sizes[] = { 0, 1, 1000, 4099, r->big };
-	struct a2a a[3];
-	uint32_t iter = 0;
-
-	for (uint32_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
-		/* 0: private both; 3: shared both (memcpy path); 2: shared dst only. */
-		for (int shared = 0; shared < 4; shared += 3) {
-			if (!a2a_post(r, &a[0], sizes[k], iter++, shared, OFFLOAD_WORLD_TEAM, world))
-				a2a_finish(r, &a[0]);
-		}
-	}
-	/* Three in flight at once, mixed sizes and memory. */
-	for (int i = 0; i < 3; i++)
-		a2a_post(r, &a[i], i == 1 ? 70000 : 333 * (uint32_t)(i + 1), iter++, i, OFFLOAD_WORLD_TEAM,
-			 world);
-	for (int i = 0; i < 3; i++)
-		a2a_finish(r, &a[i]);
-}
-
-/* ---- all-to-all-v ---- */
-
-static uint32_t vcount(uint32_t src, uint32_t dst, uint32_t iter)
-{
-	if (iter == 3 && (src + dst) % 3 == 0)
-		return 100000 + src;   /* a few large blocks */
-	return ((src * 7 + dst * 3 + iter * 5) % 11) * 37;  /* zeros included */
-}
-
-enum vmode { V_PLAIN, V_EXPECT, V_SLOTS };
-
-static void test_alltoallv_one(struct rank *r, uint32_t team, uint32_t iter, enum vmode mode)
-{
-	static const char *const names[] = { "alltoallv", "alltoallv expect", "alltoallv slots" };
-	struct offload_alltoallv_args *args;
-	struct host_completion c;
-	struct buf src, dst;
-	uint64_t sends = 0, recvs = 0, off = 0, slot = 0;
-	struct host_op op;
-	uint32_t tag;
-	char what[80];
-
-	snprintf(what, sizeof(what), "%s team %u round %u", names[mode], team, iter);
-	args = aligned_alloc(64, (sizeof(*args) + 63) & ~(size_t)63);
-	if (!args) {
-		fail(r, "out of memory");
-		return;
-	}
-	memset(args, 0, sizeof(*args));
-	for (uint32_t p = 0; p < r->n; p++) {
-		uint32_t out = vcount(r->me, p, iter), in = vcount(p, r->me, iter);
-
-		args->send_bytes[p] = (uint64_t)out * 4;
-		args->expect_bytes[p] = (uint64_t)in * 4;
-		sends += out;
-		recvs += in;
-		for (uint32_t q = 0; q < r->n; q++)
-			if (vcount(q, p, iter) > slot)
-				slot = vcount(q, p, iter);
-	}
-	if (mode == V_SLOTS)
-		args->slot_bytes = slot * 4;
-	if (buf_new(r, &src, sends, iter & 1) ||
-	    buf_new(r, &dst, mode == V_SLOTS ? slot * r->n : recvs, (iter >> 1) & 1))
-		goto out;
-	for (uint32_t p = 0; p < r->n; p++)
-		for (uint32_t i = 0; i < vcount(r->me, p, iter); i++)
-			src.p[off++] = val(r->me, p, i, 100 + iter);
-	op = (struct host_op){ .opcode = OFFLOAD_OP_ALLTOALLV, .team = team,
-		.flags = mode == V_EXPECT ? OFFLOAD_CMD_F_EXPECT : mode == V_SLOTS ? OFFLOAD_CMD_F_SLOTS : 0,
-		.src_addr = (uintptr_t)src.p, .src_len = sends * 4, .count = sends * 4,
-		.dst_addr = (uintptr_t)dst.p, .dst_len = dst.elems * 4, .aux_addr = (uintptr_t)args,
-		.aux_len = sizeof(*args) };
-	if (post(r, &op, &tag, what) || wait_ok(r, tag, &c, what))
-		goto out;
-	if (mode != V_SLOTS && c.result0 != recvs * 4)
-		fail(r, "%s: result0 %llu, want %llu", what, (unsigned long long)c.result0,
-		     (unsigned long long)(recvs * 4));
-	off = 0;
-	for (uint32_t s = 0; s < r->n; s++) {
-		uint32_t in = vcount(s, r->me, iter);
-		uint64_t base = mode == V_SLOTS ? s * slot : off;
-
-		if (args->recv_bytes[s] != (uint64_t)in * 4)
-			fail(r, "%s: recv_bytes[%u] = %llu, want %u", what, s,
-			     (unsigned long long)args->recv_bytes[s], in * 4);
-		for (uint32_t i = 0; i < in; i++) {
-			if (dst.p[base + i] != val(s, r->me, i, 100 + iter)) {
-				fail(r, "%s: from rank %u element %u: got %#x, want %#x", what, s, i,
-				     dst.p[base + i], val(s, r->me, i, 100 + iter));
-				break;
-			}
-		}
-		if (mode == V_SLOTS)   /* the rest of a slot stays as it was */
-			for (uint64_t i = base + in; i < base + slot; i++)
-				if (dst.p[i] != GUARD_VAL) {
-					fail(r, "%s: slot of rank %u written past its %u elements", what, s, in);
-					break;
-				}
-		off += in;
-	}
-	check_guard(r, &dst, dst.elems, what);
-out:
-	buf_free(r, &src);
-	buf_free(r, &dst);
-	free(args);
-}
-
-static void test_alltoallv(struct rank *r)
-{
-	for (uint32_t iter = 0; iter < 4; iter++)
-		test_alltoallv_one(r, OFFLOAD_WORLD_TEAM, iter, V_PLAIN);
-	test_alltoallv_one(r, OFFLOAD_WORLD_TEAM, 5, V_EXPECT);
-	test_alltoallv_one(r, OFFLOAD_WORLD_TEAM, 6, V_SLOTS);
-	test_alltoallv_one(r, OFFLOAD_WORLD_TEAM, 7, V_SLOTS);
-}
-
-/* A command the Python layer refuses, forged here: src and dst overlap in one job-shared
- * buffer, so the rank's write to itself copies within one region. On a team of this rank
- * alone (one item, one thread: the overlap is no race between DPA threads); the op must
- * complete, and nothing may go wrong underneath. */
-#define SELF_TEAM 3u
-
-static void test_overlap(struct rank *r)
-{
-	uint64_t block = 4096, total = block, bytes = total + 64;
-	struct host_op op = { .opcode = OFFLOAD_OP_ALLTOALL, .team = SELF_TEAM, .count = block };
-	struct host_completion c;
-	uint32_t tag, key;
-	uint8_t *p;
-	int rc;
-
-	rc = host_alloc_shared(r->ctx, bytes, (void **)&p, &key);
-	if (rc) {
-		fail(r, "host_alloc_shared = %d", rc);
-		return;
-	}
-	memset(p, 0x5a, bytes);
-	op.src_addr = (uintptr_t)p;
-	op.src_len = total;
-	op.dst_addr = (uintptr_t)(p + 8);
-	op.dst_len = total;
-	rc = host_team_create(r->ctx, SELF_TEAM, 1, &r->me, WAIT_NS);
-	if (rc)
-		fail(r, "host_team_create(self) = %d", rc);
-	else if (!post(r, &op, &tag, "overlapping alltoall"))
-		wait_ok(r, tag, &c, "overlapping alltoall");
-	host_free_shared(r->ctx, p, bytes);
-}
-
-/* ---- two host threads on one context, each on its own team ---- */
-
-#define THREAD_TEAM 2u
-#define THREAD_OPS  12u
-
-struct worker {
-	struct rank *r;
-	const uint32_t *world;
-	int second;
-};
-
-static void *worker_main(void *arg)
-{
-	struct worker *w = arg;
-
-	for (uint32_t k = 0; k < THREAD_OPS; k++) {
-		if (w->second) {
-			/* all-to-all-v and barriers on THREAD_TEAM (the same ranks as the world) */
-			if (k % 3 == 2) {
-				struct host_op op = { .opcode = OFFLOAD_OP_BARRIER, .team = THREAD_TEAM };
-				struct host_completion c;
-				uint32_t tag;
-
-				if (!post(w->r, &op, &tag, "threaded barrier"))
-					wait_ok(w->r, tag, &c, "threaded barrier");
-			} else {
-				test_alltoallv_one(w->r, THREAD_TEAM, k % 4, k % 6 ? V_PLAIN : V_SLOTS);
-			}
-		} else {
-			struct a2a a;
-
-			if (!a2a_post(w->r, &a, 500 + 97 * k, 200 + k, (int)(k % 4), OFFLOAD_WORLD_TEAM,
-				      w->world))
-				a2a_finish(w->r, &a);
-		}
-	}
-	return NULL;
-}
-
-static void test_threads(struct rank *r, const uint32_t *world)
-{
-	struct worker w[2] = { { r, world, 0 }, { r, world, 1 } };
-	pthread_t t[2];
-	int started = 0;
-
-	for (int i = 0; i < 2; i++) {
-		if (pthread_create(&t[i], NULL, worker_main, &w[i])) {
-			fail(r, "pthread_create failed");
-			break;
-		}
-		started++;
-	}
-	for (int i = 0; i < started; i++)
-		pthread_join(t[i], NULL);
 }
 
 /* ---- multicast ---- */
@@ -584,10 +277,10 @@ static int rank_main(uint32_t me, uint32_t n, const char *job, uint32_t threads,
 		     uint64_t rail0_bytes, uint32_t big, struct shared *sh)
 {
 	struct host_ctx_params p = {
+		.struct_size = sizeof(p), .version = HOST_CTX_PARAMS_VERSION,
 		.job = job, .backend = "emulator", .rank = me, .size = n, .num_threads = threads,
-		.ring_entries = 64, .chunk_size = 256 * 1024, .spin_us = 0,
-		.bootstrap_timeout_ns = WAIT_NS, .mtu = 4096, .mcast_rq_depth = 512,
-		.eager_max = OFFLOAD_EAGER_BYTES,
+		.ring_entries = 64, .spin_us = 0, .bootstrap_timeout_ns = WAIT_NS, .mtu = 4096,
+		.mcast_rq_depth = 512, .engine = { .chunk_size = 256 * 1024, .eager_max = OFFLOAD_EAGER_BYTES },
 	};
 	struct rank r = { .me = me, .n = n, .sh = sh, .big = big };
 	uint32_t world[MAX_N], reversed[MAX_N];

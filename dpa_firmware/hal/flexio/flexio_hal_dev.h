@@ -129,4 +129,9 @@ struct dpa_hal {
 _Static_assert(sizeof(struct dpa_hal) <= OFFLOAD_FLEXIO_HAL_BYTES,
 	       "HAL runtime state must fit what the host allocates");
 
+/* dpa_hal_flexio_cq.c: complete a post here (it never reaches the wire: zero length, a
+ * broken QP) with status and bytes; DPA_HAL_EAGAIN when max_outstanding are owed. */
+int dpa_flexio_soft_complete(struct dpa_hal *hal, const struct dpa_flexio_qp *qp, uint64_t wr_id,
+			     int32_t status, uint32_t bytes);
+
 #endif /* FLEXIO_HAL_DEV_H */

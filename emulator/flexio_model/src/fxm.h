@@ -22,6 +22,7 @@
 #include <infiniband/verbs.h>
 #include <pthread.h>
 #include <stdint.h>
+#include <string.h>
 
 #define FXM_VENDOR_ID      0x15b3u   /* Mellanox */
 #define FXM_PART_BF3       0xa2dcu   /* BlueField-3 integrated ConnectX-7: has a DPA */
@@ -248,6 +249,36 @@ uint32_t fxm_qp_add(struct fxm_qp *qp);
 struct fxm_qp *fxm_qp_find_locked(uint32_t qpn);
 void fxm_qp_remove(struct fxm_qp *qp);
 void fxm_qp_to_error(struct fxm_qp *qp);
+/* The requester's in-flight WQEs of a QP (fxm_nic.c completes them in SQ order): the
+ * oldest, its retirement, a requester CQE, the flush of all of them and of the local ones
+ * (no answer awaited) at the head; the ACK timeout a request is resent after. */
+uint64_t fxm_ack_timeout_ns(const struct fxm_qp *qp);
+struct fxm_inflight *fxm_inflight_head(struct fxm_qp *qp);
+void fxm_inflight_pop(struct fxm_qp *qp);
+void fxm_push_req_cqe(struct fxm_qp *qp, uint32_t wqe_index, uint8_t opcode, uint8_t synd,
+		      uint32_t bytes);
+void fxm_flush_all(struct fxm_qp *qp);
+void fxm_complete_locals(struct fxm_qp *qp);
+/* fxm_sq.c: execute the WQEs rung for (the NIC thread, QP locked); the QP's resends due by
+ * now, returning when it next needs a look. */
+void fxm_run_sq(struct fxm_qp *qp);
+uint64_t fxm_qp_timers(struct fxm_qp *qp, uint64_t now);
+/* mlx5 structures are big endian */
+static inline uint32_t fxm_be32(const void *p)
+{
+	uint32_t v;
+
+	memcpy(&v, p, 4);
+	return __builtin_bswap32(v);
+}
+
+static inline uint64_t fxm_be64(const void *p)
+{
+	uint64_t v;
+
+	memcpy(&v, p, 8);
+	return __builtin_bswap64(v);
+}
 
 /* ------------------------------------------------------------------ fxm_cq.c */
 struct fxm_cqe_info {

@@ -115,5 +115,7 @@ void fxm_eh_stop(struct fxm_eh *eh);
 int fxm_rpc(struct flexio_process *proc, const struct fxm_func *f, void *argbuf, uint64_t *ret);
 const struct fxm_func *fxm_func_of(const struct flexio_app *app, flexio_func_t *stub);
 void *fxm_dev_symbol(struct flexio_process *proc, const char *name);
+/* Log what failed (fmt names it with %s: what) and answer FLEXIO_STATUS_FAILED. */
+flexio_status fxm_flexio_fail(const char *fmt, const char *what);
 
 #endif

@@ -30,7 +30,7 @@ static pthread_mutex_t apps_lock = PTHREAD_MUTEX_INITIALIZER;
 static uint64_t version_used;
 static uint32_t next_uar = 1;
 
-static flexio_status fail(const char *fmt, const char *what)
+flexio_status fxm_flexio_fail(const char *fmt, const char *what)
 {
 	fxm_log(fmt, what);
 	return FLEXIO_STATUS_FAILED;
@@ -93,13 +93,13 @@ flexio_status flexio_app_get(struct flexio_app_select_attr *fattr, struct flexio
 	if (!fattr || !fattr->app_name || !app)
 		return FLEXIO_STATUS_FAILED;
 	if (!__atomic_load_n(&version_used, __ATOMIC_ACQUIRE))
-		return fail("flexio_app_get(%s) before flexio_version_set()", fattr->app_name);
+		return fxm_flexio_fail("flexio_app_get(%s) before flexio_version_set()", fattr->app_name);
 	pthread_mutex_lock(&apps_lock);
 	for (a = apps; a && strcmp(a->name, fattr->app_name); a = a->next)
 		;
 	pthread_mutex_unlock(&apps_lock);
 	if (!a)
-		return fail("flexio_app_get: no application '%s' (was it linked in?)", fattr->app_name);
+		return fxm_flexio_fail("flexio_app_get: no application '%s' (was it linked in?)", fattr->app_name);
 	*app = a;
 	return FLEXIO_STATUS_SUCCESS;
 }
@@ -133,7 +133,7 @@ flexio_status flexio_func_register(struct flexio_app *app, const char *dev_func_
 				   flexio_func_t **out_func)
 {
 	(void)app, (void)dev_func_name, (void)out_func;
-	return fail("%s: not modelled (dpacc's pack/unpack registration is)", "flexio_func_register");
+	return fxm_flexio_fail("%s: not modelled (dpacc's pack/unpack registration is)", "flexio_func_register");
 }
 
 const struct fxm_func *fxm_func_of(const struct flexio_app *app, flexio_func_t *stub)
@@ -183,7 +183,7 @@ flexio_status flexio_process_create(struct ibv_context *ibv_ctx, struct flexio_a
 	/* FlexIO 25.x: "Set current version for API" before anything else (every NVIDIA
 	 * sample of 25.x does); the model refuses to guess one. */
 	if (!__atomic_load_n(&version_used, __ATOMIC_ACQUIRE))
-		return fail("flexio_process_create(%s): flexio_version_set() was not called; FlexIO "
+		return fxm_flexio_fail("flexio_process_create(%s): flexio_version_set() was not called; FlexIO "
 			    "25.x needs the API version the host code was built for", app->name);
 	p = calloc(1, sizeof(*p));
 	if (!p)
@@ -331,7 +331,7 @@ flexio_status flexio_buf_dev_alloc(struct flexio_process *process, size_t buff_b
 	at = (process->heap_used + 63) & ~(size_t)63;
 	if (!buff_bsize || at + buff_bsize > process->heap_size) {
 		pthread_mutex_unlock(&process->lock);
-		return fail("flexio_buf_dev_alloc: %s", "the DPA heap is exhausted");
+		return fxm_flexio_fail("flexio_buf_dev_alloc: %s", "the DPA heap is exhausted");
 	}
 	process->heap_used = at + buff_bsize;
 	pthread_mutex_unlock(&process->lock);
@@ -351,7 +351,7 @@ flexio_status flexio_host2dev_memcpy(struct flexio_process *process, void *src_h
 				     size_t buff_bsize, flexio_uintptr_t dest_daddr)
 {
 	if (!process || !src_haddr || !fxm_heap_range(process, dest_daddr, buff_bsize))
-		return fail("flexio_host2dev_memcpy: %s", "destination outside the DPA heap");
+		return fxm_flexio_fail("flexio_host2dev_memcpy: %s", "destination outside the DPA heap");
 	memcpy((void *)(uintptr_t)dest_daddr, src_haddr, buff_bsize);
 	__atomic_thread_fence(__ATOMIC_SEQ_CST);
 	return FLEXIO_STATUS_SUCCESS;
@@ -361,7 +361,7 @@ flexio_status flexio_buf_dev_memset(struct flexio_process *process, int value,
 				    size_t buff_bsize, flexio_uintptr_t dest_daddr)
 {
 	if (!process || !fxm_heap_range(process, dest_daddr, buff_bsize))
-		return fail("flexio_buf_dev_memset: %s", "destination outside the DPA heap");
+		return fxm_flexio_fail("flexio_buf_dev_memset: %s", "destination outside the DPA heap");
 	memset((void *)(uintptr_t)dest_daddr, value, buff_bsize);
 	return FLEXIO_STATUS_SUCCESS;
 }
@@ -383,7 +383,7 @@ flexio_status flexio_device_mkey_create(struct flexio_process *process,
 
 	if (!process || !fattr || !fattr->pd || !mkey ||
 	    !fxm_heap_range(process, fattr->daddr, fattr->len))
-		return fail("flexio_device_mkey_create: %s", "range outside the DPA heap or no PD");
+		return fxm_flexio_fail("flexio_device_mkey_create: %s", "range outside the DPA heap or no PD");
 	k = calloc(1, sizeof(*k));
 	if (!k)
 		return FLEXIO_STATUS_FAILED;
@@ -454,325 +454,6 @@ flexio_status flexio_window_destroy(struct flexio_window *window)
 uint32_t flexio_window_get_id(struct flexio_window *window)
 {
 	return window ? window->id : UINT32_MAX;
-}
-
-/* ------------------------------------------------------------------ event handlers and RPC */
-
-flexio_status flexio_event_handler_create(struct flexio_process *process,
-					  struct flexio_event_handler_attr *fattr,
-					  struct flexio_event_handler **event_handler_ptr)
-{
-	const struct fxm_func *f;
-	struct fxm_eh *eh;
-
-	if (!process || !fattr || !event_handler_ptr)
-		return FLEXIO_STATUS_FAILED;
-	f = fxm_func_of(process->app, fattr->host_stub_func);
-	if (!f)
-		return fail("flexio_event_handler_create: %s", "the stub is not a function of the app");
-	eh = calloc(1, sizeof(*eh));
-	if (!eh)
-		return FLEXIO_STATUS_FAILED;
-	eh->proc = process;
-	eh->func = (void (*)(uint64_t))fxm_dev_symbol(process, f->name);
-	eh->arg = fattr->arg;
-	if (!eh->func) {
-		free(eh);
-		return fail("flexio_event_handler_create: '%s' is not in the DPA image", f->name);
-	}
-	pthread_mutex_lock(&process->lock);
-	eh->id = process->next_eh++;
-	pthread_mutex_unlock(&process->lock);
-	if (fxm_eh_start(eh)) {
-		free(eh);
-		return FLEXIO_STATUS_FAILED;
-	}
-	pthread_mutex_lock(&process->lock);
-	eh->next = process->ehs;
-	process->ehs = eh;
-	pthread_mutex_unlock(&process->lock);
-	*event_handler_ptr = (struct flexio_event_handler *)eh;
-	return FLEXIO_STATUS_SUCCESS;
-}
-
-flexio_status flexio_event_handler_destroy(struct flexio_event_handler *event_handler)
-{
-	struct fxm_eh *eh = (struct fxm_eh *)event_handler;
-	struct flexio_process *p;
-
-	if (!eh)
-		return FLEXIO_STATUS_FAILED;
-	p = eh->proc;
-	pthread_mutex_lock(&p->lock);
-	for (struct fxm_eh **pp = &p->ehs; *pp; pp = &(*pp)->next)
-		if (*pp == eh) {
-			*pp = eh->next;
-			break;
-		}
-	pthread_mutex_unlock(&p->lock);
-	/* Detach it from its CQs first: an event must not find it half gone. */
-	pthread_mutex_lock(&fxm.lock);
-	for (struct fxm_cq *cq = fxm.cqs; cq; cq = cq->next)
-		if (cq->eh == eh) {
-			pthread_mutex_lock(&cq->lock);
-			cq->eh = NULL;
-			pthread_mutex_unlock(&cq->lock);
-		}
-	pthread_mutex_unlock(&fxm.lock);
-	fxm_nic_quiesce();
-	fxm_eh_stop(eh);
-	free(eh);
-	return FLEXIO_STATUS_SUCCESS;
-}
-
-flexio_status flexio_event_handler_run(struct flexio_event_handler *event_handler,
-				       uint64_t user_arg)
-{
-	struct fxm_eh *eh = (struct fxm_eh *)event_handler;
-	flexio_status st = FLEXIO_STATUS_SUCCESS;
-	const char *delay = getenv("FXM_DELAY_RUN_MS");
-
-	if (!eh)
-		return FLEXIO_STATUS_FAILED;
-	/* Timing perturbation for tests: a host that is slow to start its handlers (what
-	 * other processes see of a busy machine). */
-	if (delay && *delay) {
-		struct timespec ts = { 0, (long)(atoi(delay) % 1000) * 1000000l };
-
-		nanosleep(&ts, NULL);
-	}
-	pthread_mutex_lock(&eh->mu);
-	if (eh->state != EH_CREATED)
-		st = FLEXIO_STATUS_FAILED;
-	else {
-		/* Running, not invoked: the first CQE of its CQ invokes it. */
-		eh->arg = user_arg;
-		eh->state = EH_RUNNING;
-	}
-	pthread_mutex_unlock(&eh->mu);
-	return st;
-}
-
-struct flexio_thread *flexio_event_handler_get_thread(struct flexio_event_handler *event_handler)
-{
-	return (struct flexio_thread *)event_handler;
-}
-
-uint32_t flexio_event_handler_get_id(struct flexio_event_handler *event_handler)
-{
-	return event_handler ? ((struct fxm_eh *)event_handler)->id : UINT32_MAX;
-}
-
-flexio_status flexio_process_call(struct flexio_process *process, flexio_func_t *host_func,
-				  uint64_t *func_ret, ...)
-{
-	const struct fxm_func *f;
-	void *argbuf;
-	va_list ap;
-	int rc;
-
-	if (!process || !func_ret)
-		return FLEXIO_STATUS_FAILED;
-	if (process->err != FLEXIO_DEV_NO_ERROR)
-		return fail("flexio_process_call: %s", "the DPA process stopped with an error");
-	f = fxm_func_of(process->app, host_func);
-	if (!f || !f->pack)
-		return fail("flexio_process_call: %s", "the stub is not an RPC of the app");
-	argbuf = calloc(1, f->argbuf_size ? f->argbuf_size : 8);
-	if (!argbuf)
-		return FLEXIO_STATUS_FAILED;
-	va_start(ap, func_ret);
-	f->pack(argbuf, ap);
-	va_end(ap);
-	process->rpcs++;
-	rc = fxm_rpc(process, f, argbuf, func_ret);
-	free(argbuf);
-	return rc ? FLEXIO_STATUS_FAILED : FLEXIO_STATUS_SUCCESS;
-}
-
-/* ------------------------------------------------------------------ CQs and QPs */
-
-flexio_status flexio_cq_create(struct flexio_process *process, struct ibv_context *ibv_ctx,
-			       const struct flexio_cq_attr *fattr, struct flexio_cq **cq)
-{
-	struct flexio_cq *c;
-	uint64_t bytes;
-
-	(void)ibv_ctx;
-	if (!process || !fattr || !cq || fattr->log_cq_depth < 1 || fattr->log_cq_depth > 22)
-		return FLEXIO_STATUS_FAILED;
-	bytes = 64ull << fattr->log_cq_depth;
-	if (fattr->cq_ring_qmem.memtype != FLEXIO_MEMTYPE_DPA ||
-	    !fxm_heap_range(process, fattr->cq_ring_qmem.daddr, bytes) ||
-	    !fxm_heap_range(process, fattr->cq_dbr_daddr, 8))
-		return fail("flexio_cq_create: %s", "ring or doorbell record outside the DPA heap");
-	if (fattr->uar_id != process->uar.id)
-		return fail("flexio_cq_create: %s", "uar_id is not the process's UAR");
-	if (fattr->element_type != FLEXIO_CQ_ELEMENT_TYPE_DPA_THREAD || !fattr->thread ||
-	    ((struct fxm_eh *)fattr->thread)->proc != process)
-		return fail("flexio_cq_create: %s", "only CQs that run a thread of this process are modelled");
-	c = calloc(1, sizeof(*c));
-	if (!c)
-		return FLEXIO_STATUS_FAILED;
-	c->proc = process;
-	c->cq.ring = (uint8_t *)(uintptr_t)fattr->cq_ring_qmem.daddr;
-	c->cq.dbr = (uint32_t *)(uintptr_t)fattr->cq_dbr_daddr;
-	c->cq.log_depth = fattr->log_cq_depth;
-	c->cq.eh = (struct fxm_eh *)fattr->thread;
-	c->cq.overrun_ignore = fattr->overrun_ignore;
-	c->cq.always_armed = fattr->always_armed;
-	c->cq.armed = !fattr->no_arm;   /* "Indication to not arm the CQ on creation" */
-	fxm_cq_add(&c->cq);
-	*cq = c;
-	return FLEXIO_STATUS_SUCCESS;
-}
-
-flexio_status flexio_cq_destroy(struct flexio_cq *cq)
-{
-	if (!cq)
-		return FLEXIO_STATUS_FAILED;
-	fxm_cq_remove(&cq->cq);
-	free(cq);
-	return FLEXIO_STATUS_SUCCESS;
-}
-
-uint32_t flexio_cq_get_cq_num(struct flexio_cq *cq)
-{
-	return cq ? cq->cq.cqn : UINT32_MAX;
-}
-
-static struct fxm_cq *cq_by_num(uint32_t cqn)
-{
-	struct fxm_cq *c;
-
-	pthread_mutex_lock(&fxm.lock);
-	c = fxm_cq_find_locked(cqn);
-	pthread_mutex_unlock(&fxm.lock);
-	return c;
-}
-
-flexio_status flexio_qp_create(struct flexio_process *process, struct ibv_context *ibv_ctx,
-			       struct flexio_qp_attr *a, struct flexio_qp **qp_ptr)
-{
-	struct flexio_qp *q;
-	uint64_t rq_bytes, sq_bytes;
-
-	(void)ibv_ctx;
-	if (!process || !a || !qp_ptr)
-		return FLEXIO_STATUS_FAILED;
-	if (a->transport_type != FLEXIO_QPC_ST_RC || a->no_sq ||
-	    a->rq_type != FLEXIO_QP_QPC_RQ_TYPE_REGULAR)
-		return fail("flexio_qp_create: %s", "only RC QPs with a regular RQ are modelled");
-	if (a->log_sq_depth < 1 || a->log_sq_depth > 15 || a->log_rq_depth < 0 ||
-	    a->log_rq_depth > 15 || a->user_index > 0xffffffu)
-		return fail("flexio_qp_create: %s", "queue depth or user index out of range");
-	if (a->uar_id != process->uar.id)
-		return fail("flexio_qp_create: %s", "uar_id is not the process's UAR");
-	/* The WQ buffer holds the RQ (16-byte receive WQEs) and then the SQ (64-byte basic
-	 * blocks); the doorbell record is [0] RQ counter, [1] SQ counter. */
-	rq_bytes = 16ull << a->log_rq_depth;
-	sq_bytes = 64ull << a->log_sq_depth;
-	if (a->qp_wq_buff_qmem.memtype != FLEXIO_MEMTYPE_DPA ||
-	    a->qp_wq_dbr_qmem.memtype != FLEXIO_MEMTYPE_DPA ||
-	    !fxm_heap_range(process, a->qp_wq_buff_qmem.daddr, rq_bytes + sq_bytes) ||
-	    !fxm_heap_range(process, a->qp_wq_dbr_qmem.daddr, 8))
-		return fail("flexio_qp_create: %s", "work queue or doorbell record outside the DPA heap");
-	q = calloc(1, sizeof(*q));
-	if (!q)
-		return FLEXIO_STATUS_FAILED;
-	q->proc = process;
-	q->qp.dpa = 1;
-	q->qp.proc = process;
-	q->qp.pd = a->pd ? to_fxm_pd(a->pd) : process->pd;
-	q->qp.user_index = a->user_index;
-	q->qp.access = a->qp_access_mask;
-	q->qp.rq = (uint8_t *)(uintptr_t)a->qp_wq_buff_qmem.daddr;
-	q->qp.log_rq = (uint32_t)a->log_rq_depth;
-	q->qp.rq_stride = 16;
-	q->qp.sq = q->qp.rq + rq_bytes;
-	q->qp.log_sq = (uint32_t)a->log_sq_depth;
-	q->qp.dbr = (uint32_t *)(uintptr_t)a->qp_wq_dbr_qmem.daddr;
-	q->qp.scq = cq_by_num(a->sq_cqn);
-	q->qp.rcq = cq_by_num(a->rq_cqn);
-	q->qp.state = IBV_QPS_RESET;
-	q->qp.timeout = FXM_DEFAULT_TIMEOUT;   /* flexio_qp_attr has no ACK timeout */
-	q->qp.rnr_retry = 0;                   /* nor an RNR retry count: 0, no retry */
-	if (!q->qp.scq || !q->qp.rcq || !fxm_qp_add(&q->qp)) {
-		free(q);
-		return fail("flexio_qp_create: %s", "sq_cqn or rq_cqn names no CQ");
-	}
-	*qp_ptr = q;
-	return FLEXIO_STATUS_SUCCESS;
-}
-
-/* RST -> INIT -> RTR -> RTS, as the PRM's QP state machine; RTR needs the remote QP, a GID
- * of the port (RoCE: GRH on) and a destination MAC. */
-flexio_status flexio_qp_modify(struct flexio_qp *qp, struct flexio_qp_attr *a,
-			       struct flexio_qp_attr_opt_param_mask *mask)
-{
-	struct fxm_qp *q = qp ? &qp->qp : NULL;
-
-	(void)mask;
-	if (!q || !a)
-		return FLEXIO_STATUS_FAILED;
-	switch (a->next_state) {
-	case FLEXIO_QP_STATE_INIT:
-		if (q->state != IBV_QPS_RESET || !fxm_port(a->vhca_port_num ? a->vhca_port_num : 1))
-			return fail("flexio_qp_modify: %s", "INIT only from RESET, on a port of the device");
-		q->port = a->vhca_port_num ? a->vhca_port_num : 1;
-		q->access = a->qp_access_mask;
-		q->state = IBV_QPS_INIT;
-		return FLEXIO_STATUS_SUCCESS;
-	case FLEXIO_QP_STATE_RTR:
-		if (q->state != IBV_QPS_INIT)
-			return fail("flexio_qp_modify: %s", "RTR only from INIT");
-		if (!a->grh || !a->dest_mac || a->gid_table_index >= FXM_GIDS_PER_PORT ||
-		    !a->path_mtu || a->path_mtu > FLEXIO_QP_QPC_MTU_BYTES_4K ||
-		    (a->vhca_port_num && a->vhca_port_num != q->port))
-			return fail("flexio_qp_modify: %s", "RTR on RoCE needs grh, dest_mac, a GID "
-				    "index of the port and a path MTU");
-		q->remote_qpn = a->remote_qp_num & 0xffffffu;
-		q->rgid = a->rgid_or_rip;
-		q->sgid_index = a->gid_table_index;
-		q->fl = a->fl;
-		q->grh = a->grh;
-		q->expected_psn = a->next_rcv_psn & 0xffffffu;
-		q->state = IBV_QPS_RTR;
-		return FLEXIO_STATUS_SUCCESS;
-	case FLEXIO_QP_STATE_RTS:
-		if (q->state != IBV_QPS_RTR)
-			return fail("flexio_qp_modify: %s", "RTS only from RTR");
-		q->retry_cnt = a->retry_count > 7 ? 7 : a->retry_count;
-		q->next_psn = a->next_send_psn & 0xffffffu;
-		q->state = IBV_QPS_RTS;
-		return FLEXIO_STATUS_SUCCESS;
-	default:
-		return fail("flexio_qp_modify: %s", "only RST -> INIT -> RTR -> RTS is modelled");
-	}
-}
-
-flexio_status flexio_qp_destroy(struct flexio_qp *qp)
-{
-	if (!qp)
-		return FLEXIO_STATUS_FAILED;
-	fxm_qp_remove(&qp->qp);
-	free(qp);
-	return FLEXIO_STATUS_SUCCESS;
-}
-
-uint32_t flexio_qp_get_qp_num(struct flexio_qp *qp)
-{
-	return qp ? qp->qp.qpn : UINT32_MAX;
-}
-
-enum flexio_qp_state flexio_qp_state_get(struct flexio_qp *qp)
-{
-	static const enum flexio_qp_state map[] = {
-		FLEXIO_QP_STATE_RST, FLEXIO_QP_STATE_INIT, FLEXIO_QP_STATE_RTR, FLEXIO_QP_STATE_RTS,
-		FLEXIO_QP_STATE_RTS, FLEXIO_QP_STATE_RTS, FLEXIO_QP_STATE_ERR,
-	};
-
-	return qp && qp->qp.state <= IBV_QPS_ERR ? map[qp->qp.state] : FLEXIO_QP_STATE_ERR;
 }
 
 void fxm_dump_dpa(void)

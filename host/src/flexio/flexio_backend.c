@@ -154,11 +154,11 @@ static uint64_t fx_pages(uint64_t len)
 /* The window arena and the registrations over it (see struct fx_device). */
 static int fx_open_arena(struct fx_device *d)
 {
-	if (!d->attr.ring_len || !d->attr.stats_len)
+	if (!host_ring_len(&d->attr) || !host_stats_len(&d->attr))
 		return -EINVAL;
-	d->stats_off = fx_pages(d->attr.ring_len);
+	d->stats_off = fx_pages(host_ring_len(&d->attr));
 	d->ctrl_len = fx_pages(sizeof(struct offload_ctrl));
-	d->arena_len = d->stats_off + fx_pages(d->attr.stats_len) + d->ctrl_len;
+	d->arena_len = d->stats_off + fx_pages(host_stats_len(&d->attr)) + d->ctrl_len;
 	d->arena = mmap(NULL, d->arena_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
 			-1, 0);
 	if (d->arena == MAP_FAILED) {
@@ -183,8 +183,8 @@ static int fx_fw_memory(struct host_device *hd, struct host_fw_windows *out)
 {
 	struct fx_device *d = to_fx(hd);
 
-	*out = (struct host_fw_windows){ .ring = d->arena, .ring_len = d->attr.ring_len,
-		.stats = d->arena + d->stats_off, .stats_len = d->attr.stats_len };
+	*out = (struct host_fw_windows){ .ring = d->arena, .ring_len = host_ring_len(&d->attr),
+		.stats = d->arena + d->stats_off, .stats_len = host_stats_len(&d->attr) };
 	return 0;
 }
 
@@ -204,12 +204,14 @@ static int fx_open_host_cq(struct fx_device *d)
 	return d->hcq ? 0 : -EIO;
 }
 
-static int fx_open(const struct host_device_attr *attr, struct host_device **out)
+static int fx_open(const struct host_ctx_params *attr, struct host_device **out)
 {
 	struct fx_device *d;
 	uint32_t *qpns = NULL;
 	int rc, one = 1, all[OFFLOAD_MAX_RANKS];
 
+	if (!host_params_known(attr))
+		return -EPROTONOSUPPORT;
 	if (attr->size == 0 || attr->size > OFFLOAD_MAX_RANKS || attr->rank >= attr->size ||
 	    attr->num_threads == 0 || attr->num_threads > OFFLOAD_MAX_THREADS)
 		return -EINVAL;
@@ -221,7 +223,7 @@ static int fx_open(const struct host_device_attr *attr, struct host_device **out
 	if (!d)
 		return -ENOMEM;
 	d->attr = *attr;
-	d->attr.job = NULL;  /* not kept: the caller owns the string */
+	d->attr.job = d->attr.backend = d->attr.backend_lib = NULL;  /* the caller's strings */
 	pthread_mutex_init(&d->cq_lock, NULL);
 	pthread_mutex_init(&d->pump_lock, NULL);
 	pthread_mutex_init(&d->mr_lock, NULL);
@@ -275,7 +277,7 @@ static int fx_start(struct host_device *hd, const struct dpa_engine_params *para
 
 	/* The DPA reaches the ring and stats only inside the arena (fw_memory). */
 	if ((uint8_t *)win->ring != d->arena || (uint8_t *)win->stats != d->arena + d->stats_off ||
-	    win->ring_len > d->attr.ring_len || win->stats_len > d->attr.stats_len)
+	    win->ring_len > host_ring_len(&d->attr) || win->stats_len > host_stats_len(&d->attr))
 		return -EINVAL;
 	if (fx_fail(flexio_buf_dev_alloc(d->proc, d->state_size, &state), "flexio_buf_dev_alloc") ||
 	    fx_fail(flexio_copy_from_host(d->proc, (void *)params, sizeof(*params), &params_d),
@@ -493,9 +495,11 @@ static const struct host_device_ops flexio_device_ops = {
 	.wake_waiters = NULL,  /* a waiter's poll ends within FX_WAIT_SLICE_MS */
 };
 
-/* What host_ctx looks up after dlopen(): the ops, and the ABI they were built with. */
+/* What host_ctx looks up after dlopen(): the ops, and the ABI and the host_ctx_params
+ * layout they were built with. */
 __attribute__((visibility("default"))) const struct host_device_ops *dpaoffload_flexio_ops(void);
 __attribute__((visibility("default"))) uint32_t dpaoffload_flexio_abi(void);
+__attribute__((visibility("default"))) uint32_t dpaoffload_flexio_params_version(void);
 
 const struct host_device_ops *dpaoffload_flexio_ops(void)
 {
@@ -505,4 +509,9 @@ const struct host_device_ops *dpaoffload_flexio_ops(void)
 uint32_t dpaoffload_flexio_abi(void)
 {
 	return OFFLOAD_ABI_VERSION;
+}
+
+uint32_t dpaoffload_flexio_params_version(void)
+{
+	return HOST_CTX_PARAMS_VERSION;
 }

@@ -115,7 +115,7 @@ struct fx_mr {
 };
 
 struct fx_device {
-	struct host_device_attr attr;
+	struct host_ctx_params attr;  /* as opened (host_device.h); no strings kept */
 	struct ibv_context *ibv;
 	struct ibv_pd *pd;
 	struct fx_rail rails[OFFLOAD_FLEXIO_MAX_RAILS];

@@ -3,8 +3,9 @@
  * FlexIO model: <libflexio-dev/flexio_dev_queue_types.h>: the mlx5 queue element layouts
  * (big endian), field by field as in NVIDIA's header of the same name (FlexIO SDK 25.1,
  * "based on content of mlx5/device.h") and rdma-core's providers/mlx5/mlx5dv.h (struct
- * mlx5_cqe64, mlx5_wqe_*_seg). The emulated NIC (src/fxm_nic.c) reads and writes exactly
- * these bytes, so a WQE the binding builds wrong fails in the model as it would on a card.
+ * mlx5_cqe64, mlx5_wqe_*_seg). The emulated NIC (src/fxm_nic.c, fxm_sq.c) reads and writes
+ * exactly these bytes, so a WQE the binding builds wrong fails in the model as it would on a
+ * card.
  */
 #ifndef _FLEXIO_DEV_QUEUE_TYPES_H_
 #define _FLEXIO_DEV_QUEUE_TYPES_H_

@@ -8,10 +8,10 @@
  * FlexIO 25.x additions NVIDIA's samples call (no stored header had them: their form is
  * taken from that use and marked so in prototypes.txt).
  *
- * The model implements the library behind these calls in src/fxm_flexio.c: a DPA process
+ * The model implements the library behind these calls in src/fxm_flexio*.c: a DPA process
  * is the image (the device code dpacc compiled, here for x86) loaded into this process,
  * with its own heap, event handlers running on host threads, and queues the emulated NIC
- * (src/fxm_nic.c) executes.
+ * (src/fxm_nic.c, src/fxm_sq.c) executes.
  */
 #ifndef _FLEXIO_SDK_H_
 #define _FLEXIO_SDK_H_
