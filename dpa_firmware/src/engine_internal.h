@@ -261,9 +261,11 @@ struct dpa_ctrl_msg {
 	uint32_t kind;         /* DPA_WR_SIGNAL, or a sequenced write (READY/COUNT) */
 	uint32_t len;          /* body bytes */
 	uint32_t seq_off;      /* where the seq word goes, from raddr */
-	uint8_t pending;       /* completions still due; 0: free; DPA_CTRL_RESEND */
+	uint8_t pending;       /* completions still due, an owed seq word's included; 0: free;
+				* DPA_CTRL_RESEND */
 	uint8_t resend;
-	uint8_t resv[2];
+	uint8_t seq_owed;      /* the queue took the body but refused the seq word: post it alone */
+	uint8_t body_rail;     /* the rail the body went on (an owed seq word must follow it) */
 	uint8_t body[32];
 };
 

@@ -56,23 +56,57 @@ static uint8_t msg_posts(const struct dpa_ctrl_msg *m)
 	return m->kind == DPA_WR_SIGNAL || !m->len ? 1 : 2;
 }
 
+/* Posts m whole. 0: posted, with pending set; or the queue took the body but refused the
+ * seq word (m->seq_owed): the body's WQE is counted as in flight and the seq word alone
+ * goes later (post_owed_seq), never the body twice. DPA_HAL_EAGAIN: nothing was posted. */
 static int post_msg(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa_ctrl_msg *m)
 {
 	uint32_t rail = dpa_rail_select(eng, hal, m->peer);
-	int rc = 0;
+	int rc;
 
 	if (rail == DPA_NO_RAIL)
 		return OFFLOAD_ERR_LINK_DOWN;
 	if (m->kind == DPA_WR_SIGNAL)
-		return dpa_hal_rdma_signal_add(hal, m->peer, m->raddr, m->rkey, m->value, m->wr_id);
-	/* The body, then the seq word: writes on one queue land in order, so a reader that
-	 * sees this op's seq sees the body. */
-	if (m->len)
-		rc = dpa_hal_rdma_write_inline(hal, m->peer, m->body, m->len, m->raddr, m->rkey,
-					       m->wr_id);
-	if (!rc)
+		rc = dpa_hal_rdma_signal_add(hal, m->peer, m->raddr, m->rkey, m->value, m->wr_id);
+	else if (!m->len)
 		rc = dpa_hal_rdma_write_inline(hal, m->peer, &m->value, sizeof(m->value),
 					       m->raddr + m->seq_off, m->rkey, m->wr_id);
+	else {
+		/* The body, then the seq word: writes on one queue land in order, so a reader
+		 * that sees this op's seq sees the body. */
+		rc = dpa_hal_rdma_write_inline(hal, m->peer, m->body, m->len, m->raddr, m->rkey,
+					       m->wr_id);
+		if (rc)
+			return rc;
+		m->body_rail = (uint8_t)rail;
+		rc = dpa_hal_rdma_write_inline(hal, m->peer, &m->value, sizeof(m->value),
+					       m->raddr + m->seq_off, m->rkey, m->wr_id);
+		if (rc == DPA_HAL_EAGAIN) {  /* queue full: the body's WQE stays accounted */
+			m->seq_owed = 1;
+			rc = 0;
+		}
+	}
+	if (rc == 0)  /* release: dpa_ctrl_pending() on other threads reads wr_id after it */
+		__atomic_store_n(&m->pending, msg_posts(m), __ATOMIC_RELEASE);
+	return rc;
+}
+
+/* The seq word of a body already posted. It must land after the body: on the body's rail,
+ * or on another once the body is acknowledged (pending counts the owed word alone). */
+static int post_owed_seq(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa_ctrl_msg *m)
+{
+	uint32_t rail = dpa_rail_select(eng, hal, m->peer);
+	int body_acked = m->pending == 1;
+	int rc;
+
+	if (rail == DPA_NO_RAIL)
+		return body_acked ? OFFLOAD_ERR_LINK_DOWN : DPA_HAL_EAGAIN;
+	if (rail != m->body_rail && !body_acked)
+		return DPA_HAL_EAGAIN;  /* the body's completion on the old rail decides */
+	rc = dpa_hal_rdma_write_inline(hal, m->peer, &m->value, sizeof(m->value),
+				       m->raddr + m->seq_off, m->rkey, m->wr_id);
+	if (rc == 0)
+		m->seq_owed = 0;
 	return rc;
 }
 
@@ -96,11 +130,12 @@ int dpa_ctrl_post(struct dpa_engine *eng, struct dpa_hal *hal, const struct dpa_
 	m->len = msg->len;
 	m->seq_off = msg->seq_off;
 	m->resend = 0;
+	m->seq_owed = 0;
 	__builtin_memcpy(m->body, msg->body, sizeof(m->body));
 	__atomic_store_n(&m->wr_id, msg->wr_id, __ATOMIC_RELAXED);
 	rc = post_msg(eng, hal, m);
-	if (rc == 0)  /* release: dpa_ctrl_pending() on other threads reads wr_id after it */
-		__atomic_store_n(&m->pending, msg_posts(m), __ATOMIC_RELEASE);
+	if (rc == 0 && m->seq_owed)  /* dpa_ctrl_resend() finishes it */
+		eng->ctrl_resends[dpa_hal_thread_index(hal)]++;
 	return rc;
 }
 
@@ -121,10 +156,15 @@ int dpa_ctrl_completed(struct dpa_engine *eng, struct dpa_hal *hal, const struct
 			dpa_rail_failed(eng, hal, m->peer, c->rail);
 			m->resend = 1;
 		}
-		left = m->pending == 1 && m->resend ? (uint8_t)DPA_CTRL_RESEND :
-		       (uint8_t)(m->pending - 1);
-		if (left == DPA_CTRL_RESEND)
-			eng->ctrl_resends[dpa_hal_thread_index(hal)]++;
+		left = (uint8_t)(m->pending - 1);
+		/* Nothing left in flight (an owed seq word is not): resend the word whole if a
+		 * rail dropped part of it. An owed word is already counted in ctrl_resends. */
+		if (left == m->seq_owed && m->resend) {
+			if (!m->seq_owed)
+				eng->ctrl_resends[dpa_hal_thread_index(hal)]++;
+			m->seq_owed = 0;
+			left = (uint8_t)DPA_CTRL_RESEND;
+		}
 		__atomic_store_n(&m->pending, left, __ATOMIC_RELEASE);
 		return 1;
 	}
@@ -145,18 +185,24 @@ int dpa_ctrl_resend(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa_wr_f
 		struct dpa_ctrl_msg *m = &log[i];
 		int rc;
 
-		if (m->pending != DPA_CTRL_RESEND)
+		if (m->pending == DPA_CTRL_RESEND) {
+			m->resend = 0;
+			rc = post_msg(eng, hal, m);
+		} else if (m->pending && m->seq_owed && !m->resend) {
+			rc = post_owed_seq(eng, hal, m);
+		} else {
 			continue;
-		rc = post_msg(eng, hal, m);
+		}
 		if (rc == DPA_HAL_EAGAIN)
 			continue;
-		(*resends)--;
 		if (rc == 0) {
-			m->resend = 0;
-			__atomic_store_n(&m->pending, msg_posts(m), __ATOMIC_RELEASE);
+			if (!m->seq_owed)
+				(*resends)--;
 			work++;
 			continue;
 		}
+		(*resends)--;
+		m->seq_owed = 0;
 		lost[(*nlost)++] = (struct dpa_wr_failure){ .wr_id = m->wr_id, .peer = m->peer };
 		__atomic_store_n(&m->pending, 0, __ATOMIC_RELEASE);
 	}
