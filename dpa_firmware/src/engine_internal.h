@@ -379,14 +379,28 @@ int dpa_complete_cmd(struct dpa_engine *eng, struct dpa_hal *hal, const struct o
 
 
 /*
- * wr_id = op index (32) | op seq, low 16 bits (16) | item (8) | kind (8). The seq bits let
- * a completion that arrives after its op finished (and the slot was reused) be told apart.
+ * wr_id = op index (16) | op seq, low 16 bits (16) | item (24) | kind (8). The seq bits let
+ * a completion that arrives after its op finished (and the slot was reused) be told apart;
+ * the item field holds any team rank below 1 << 24 (8 bits spilled item 256 into the seq).
  */
+#define DPA_WR_ITEM_MAX 0xffffffu
+static inline uint64_t dpa_wr_tag(uint32_t opi, uint64_t seq, uint32_t item, uint32_t kind)
+{
+	return ((uint64_t)(opi & 0xffffu) << 48) | ((seq & 0xffffu) << 32) |
+	       ((uint64_t)(item & DPA_WR_ITEM_MAX) << 8) | (kind & 0xffu);
+}
+
 static inline uint64_t dpa_wr_id(const struct dpa_op *op, uint32_t item, uint32_t kind)
 {
-	return ((uint64_t)op->index << 32) | ((uint64_t)(op->seq & 0xffffu) << 16) |
-	       ((uint64_t)item << 8) | kind;
+	return dpa_wr_tag(op->index, op->seq, item, kind);
 }
+
+static inline uint32_t dpa_wr_op(uint64_t wr_id)    { return (uint32_t)(wr_id >> 48); }
+static inline uint32_t dpa_wr_seq16(uint64_t wr_id) { return (uint32_t)(wr_id >> 32) & 0xffffu; }
+static inline uint32_t dpa_wr_item(uint64_t wr_id)  { return (uint32_t)(wr_id >> 8) & DPA_WR_ITEM_MAX; }
+static inline uint32_t dpa_wr_kind(uint64_t wr_id)  { return (uint32_t)wr_id & 0xffu; }
+/* The op and seq bits: every word of one op shares them (dpa_ctrl_pending). */
+static inline uint64_t dpa_wr_opseq(uint64_t wr_id) { return wr_id & ~0xffffffffull; }
 
 #define DPA_WR_DATA   1u
 #define DPA_WR_READY  2u   /* control words: wr_id's item is the team peer */

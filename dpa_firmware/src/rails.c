@@ -181,14 +181,14 @@ int dpa_ctrl_word_pending(struct dpa_engine *eng, uint64_t wr_id)
  * would wait forever for a word whose sender already closed its context. */
 int dpa_ctrl_pending(struct dpa_engine *eng, const struct dpa_op *op)
 {
-	uint64_t mine = ((uint64_t)op->index << 32) | ((uint64_t)(op->seq & 0xffffu) << 16);
+	uint64_t mine = dpa_wr_opseq(dpa_wr_id(op, 0, 0));
 
 	for (uint32_t t = 0; t < eng->params.num_threads; t++)
 		for (uint32_t i = 0; i < DPA_CTRL_LOG; i++) {
 			const struct dpa_ctrl_msg *m = &eng->ctrl_log[t][i];
 
 			if (__atomic_load_n(&m->pending, __ATOMIC_ACQUIRE) &&
-			    (__atomic_load_n(&m->wr_id, __ATOMIC_RELAXED) & ~0xffffull) == mine)
+			    dpa_wr_opseq(__atomic_load_n(&m->wr_id, __ATOMIC_RELAXED)) == mine)
 				return 1;
 		}
 	return 0;
