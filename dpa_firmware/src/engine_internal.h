@@ -191,6 +191,7 @@ struct dpa_op {
 		struct {  /* all-to-all-v: alltoallv.c, alltoallv_slots.c */
 			uint32_t layout_done; /* v is complete (release-stored) */
 			uint32_t layout_lock;
+			uint32_t layout_scan; /* sources before it have their count in (under the lock) */
 			struct dpa_vlayout *v;
 		};
 	} alg;
