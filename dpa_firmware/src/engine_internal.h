@@ -299,7 +299,6 @@ struct dpa_engine {
 	struct dpa_mcast_state mcast[OFFLOAD_MAX_TEAMS];
 	struct dpa_agree agree[OFFLOAD_MAX_TEAMS];
 	uint32_t rails_down[OFFLOAD_MAX_RANKS];  /* per world peer: rails known to have failed */
-	uint8_t thread_rail[OFFLOAD_MAX_THREADS][OFFLOAD_MAX_RANKS];  /* rail set in the HAL */
 	struct dpa_ctrl_msg ctrl_log[OFFLOAD_MAX_THREADS][DPA_CTRL_LOG];
 	uint32_t ctrl_resends[OFFLOAD_MAX_THREADS];  /* log entries waiting to be sent again */
 };

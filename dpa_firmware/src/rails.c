@@ -25,13 +25,16 @@ static uint32_t first_up_rail(const struct dpa_engine *eng, struct dpa_hal *hal,
 
 uint32_t dpa_rail_select(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t peer)
 {
-	uint32_t t = dpa_hal_thread_index(hal);
-	uint32_t r = first_up_rail(eng, hal, peer);
+	uint32_t r;
 
-	if (r != DPA_NO_RAIL && eng->thread_rail[t][peer] != r) {
+	/* No rail to the peer ever failed: the HAL is on rail 0 (dpa_hal.h), nothing to set.
+	 * Rails only fail, so from the first failure on each post sets its rail (a field
+	 * store in every binding) and no per-thread cache of the rails set (T x W) is kept. */
+	if (!off_load_acquire(&eng->rails_down[peer]))
+		return 0;
+	r = first_up_rail(eng, hal, peer);
+	if (r != DPA_NO_RAIL)
 		dpa_hal_set_rail(hal, peer, r);
-		eng->thread_rail[t][peer] = (uint8_t)r;
-	}
 	return r;
 }
 
