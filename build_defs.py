@@ -8,6 +8,7 @@ sources or flags. Run it to build a target outside pytest or to print a list:
     python3 build_defs.py build multirank_tsan build/multirank
     python3 build_defs.py build flexio_addr_test build/flexio_addr_test
     python3 build_defs.py targets                              # the targets build knows
+    python3 build_defs.py build sim build/dpa-sim                # the simulator
     python3 build_defs.py list firmware                        # sources, one a line
     python3 build_defs.py flags flexio_device                  # a flag set, on one line
 """
@@ -58,11 +59,15 @@ def sources(group: str) -> list[str]:
         "host": "host/src/*.c",
         "flexio_hal": "dpa_firmware/hal/flexio/*.c",
         "flexio_host": "host/src/flexio/*.c",
+        "sim_hal": "dpa_firmware/hal/sim/*.c",
+        "sim_host": "host/src/sim/*.c",
     }
     if group == "mpi":  # the PMPI library: shipped as sources, built against the MPI found
         return _glob("host/mpi/*.[ch]") + _glob("host/mpi/*.map")
     if group == "core":
         return sources("firmware") + sources("emulator") + sources("host")
+    if group == "sim":  # the simulator (dpa-sim): the same firmware files, a third HAL
+        return sources("firmware") + sources("sim_hal") + sources("sim_host")
     if group == "fuzz":
         return [f"tests/c/{n}.c" for n in ("fuzz_main", "fuzz_mutate", "fuzz_seeds", "fuzz_engine",
                                              "fuzz_hal")]
@@ -82,9 +87,15 @@ class Target:
                 *(str(ROOT / s) for s in self.sources), "-lpthread", "-o", str(out)]
 
 
+# The simulator's own headers; the firmware is compiled with STRICT and nothing else (no
+# -D, no -include: tests/test_sim_purity.py).
+SIM_INCLUDES = ["dpa_firmware/hal/sim", "host/src/sim"]
+
+
 def targets() -> dict[str, Target]:
     multirank = ["tests/c/multirank.c", "tests/c/multirank_alltoall.c", *sources("core")]
     return {
+        "sim": Target(sources("sim"), [f"-I{ROOT / inc}" for inc in SIM_INCLUDES]),
         "fuzz_main": Target(sources("fuzz") + sources("firmware"), ASAN),
         "multirank_asan": Target(multirank, ASAN),
         "multirank_tsan": Target(multirank, TSAN),

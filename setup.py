@@ -12,7 +12,7 @@ from setuptools import setup
 from setuptools.command.build_ext import build_ext
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from build_defs import INCLUDES, STRICT, library, sources  # noqa: E402
+from build_defs import INCLUDES, SIM_INCLUDES, STRICT, library, sources  # noqa: E402
 
 SONAME = "libdpaoffload.so.1"
 CORE_SOURCES = sources("core")
@@ -52,6 +52,12 @@ class BuildWithCLibrary(build_ext):
         os.makedirs(os.path.join(pkg, "pkgconfig"), exist_ok=True)
         with open(os.path.join(pkg, "pkgconfig", "dpa-offload.pc"), "w") as f:
             f.write(PC_TEMPLATE)
+        # the simulator (dpa-offload sim): its own executable, so that its copy of the
+        # firmware and its dpa_hal_* never meet the emulator's in one process
+        sim_objects = self.compiler.compile(
+            sources("sim"), output_dir=os.path.join(self.build_temp, "sim"),
+            include_dirs=INCLUDES + SIM_INCLUDES, extra_postargs=STRICT)
+        self.compiler.link_executable(sim_objects, "dpa-sim", output_dir=pkg)
         # the MPI library's sources: built on demand against the MPI found at run time
         mpi_dir = os.path.join(pkg, "mpi_src")
         os.makedirs(mpi_dir, exist_ok=True)

@@ -1,4 +1,4 @@
-"""The ``dpa-offload`` command: ``run``, ``info``, ``bringup`` and ``bench``."""
+"""The ``dpa-offload`` command: ``run``, ``info``, ``bringup``, ``bench`` and ``sim``."""
 from __future__ import annotations
 
 import argparse
@@ -253,9 +253,13 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    # bench owns all of its options, including -h and ones that look like ours.
+    # bench and sim own all of their options, including -h and ones that look like ours.
     if argv[:1] == ["bench"]:
         return _cmd_bench(argv[1:])
+    if argv[:1] == ["sim"]:
+        from offload_lib import sim_cli
+
+        return sim_cli.main(argv[1:])
     parser = _parser()
     args = parser.parse_args(argv)
     if args.version:

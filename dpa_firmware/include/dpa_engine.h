@@ -30,6 +30,8 @@ struct dpa_engine_params {
 	uint32_t mcast_roots;   /* all-gather: ranks multicasting at once */
 	uint32_t eager_max;     /* all-to-all blocks up to this many bytes go eagerly (0: none;
 				 * at most OFFLOAD_EAGER_BYTES) */
+	uint32_t a2a_window;    /* pairwise all-to-all: blocks each thread has on the wire at
+				 * once (0: all it can; 1: the textbook one step at a time) */
 };
 /* cffi:end */
 

@@ -2,7 +2,8 @@
 /*
  * All-to-all, pairwise exchange. Item i of an op covers step i of the pairwise order:
  * this rank sends its block to (me + i) and receives from (me - i). Items are striped
- * over the DPA threads, so up to num_threads peers move data at once. Every block has
+ * over the DPA threads, so up to num_threads peers move data at once (a2a_window blocks
+ * per thread when paced). Every block has
  * the same size, so each receiver knows its layout up front and publishes all its readies
  * at intake; the rest is the shared exchange step (p2p.c).
  */
@@ -47,7 +48,15 @@ static int a2a_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, s
 	uint64_t count = op->cmd.count;
 	struct dpa_send send = { .addr = op->cmd.src_addr + (uint64_t)dst * count, .len = count,
 				 .fixed = 1 };
-	int work = dpa_item_begin(eng, op, i, hal, publish);
+	/* Paced (a2a_window): a thread's item starts its block once the one a window before it
+	 * (the same thread's) is written and acknowledged, so each thread has at most that many
+	 * blocks on the wire; unpaced, every block goes as soon as its ready is in. */
+	uint32_t lag = eng->params.a2a_window * dpa_hal_num_threads(hal);
+	int work;
+
+	send.hold = lag && i >= lag &&
+		    !(op->items[i - lag].flags & (DPA_ITEM_SIGNALED | DPA_ITEM_FINISHED | DPA_ITEM_ABORTED));
+	work = dpa_item_begin(eng, op, i, hal, publish);
 
 	return work < 0 ? 0 : work + dpa_exchange_step(eng, op, i, hal, &send);
 }

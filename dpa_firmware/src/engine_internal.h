@@ -50,6 +50,9 @@ struct dpa_item {
 #define DPA_ITEM_FALLBACK  (1u << 16) /* the peer runs a gated op: its gate needs our
 				       * signature (SIG_OUT once posted) */
 #define DPA_ITEM_JUDGED    (1u << 17) /* the peer's slot header (signature) was judged */
+/* Bits 28-30: the rail this item's writes in flight went out on (p2p.c put_chunks). */
+#define DPA_ITEM_RAIL_SHIFT 28u
+#define DPA_ITEM_RAIL_MASK  (7u << DPA_ITEM_RAIL_SHIFT)
 
 struct dpa_team {
 	uint32_t active;
@@ -137,6 +140,7 @@ struct dpa_send {
 				* the byte count is announced before the done signal */
 	uint32_t placed;       /* OFFLOAD_CMD_F_PLACE: the ready is the receiver's whole table */
 	uint32_t fixed;        /* all-to-all: the receiver's ready is marked FIXED */
+	uint32_t hold;         /* paced: take the ready, but post no data yet */
 };
 
 struct dpa_op {

@@ -214,9 +214,19 @@ static int put_chunks(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 		it->posted = it->acked;
 		it->flags &= ~DPA_ITEM_RESEND;
 	}
-	if (it->posted < send->len && dpa_rail_select(eng, hal, peer) == DPA_NO_RAIL) {
-		dpa_op_abort(eng, hal, op, OFFLOAD_ERR_LINK_DOWN, peer);
-		return 0;
+	if (it->posted < send->len) {
+		uint32_t rail = dpa_rail_select(eng, hal, peer);
+
+		if (rail == DPA_NO_RAIL) {
+			dpa_op_abort(eng, hal, op, OFFLOAD_ERR_LINK_DOWN, peer);
+			return 0;
+		}
+		/* Acknowledged bytes are a prefix of what went out on one queue only: writes
+		 * still in flight on the old rail complete (or fail) before the rest goes on the
+		 * new one, or a rewind to `acked` would skip the bytes they carried. */
+		if (it->inflight && rail != (it->flags & DPA_ITEM_RAIL_MASK) >> DPA_ITEM_RAIL_SHIFT)
+			return 0;
+		it->flags = (it->flags & ~DPA_ITEM_RAIL_MASK) | (rail << DPA_ITEM_RAIL_SHIFT);
 	}
 	while (it->posted < send->len && posted < (int)eng->params.chunks_per_pass) {
 		int rc;
@@ -262,7 +272,7 @@ int dpa_exchange_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, str
 		it->posted = send_len;
 		work++;
 	}
-	if (it->flags & DPA_ITEM_READY_IN) {
+	if ((it->flags & DPA_ITEM_READY_IN) && !send->hold) {
 		work += put_chunks(eng, op, hal, it, i, dst, send);
 		/* Every piece completed (a failed one too): tell the receiver how it went, in a
 		 * slot with the byte count first (same QP: it lands before the signal). */

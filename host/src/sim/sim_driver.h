@@ -1,0 +1,103 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The simulator's host side: each rank's "application" posts 64-byte commands into its
+ * ring, as host/ does, reaps completions when the firmware notifies it, and checks every
+ * result exactly (real payload). A script is the same list of ops for every rank; a rank
+ * posts op k once fewer than `window` of its ops are in flight, after its skew.
+ */
+#ifndef SIM_DRIVER_H
+#define SIM_DRIVER_H
+
+#include "sim.h"
+
+enum sim_vmode { SIM_V_PLAIN = 0, SIM_V_EXPECT = 1, SIM_V_SLOTS = 2, SIM_V_MOE = 3 };
+
+struct sim_opdesc {
+	uint32_t opcode, team, root, vmode;
+	uint64_t size;        /* bytes: per peer (all-to-all), per rank (all-gather), buffer
+			       * (broadcast), src (reductions), largest block (all-to-all-v) */
+};
+
+struct sim_team {
+	uint32_t id, size;
+	uint32_t *members;    /* world ranks in team order */
+};
+
+struct sim_inst {
+	uint32_t tag, posted, done, member;
+	int32_t status;
+	uint32_t detail;
+	uint64_t result0, t_post, t_done;
+	uint8_t *src, *dst, *aux;
+	uint64_t src_len, dst_len, aux_len;
+	uint32_t keys[4], nkeys;
+};
+
+struct sim_host {
+	struct offload_ring_hdr *hdr;
+	struct offload_cmd *sq;
+	struct offload_cqe *cq;
+	uint32_t sq_entries, cq_entries, cq_head, next_op, inflight, finished;
+	uint64_t skew_ps;
+	struct sim_inst *inst;   /* [nops] */
+};
+
+struct sim_job {
+	uint32_t n, threads, rails, window, payload, remote_wake_all;
+	uint64_t seed, chunk_size;
+	uint32_t chunks_per_pass, eager_max, mcast_roots, op_timeout_ms, a2a_window;
+	uint64_t max_skew_ns;
+	uint64_t moe_tokens;      /* SIM_V_MOE: tokens per rank */
+};
+
+struct sim_drv {
+	struct sim_world w;
+	struct sim_job job;
+	struct sim_team teams[OFFLOAD_MAX_TEAMS];
+	struct sim_opdesc *ops;
+	uint32_t nops;
+	struct sim_host *hosts;   /* [n] */
+	/* faults: ranks that died or lost every rail may make ops of their teams fail */
+	uint64_t doomed;          /* bit per world rank (64-rank ABI: the ring's failed word) */
+	uint64_t failed_now;      /* dead or unreachable so far */
+	uint32_t nfaults;
+	struct sim_fault { uint32_t kind, rank, rail; uint64_t at_ps; } faults[8];
+	uint32_t completions, rescues, failed_ops;
+	uint64_t max_events;      /* 0: no bound; past it, a livelock */
+	uint64_t *moe;            /* SIM_V_MOE counts of op moe_op, [n * n] tokens */
+	uint32_t moe_op;
+	char err[512];
+};
+
+enum sim_fault_kind { SIM_F_DEATH = 1, SIM_F_RAIL = 2, SIM_F_MARK = 3 };
+
+/* sim_driver.c */
+int sim_drv_init(struct sim_drv *d, const struct sim_job *job, const struct sim_model *model);
+void sim_drv_free(struct sim_drv *d);
+int sim_drv_team(struct sim_drv *d, uint32_t id, uint32_t size, const uint32_t *members);
+int sim_drv_add_op(struct sim_drv *d, const struct sim_opdesc *op);
+/* Post the script from now on (each rank after its skew) and run until every op is done
+ * or a failure; 0, or -1 with d->err set (a wrong result, a hang, a violation). */
+int sim_drv_run(struct sim_drv *d);
+/* Bytes src sends dst in all-to-all-v op: random up to max (zeros included), or with
+ * SIM_V_MOE the MoE dispatch of the job's moe_tokens tokens, max bytes each. */
+uint64_t sim_vcount(struct sim_drv *d, uint32_t op, uint32_t src, uint32_t dst, uint64_t max,
+		    uint32_t vmode);
+
+/* sim_ops.c */
+int sim_team_rank(const struct sim_team *t, uint32_t world);
+int sim_op_build(struct sim_drv *d, struct sim_rank *r, uint32_t k, struct offload_cmd *c);
+void sim_op_check(struct sim_drv *d, struct sim_rank *r, uint32_t k, const struct offload_cqe *c);
+void sim_op_release(struct sim_drv *d, struct sim_rank *r, struct sim_inst *in);
+void sim_drv_fail(struct sim_drv *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+
+/* sim_explore.c */
+#define SIM_GEN "g1"
+/* Build and run explorer seed `seed`; returns 0 or -1 with d's err. verbose: describe. */
+struct sim_explore_stats {
+	uint64_t ops_ok, ops_err;  /* completions: exact, and failed with a named error */
+};
+int sim_explore_one(uint64_t seed, FILE *events, FILE *describe, char *err, size_t errlen,
+		    uint64_t *hash, struct sim_explore_stats *st);
+
+#endif /* SIM_DRIVER_H */

@@ -1,0 +1,111 @@
+"""``dpa-offload sim``: the table, the model listing and its sources, YAML overrides, the
+sweep's CSV (and PNG where matplotlib is installed), the Chrome trace, and errors that say
+what to fix."""
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+
+from offload_lib import cli, sim_model
+
+
+def _run(capsys, *argv: str) -> tuple[int, str, str]:
+    rc = cli.main(["sim", *argv])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+def test_table_columns(capsys):
+    rc, out, _ = _run(capsys, "alltoall", "-n", "4", "--size", "16K", "--threads", "2")
+    assert rc == 0
+    for col in ("time_us", "algbw", "busbw", "inj/rank", "link_max", "dpa_busy", "passes"):
+        assert col in out
+    row = [line for line in out.splitlines() if not line.startswith("#")]
+    assert len(row) == 1 and row[0].split()[:2] == ["16384", "4"]
+
+
+def test_every_parameter_has_a_source(capsys):
+    names = sim_model.defaults()
+    assert set(names) == set(sim_model.SOURCES), "a model parameter without a source, or a stale one"
+    rc, out, _ = _run(capsys, "model", "--markdown")
+    assert rc == 0 and out.count("\n") >= len(names) + 1
+
+
+def test_yaml_override_changes_the_prediction(tmp_path, capsys):
+    slow = tmp_path / "slow.yaml"
+    slow.write_text("link_gbps: 100\n")
+    base = sim_model.defaults()
+    assert sim_model.load_overrides(str(slow), base) == {"link_gbps": 100}
+    rc, out_fast, _ = _run(capsys, "alltoall", "-n", "4", "--size", "4M", "--json")
+    rc2, out_slow, _ = _run(capsys, "alltoall", "-n", "4", "--size", "4M", "--json", "--model", str(slow))
+    assert rc == rc2 == 0
+    assert json.loads(out_slow)["time_ps"] > 3 * json.loads(out_fast)["time_ps"]
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("link_gbs: 100\n")
+    rc, _, err = _run(capsys, "alltoall", "--model", str(bad))
+    assert rc == 2 and "unknown parameter 'link_gbs'" in err and "link_gbps" in err
+
+
+def test_sweep_writes_csv_and_plot(tmp_path, capsys):
+    path = tmp_path / "ag.csv"
+    try:
+        import matplotlib  # noqa: F401
+        plot = ["--plot", str(tmp_path / "ag.png")]
+    except ImportError:
+        plot = []
+    rc, out, _ = _run(capsys, "allgather", "--size", "64K", "--threads", "2", "--sweep", "n=4..16",
+                      "--csv", str(path), *plot)
+    assert rc == 0
+    rows = list(csv.DictReader(open(path)))
+    assert [int(r["n"]) for r in rows] == [4, 8, 16]
+    # multicast injects S/n per rank, a ring (n-1)/n x S
+    for r in rows:
+        n = int(r["n"])
+        assert float(r["inj_mb"]) < float(r["ring_mb"]) / (n - 1) * 1.5
+    if plot:
+        assert (tmp_path / "ag.png").stat().st_size > 1000
+
+
+def test_plot_without_matplotlib_says_so(tmp_path, capsys, monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_matplotlib(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ImportError(name)
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_matplotlib)
+    rc, _, err = _run(capsys, "allgather", "--sweep", "n=4..8", "--plot", str(tmp_path / "x.png"))
+    assert rc == 2 and "needs matplotlib" in err
+
+
+def test_trace_is_chrome_json(tmp_path, capsys):
+    path = tmp_path / "t.json"
+    rc, _, _ = _run(capsys, "alltoall", "-n", "4", "--size", "64K", "--trace", str(path))
+    assert rc == 0
+    events = json.load(open(path))["traceEvents"]
+    assert {e["name"] for e in events} >= {"pass", "tx"}
+    assert all(e["ph"] == "X" and e["dur"] >= 0 for e in events)
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["alltoall", "-n", "65"], "1..64 ranks"),
+    (["allreduce", "-n", "4", "--size", "1M", "--payload", "phantom"], "phantom payload cannot"),
+    (["alltoall", "-n", "8", "--size", "4"], "less than one byte per rank"),
+    (["gather"], "want one of"),
+    (["alltoall", "--topology", "ring"], "fattree:hosts_per_leaf"),
+])
+def test_errors_say_what_to_fix(capsys, argv, words):
+    rc, _, err = _run(capsys, *argv)
+    assert rc == 2 and words in err
+
+
+def test_fat_tree_costs_more_than_a_switch(capsys):
+    args = ["alltoall", "-n", "16", "--size", "1M", "--json"]
+    _, one, _ = _run(capsys, *args)
+    _, tree, _ = _run(capsys, *args, "--topology", "fattree:hosts_per_leaf=4,uplinks=1")
+    assert json.loads(tree)["time_ps"] > json.loads(one)["time_ps"]
