@@ -44,8 +44,7 @@ static int gone(const struct dpa_engine *eng, struct dpa_hal *hal, const struct 
 
 static uint64_t wr_id(uint32_t team_id, uint64_t epoch, uint32_t p)
 {
-	return ((uint64_t)(DPA_AGREE_OPI + team_id) << 32) | ((epoch & 0xffffu) << 16) |
-	       ((uint64_t)p << 8) | DPA_WR_AGREE;
+	return dpa_wr_tag(DPA_AGREE_OPI + team_id, epoch, p, DPA_WR_AGREE);
 }
 
 /* Our word (proposal or decision) into member p's region; DPA_HAL_EAGAIN: later. */

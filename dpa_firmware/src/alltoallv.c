@@ -43,7 +43,7 @@ static const uint32_t *row_list(struct dpa_hal *hal, const struct dpa_op *op, ui
  * arrives). */
 static int check_rows(struct dpa_hal *hal, const struct dpa_op *op,
 		      const struct offload_alltoallv_args *args, struct dpa_vlayout *v,
-		      uint64_t total)
+		      uint64_t total, uint32_t n)
 {
 	uint64_t row_bytes = args->row_bytes, nrows, table_rows;
 	const uint32_t *rows = NULL, *place = NULL;
@@ -68,7 +68,7 @@ static int check_rows(struct dpa_hal *hal, const struct dpa_op *op,
 		if (nrows && !place)
 			return 0;
 	}
-	for (uint32_t p = 0; p < OFFLOAD_MAX_RANKS; p++)
+	for (uint32_t p = 0; p < n; p++)  /* the team's entries: the rest are not read */
 		if (args->send_bytes[p] % row_bytes)
 			return 0;
 	/* The lists stay in host memory: kept by address, each item reads its part where it
@@ -98,7 +98,7 @@ static int plan_sends(struct dpa_hal *hal, const struct dpa_op *op,
 	if (off && !op->cmd.src_addr)
 		return 0;
 	if (op->cmd.flags & (OFFLOAD_CMD_F_ROWS | OFFLOAD_CMD_F_PLACE))
-		return check_rows(hal, op, args, v, off);
+		return check_rows(hal, op, args, v, off, n);
 	return off <= op->cmd.count;
 }
 
@@ -119,6 +119,7 @@ static int a2av_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 	}
 	op->alg.v = v;
 	op->alg.layout_done = 0;
+	op->alg.layout_scan = 0;
 	for (uint32_t i = 0; i < n; i++) {
 		uint32_t dst = (me + i) % n;
 
@@ -153,7 +154,9 @@ static int try_layout(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 		off_unlock(&op->alg.layout_lock);
 		return 1;
 	}
-	for (uint32_t s = 0; s < team->size; s++) {
+	/* Resume where the last look stopped: a count, once in, stays for the op, and a gone
+	 * peer stays gone, so each source is passed once per op (not once per pass and item). */
+	for (uint32_t s = op->alg.layout_scan; s < team->size; s++, op->alg.layout_scan = s) {
 		/* Pairs with the sender's seq write, which follows the byte count. Every member
 		 * runs this very op (the gate judged its signature), so the count comes, or its
 		 * sender is gone: then it counts as nothing (the op fails naming it). */

@@ -79,10 +79,14 @@ static int receiver_self(struct dpa_engine *eng, struct dpa_op *op, struct dpa_h
 		return 0;  /* the team's previous multicast op is still receiving */
 	b = &st->blocks[root];
 	if (!(off_read_once(&op->alg.mc_flags) & DPA_MC_POSTED)) {
+		uint32_t nchunks = dpa_mcast_chunks(hal, op->cmd.count);
+
+		/* The empty blocks after the root's start where it ends: first_chunk stays
+		 * nondecreasing in team-rank order, which block_of()'s search needs. */
 		for (uint32_t r = 0; r < team->size; r++)
-			st->blocks[r] = (struct dpa_mcast_block){ 0 };
+			st->blocks[r] = (struct dpa_mcast_block){ .first_chunk = r > root ? nchunks : 0 };
 		*b = (struct dpa_mcast_block){ .dst = op->cmd.dst_addr, .len = op->cmd.count,
-			.nchunks = dpa_mcast_chunks(hal, op->cmd.count) };
+			.nchunks = nchunks };
 		for (uint32_t w = 0; w < (b->nchunks + 63) / 64; w++)
 			st->bits[w] = 0;
 		dpa_mcast_post(eng, op, hal, st, UINT32_MAX);

@@ -326,10 +326,8 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
 	int n = dpa_hal_poll_cq(hal, cqes, DPA_POLL_BUDGET);
 
 	for (int i = 0; i < n; i++) {
-		uint32_t opi = (uint32_t)(cqes[i].wr_id >> 32);
-		uint32_t seq16 = (uint32_t)(cqes[i].wr_id >> 16) & 0xffffu;
-		uint32_t item = (uint32_t)(cqes[i].wr_id >> 8) & 0xffu;
-		uint32_t kind = (uint32_t)cqes[i].wr_id & 0xffu;
+		uint32_t opi = dpa_wr_op(cqes[i].wr_id), seq16 = dpa_wr_seq16(cqes[i].wr_id);
+		uint32_t item = dpa_wr_item(cqes[i].wr_id), kind = dpa_wr_kind(cqes[i].wr_id);
 		uint32_t named = UINT32_MAX;  /* the one team peer a data completion concerns */
 		uint32_t self = kind == DPA_WR_DATA_SELF, refetch = kind == DPA_WR_REFETCH;
 		uint32_t credit = kind == DPA_WR_CREDIT;
@@ -348,13 +346,15 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
 		    cqes[i].status == OFFLOAD_ERR_LINK_DOWN)
 			continue;
 		/* Agreement words (DPA_AGREE_OPI + team) belong to no op: the log was all. */
-		if (opi >= OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW || item >= OFFLOAD_MAX_RANKS)
+		if (opi >= OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW)
 			continue;
 		op = &eng->ops[opi];
 		team = &eng->teams[op->team_id];
 		/* A control write's completion may trail its op: the op finished without waiting
-		 * for it and the slot holds a later op now. Nothing of that op's to update. */
-		if (seq16 != (op->seq & 0xffffu))
+		 * for it and the slot holds a later op now. Nothing of that op's to update. The
+		 * item (or named peer) indexes the op's team: past its size, no word of ours. */
+		if (seq16 != (op->seq & 0xffffu) || item >= team->size ||
+		    (named != UINT32_MAX && named >= team->size))
 			continue;
 		if (self)
 			named = team->my_rank;
@@ -408,14 +408,14 @@ static int poll_completions(struct dpa_engine *eng, struct dpa_hal *hal)
 static void abort_wr(struct dpa_engine *eng, struct dpa_hal *hal, uint64_t wr_id, int32_t status,
 		     uint32_t detail)
 {
-	uint32_t opi = (uint32_t)(wr_id >> 32);
+	uint32_t opi = dpa_wr_op(wr_id);
 	struct dpa_op *op;
 
 	if (opi >= OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW)
 		return;
 	op = &eng->ops[opi];
 	if (__atomic_load_n(&op->state, __ATOMIC_SEQ_CST) == DPA_OP_ACTIVE &&
-	    (op->seq & 0xffffu) == ((wr_id >> 16) & 0xffffu))
+	    (op->seq & 0xffffu) == dpa_wr_seq16(wr_id))
 		dpa_op_abort(eng, hal, op, status, detail);
 }
 

@@ -195,6 +195,7 @@ struct dpa_op {
 		struct {  /* all-to-all-v: alltoallv.c, alltoallv_slots.c */
 			uint32_t layout_done; /* v is complete (release-stored) */
 			uint32_t layout_lock;
+			uint32_t layout_scan; /* sources before it have their count in (under the lock) */
 			struct dpa_vlayout *v;
 		};
 	} alg;
@@ -311,7 +312,6 @@ struct dpa_engine {
 	struct dpa_mcast_state mcast[OFFLOAD_MAX_TEAMS];
 	struct dpa_agree agree[OFFLOAD_MAX_TEAMS];
 	uint32_t rails_down[OFFLOAD_MAX_RANKS];  /* per world peer: rails known to have failed */
-	uint8_t thread_rail[OFFLOAD_MAX_THREADS][OFFLOAD_MAX_RANKS];  /* rail set in the HAL */
 	struct dpa_ctrl_msg ctrl_log[OFFLOAD_MAX_THREADS][DPA_CTRL_LOG];
 	uint32_t ctrl_resends[OFFLOAD_MAX_THREADS];  /* log entries waiting to be sent again */
 };
@@ -392,14 +392,28 @@ int dpa_complete_cmd(struct dpa_engine *eng, struct dpa_hal *hal, const struct o
 
 
 /*
- * wr_id = op index (32) | op seq, low 16 bits (16) | item (8) | kind (8). The seq bits let
- * a completion that arrives after its op finished (and the slot was reused) be told apart.
+ * wr_id = op index (16) | op seq, low 16 bits (16) | item (24) | kind (8). The seq bits let
+ * a completion that arrives after its op finished (and the slot was reused) be told apart;
+ * the item field holds any team rank below 1 << 24 (8 bits spilled item 256 into the seq).
  */
+#define DPA_WR_ITEM_MAX 0xffffffu
+static inline uint64_t dpa_wr_tag(uint32_t opi, uint64_t seq, uint32_t item, uint32_t kind)
+{
+	return ((uint64_t)(opi & 0xffffu) << 48) | ((seq & 0xffffu) << 32) |
+	       ((uint64_t)(item & DPA_WR_ITEM_MAX) << 8) | (kind & 0xffu);
+}
+
 static inline uint64_t dpa_wr_id(const struct dpa_op *op, uint32_t item, uint32_t kind)
 {
-	return ((uint64_t)op->index << 32) | ((uint64_t)(op->seq & 0xffffu) << 16) |
-	       ((uint64_t)item << 8) | kind;
+	return dpa_wr_tag(op->index, op->seq, item, kind);
 }
+
+static inline uint32_t dpa_wr_op(uint64_t wr_id)    { return (uint32_t)(wr_id >> 48); }
+static inline uint32_t dpa_wr_seq16(uint64_t wr_id) { return (uint32_t)(wr_id >> 32) & 0xffffu; }
+static inline uint32_t dpa_wr_item(uint64_t wr_id)  { return (uint32_t)(wr_id >> 8) & DPA_WR_ITEM_MAX; }
+static inline uint32_t dpa_wr_kind(uint64_t wr_id)  { return (uint32_t)wr_id & 0xffu; }
+/* The op and seq bits: every word of one op shares them (dpa_ctrl_pending). */
+static inline uint64_t dpa_wr_opseq(uint64_t wr_id) { return wr_id & ~0xffffffffull; }
 
 #define DPA_WR_DATA   1u
 #define DPA_WR_READY  2u   /* control words: wr_id's item is the team peer */

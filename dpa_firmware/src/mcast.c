@@ -174,13 +174,24 @@ int dpa_mcast_inject(struct dpa_op *op, struct dpa_hal *hal, uint32_t first_chun
 static struct dpa_mcast_block *block_of(struct dpa_mcast_state *st, const struct dpa_team *team,
 					uint32_t id)
 {
-	for (uint32_t r = 0; r < team->size; r++) {
-		struct dpa_mcast_block *b = &st->blocks[r];
+	uint32_t lo = 0, hi = team->size;  /* the last block starting at or before id: in [lo, hi) */
+	struct dpa_mcast_block *b;
 
-		if (b->nchunks && id - b->first_chunk < b->nchunks && r != team->my_rank)
-			return b;
+	/* Blocks are laid out in team-rank order with nondecreasing first_chunk (an empty one
+	 * starts where the next begins), so a chunk's block is a binary search away, not a
+	 * scan of the team per chunk. */
+	while (hi - lo > 1) {
+		uint32_t mid = lo + (hi - lo) / 2;
+
+		if (st->blocks[mid].first_chunk <= id)
+			lo = mid;
+		else
+			hi = mid;
 	}
-	return NULL;
+	b = &st->blocks[lo];
+	if (!team->size || !b->nchunks || id - b->first_chunk >= b->nchunks || lo == team->my_rank)
+		return NULL;
+	return b;
 }
 
 /* Staged receive: copy chunk id out of its slot to its place in b. 0: it went;

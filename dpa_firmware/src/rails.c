@@ -25,13 +25,16 @@ static uint32_t first_up_rail(const struct dpa_engine *eng, struct dpa_hal *hal,
 
 uint32_t dpa_rail_select(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t peer)
 {
-	uint32_t t = dpa_hal_thread_index(hal);
-	uint32_t r = first_up_rail(eng, hal, peer);
+	uint32_t r;
 
-	if (r != DPA_NO_RAIL && eng->thread_rail[t][peer] != r) {
+	/* No rail to the peer ever failed: the HAL is on rail 0 (dpa_hal.h), nothing to set.
+	 * Rails only fail, so from the first failure on each post sets its rail (a field
+	 * store in every binding) and no per-thread cache of the rails set (T x W) is kept. */
+	if (!off_load_acquire(&eng->rails_down[peer]))
+		return 0;
+	r = first_up_rail(eng, hal, peer);
+	if (r != DPA_NO_RAIL)
 		dpa_hal_set_rail(hal, peer, r);
-		eng->thread_rail[t][peer] = (uint8_t)r;
-	}
 	return r;
 }
 
@@ -227,14 +230,14 @@ int dpa_ctrl_word_pending(struct dpa_engine *eng, uint64_t wr_id)
  * would wait forever for a word whose sender already closed its context. */
 int dpa_ctrl_pending(struct dpa_engine *eng, const struct dpa_op *op)
 {
-	uint64_t mine = ((uint64_t)op->index << 32) | ((uint64_t)(op->seq & 0xffffu) << 16);
+	uint64_t mine = dpa_wr_opseq(dpa_wr_id(op, 0, 0));
 
 	for (uint32_t t = 0; t < eng->params.num_threads; t++)
 		for (uint32_t i = 0; i < DPA_CTRL_LOG; i++) {
 			const struct dpa_ctrl_msg *m = &eng->ctrl_log[t][i];
 
 			if (__atomic_load_n(&m->pending, __ATOMIC_ACQUIRE) &&
-			    (__atomic_load_n(&m->wr_id, __ATOMIC_RELAXED) & ~0xffffull) == mine)
+			    dpa_wr_opseq(__atomic_load_n(&m->wr_id, __ATOMIC_RELAXED)) == mine)
 				return 1;
 		}
 	return 0;

@@ -28,11 +28,13 @@ int dpa_redop_valid(uint32_t redop);
 uint64_t dpa_order_block(uint64_t total, uint32_t esize, uint32_t n);
 
 /*
- * out[k] = x[first] (+) x[first-1] (+) ... (+) x[first-n+1] for k < count elements; srcs
- * indexed by team rank; out may be any operand (a tile is read whole before it is stored). AVG divides.
+ * out[k] = x[first] (+) x[first-1] (+) ... (+) x[first-n+1] for k < count elements, where
+ * x[j] (team rank j's operand) is at src0 + j * stride: no table of n pointers, whatever
+ * the team's size; out may be any operand (a tile is read whole before it is stored). AVG
+ * divides.
  */
-void dpa_reduce(uint32_t redop, uint32_t n, uint32_t first, const void *const *srcs, void *out,
-		uint64_t count);
+void dpa_reduce(uint32_t redop, uint32_t n, uint32_t first, const void *src0, uint64_t stride,
+		void *out, uint64_t count);
 
 /* The exchange both reductions share (reduce_scatter.c); `stride` is the distance between
  * blocks in src (and scratch). Items: one per team peer, as in the all-to-all. */

@@ -126,13 +126,14 @@ static inline uint16_t f32_to_f16(float f)
 
 /* One (storage type, compute type, op): tiles, then the tail with the same code. */
 #define DPA_RED_FN(name, T, C, LOAD, STORE, OP)                                              \
-static void name(uint32_t n, uint32_t first, const void *const *srcs, void *out, uint64_t cnt) \
+static void name(uint32_t n, uint32_t first, const uint8_t *src0, uint64_t stride, void *out,  \
+		 uint64_t cnt)                                                             \
 {                                                                                         \
 	C acc[DPA_RED_TILE];                                                              \
 	for (uint64_t base = 0; base < cnt; base += DPA_RED_TILE) {                       \
 		uint64_t left = cnt - base;                                               \
 		uint32_t len = left < DPA_RED_TILE ? (uint32_t)left : DPA_RED_TILE;       \
-		const T *x = (const T *)srcs[first] + base;                               \
+		const T *x = (const T *)(src0 + first * stride) + base;                   \
 		T *o = (T *)out + base;                                                   \
 		if (len == DPA_RED_TILE) {                                                \
 			for (uint32_t k = 0; k < DPA_RED_TILE; k++)                       \
@@ -142,7 +143,7 @@ static void name(uint32_t n, uint32_t first, const void *const *srcs, void *out,
 				acc[k] = LOAD(x[k]);                                      \
 		}                                                                         \
 		for (uint32_t s = 1; s < n; s++) {                                        \
-			x = (const T *)srcs[(first + n - s) % n] + base;                  \
+			x = (const T *)(src0 + (first + n - s) % n * stride) + base;      \
 			if (len == DPA_RED_TILE) {                                        \
 				for (uint32_t k = 0; k < DPA_RED_TILE; k++)               \
 					acc[k] = STORE_LOAD(STORE, LOAD, OP(acc[k], LOAD(x[k]))); \
@@ -185,7 +186,7 @@ DPA_RED_FN(red_i64_max, int64_t, int64_t, S64, S64, OP_MAX)
 DPA_RED_FN(red_i32_min, int32_t, int32_t, S32, S32, OP_MIN)
 DPA_RED_FN(red_i64_min, int64_t, int64_t, S64, S64, OP_MIN)
 
-typedef void (*dpa_red_fn)(uint32_t, uint32_t, const void *const *, void *, uint64_t);
+typedef void (*dpa_red_fn)(uint32_t, uint32_t, const uint8_t *, uint64_t, void *, uint64_t);
 
 /* [op - 1][dtype - 1]; AVG runs SUM then divides. */
 static const dpa_red_fn dpa_red_fns[4][6] = {
@@ -214,15 +215,15 @@ static void divide(uint32_t dt, uint32_t n, void *buf, uint64_t cnt)
 	}
 }
 
-void dpa_reduce(uint32_t redop, uint32_t n, uint32_t first, const void *const *srcs, void *out,
-		uint64_t count)
+void dpa_reduce(uint32_t redop, uint32_t n, uint32_t first, const void *src0, uint64_t stride,
+		void *out, uint64_t count)
 {
 	uint32_t op = OFFLOAD_REDOP_OP(redop), dt = OFFLOAD_REDOP_DT(redop);
 
 	if (!dpa_redop_valid(redop) || !n)
 		return;
-	dpa_red_fns[(op == OFFLOAD_RED_AVG ? OFFLOAD_RED_SUM : op) - 1][dt - 1](n, first % n, srcs,
-									      out, count);
+	dpa_red_fns[(op == OFFLOAD_RED_AVG ? OFFLOAD_RED_SUM : op) - 1][dt - 1](
+		n, first % n, src0, stride, out, count);
 	if (op == OFFLOAD_RED_AVG)
 		divide(dt, n, out, count);
 }

@@ -148,7 +148,6 @@ int dpa_red_reduce(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *ha
 {
 	const struct dpa_team *team = &eng->teams[op->team_id];
 	uint32_t n = team->size, me = team->my_rank, es = red_esize(op);
-	const void *srcs[OFFLOAD_MAX_RANKS];
 	uint64_t stride = dpa_red_stride(eng, op), order, off, len, at, piece, chunk;
 	uint8_t *base;
 
@@ -175,9 +174,7 @@ int dpa_red_reduce(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *ha
 	order = dpa_order_block(op->cmd.count, es, n);
 	if ((off + at) / order != (off + at + piece - 1) / order)
 		piece = ((off + at) / order + 1) * order - (off + at);
-	for (uint32_t j = 0; j < n; j++)
-		srcs[j] = base + (uint64_t)j * stride + at;
-	dpa_reduce(op->cmd.root, n, (uint32_t)(((off + at) / order + n - 1) % n), srcs,
+	dpa_reduce(op->cmd.root, n, (uint32_t)(((off + at) / order + n - 1) % n), base + at, stride,
 		   base + (uint64_t)me * stride + at, piece / es);
 	op->alg.red_next = at + piece;
 	if (op->alg.red_next >= len)

@@ -103,7 +103,12 @@ enum fz_poke_kind {
 	FZ_POKE_HOST = 5,     /* 8 bytes a at 8 + (c % 7) * 8 of the ring's first line (host's) */
 	FZ_POKE_DEAD = 6,     /* world rank src % W (not us) dies: its RDMA fails from now */
 	FZ_POKE_RAIL = 7,     /* rail c % rails to world rank src % W goes down (d & 1: to all) */
-	FZ_POKE_KINDS = 8,
+	/* A completion the firmware never asked for on thread c % threads: the last wr_id it
+	 * posted with the item field (bits 8..31, dpa_wr_id() in engine_internal.h) set to
+	 * world + a % (2^24 - world), an item no team of this world has, and status
+	 * d % 2 ? LINK_DOWN : REMOTE_ACCESS. The firmware must drop it. */
+	FZ_POKE_CQE = 8,
+	FZ_POKE_KINDS = 9,
 };
 
 struct fz_poke {
@@ -176,6 +181,7 @@ struct fz_world {
 	uint64_t clock_ns;
 	uint64_t notifies, host_notifies;
 	uint64_t activity;             /* posts completed and completions polled */
+	uint64_t last_wr_id;           /* the firmware's latest post (FZ_POKE_CQE forges from it) */
 	/* The commands posted so far: a data write into our dst must land inside one's
 	 * [dst_addr, dst_addr + dst_len). NULL: not checked (pokes can forge readies). */
 	const struct offload_cmd *dst_cmds;
@@ -190,6 +196,9 @@ void fz_world_reset(struct fz_world *w, const struct fz_input *in);
 /* Guard bytes, src contents: abort() with a message on any damage. */
 void fz_world_check(const struct fz_world *w, const char *when);
 void *fz_region_ptr(struct fz_world *w, uint32_t rank, enum fz_kind kind);
+/* Queue a completion on one thread's HAL CQ, as a post's would be. */
+void fz_push_cqe(struct dpa_hal *hal, uint32_t peer, uint64_t wr_id, int32_t status,
+		 uint64_t bytes);
 
 /* An invariant failed: print why, then abort() (the driver prints the input). */
 __attribute__((noreturn, format(printf, 1, 2))) void fz_fail(const char *fmt, ...);

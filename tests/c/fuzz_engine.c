@@ -286,6 +286,14 @@ static void apply_poke(struct fz_run *r, const struct fz_poke *p)
 			if ((p->d & 1) || peer == src % w->size)
 				w->rail_down[peer] |= 1u << (p->c % w->num_rails);
 		break;
+	case FZ_POKE_CQE: {
+		uint64_t item = w->size + p->a % ((1u << 24) - w->size);
+
+		fz_push_cqe(&w->hals[p->c % w->nthreads], src % w->size,
+			    (w->last_wr_id & ~(0xffffffull << 8)) | item << 8,
+			    p->d % 2 ? OFFLOAD_ERR_LINK_DOWN : OFFLOAD_ERR_REMOTE_ACCESS, 0);
+		break;
+	}
 	}
 }
 

@@ -138,6 +138,7 @@ void fz_world_reset(struct fz_world *w, const struct fz_input *in)
 	}
 	w->clock_ns = 1000000000ull;
 	w->notifies = w->host_notifies = w->activity = 0;
+	w->last_wr_id = 0;
 	w->dst_cmds = NULL;
 	w->ndst_cmds = 0;
 	w->dst_writes = 0;
@@ -253,8 +254,8 @@ static uint32_t rail_of(const struct dpa_hal *hal, uint32_t peer)
 	return peer < FZ_MAX_WORLD ? hal->rail[peer] : 0;
 }
 
-static int push_cqe(struct dpa_hal *hal, uint32_t peer, uint64_t wr_id, int32_t status,
-		    uint64_t bytes)
+void fz_push_cqe(struct dpa_hal *hal, uint32_t peer, uint64_t wr_id, int32_t status,
+		 uint64_t bytes)
 {
 	struct dpa_hal_cqe *c = &hal->cq.cqe[hal->cq.tail % FZ_HAL_CQ_MAX];
 
@@ -262,6 +263,13 @@ static int push_cqe(struct dpa_hal *hal, uint32_t peer, uint64_t wr_id, int32_t 
 				   .rail = rail_of(hal, peer) };
 	hal->cq.tail++;
 	hal->w->activity++;
+}
+
+static int push_cqe(struct dpa_hal *hal, uint32_t peer, uint64_t wr_id, int32_t status,
+		    uint64_t bytes)
+{
+	hal->w->last_wr_id = wr_id;
+	fz_push_cqe(hal, peer, wr_id, status, bytes);
 	return 0;
 }
 

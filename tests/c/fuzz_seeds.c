@@ -435,6 +435,20 @@ static void seeds_multi(void)
 	b_a2a(&b, 0, me, n, 100);
 	add_seed(&b, "rail failover");
 
+	/* Completions the firmware never asked for, naming items past any team (the wr_id's
+	 * item field is 24 bits): the firmware drops them, never indexes with them. */
+	n = 2;
+	me = 0;
+	b_init(&b, n, me, 2);
+	b_a2a(&b, 0, me, n, 4096);
+	b_poke(&b, ready_poke(1, 1, 1, fz_addr(1, FZ_DST) + me * 4096, 4096, fz_key(1, FZ_DST)));
+	b_poke(&b, (struct fz_poke){ .kind = FZ_POKE_CQE, .src = 1, .a = 254, .at_pass = 3 });
+	b_poke(&b, (struct fz_poke){ .kind = FZ_POKE_CQE, .src = 1, .a = 298, .c = 1, .d = 1,
+				     .at_pass = 4 });
+	b_poke(&b, (struct fz_poke){ .kind = FZ_POKE_CQE, .src = 1, .a = 0xfffff0, .at_pass = 5 });
+	b_poke(&b, done_poke(1, 1, OFFLOAD_SIGNAL_OK, 30));
+	add_seed(&b, "forged completions");
+
 	/* Timeouts and cancel (ABI 5): a stuck op is aborted, its team poisoned. */
 	n = 2;
 	me = 1;
