@@ -61,3 +61,15 @@ def test_control_word_seq_refused_by_a_full_send_queue(seed, depth, fault):
     assert depth in out.stderr, "g1 changed: find the scenario again"
     assert fault is None or fault in out.stderr, "g1 changed: find the scenario again"
     assert out.returncode == 0 and '"ok":true' in out.stdout, out.stdout
+
+
+def test_reduction_reads_resume_from_a_true_prefix_after_failover():
+    """Regression, found by the explorer (g1:4352: rail 0 of rank 11 fails during an
+    allreduce of 64-byte chunks over 2 rails): the read phase posted its next chunks on rail
+    1 while reads on rail 0 were in flight, so `acked` ran past the lost reads and the
+    rewind skipped them: an element of dst was never read (garbage, different every run).
+    Fixed with put_chunks' rule, one rail in flight per item, shared as dpa_item_rail()."""
+    out = subprocess.run([sys.executable, "-m", "offload_lib.cli", "sim", "replay", "g1:4352"],
+                         capture_output=True, text=True)
+    assert out.returncode == 0 and '"ok":true' in out.stdout, out.stdout
+    assert "fault(kind 2 rank 11 rail 0" in out.stderr, "g1 changed: find the scenario again"

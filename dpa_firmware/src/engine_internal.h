@@ -249,6 +249,7 @@ struct dpa_mcast_state {
 
 #define DPA_MAX_RAILS  8u
 #define DPA_NO_RAIL    0xffffffffu
+#define DPA_RAIL_WAIT  0xfffffffeu  /* dpa_item_rail(): not yet, data in flight on another */
 #define DPA_CTRL_LOG   32u
 #define DPA_CTRL_RESEND 0xffu  /* pending value: dropped by a failed rail, to post again */
 

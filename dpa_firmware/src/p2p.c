@@ -215,18 +215,14 @@ static int put_chunks(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 		it->flags &= ~DPA_ITEM_RESEND;
 	}
 	if (it->posted < send->len) {
-		uint32_t rail = dpa_rail_select(eng, hal, peer);
+		uint32_t rail = dpa_item_rail(eng, hal, it, peer);
 
 		if (rail == DPA_NO_RAIL) {
 			dpa_op_abort(eng, hal, op, OFFLOAD_ERR_LINK_DOWN, peer);
 			return 0;
 		}
-		/* Acknowledged bytes are a prefix of what went out on one queue only: writes
-		 * still in flight on the old rail complete (or fail) before the rest goes on the
-		 * new one, or a rewind to `acked` would skip the bytes they carried. */
-		if (it->inflight && rail != (it->flags & DPA_ITEM_RAIL_MASK) >> DPA_ITEM_RAIL_SHIFT)
+		if (rail == DPA_RAIL_WAIT)
 			return 0;
-		it->flags = (it->flags & ~DPA_ITEM_RAIL_MASK) | (rail << DPA_ITEM_RAIL_SHIFT);
 	}
 	while (it->posted < send->len && posted < (int)eng->params.chunks_per_pass) {
 		int rc;

@@ -38,6 +38,22 @@ uint32_t dpa_rail_select(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t p
 	return r;
 }
 
+uint32_t dpa_item_rail(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa_item *it,
+		       uint32_t peer)
+{
+	uint32_t rail = dpa_rail_select(eng, hal, peer);
+
+	if (rail == DPA_NO_RAIL)
+		return rail;
+	/* Acknowledged bytes are a prefix of what went out on one queue only: data still in
+	 * flight on the old rail completes (or fails) before the rest goes on the new one, or
+	 * a rewind to `acked` would skip the bytes it carried. */
+	if (it->inflight && rail != (it->flags & DPA_ITEM_RAIL_MASK) >> DPA_ITEM_RAIL_SHIFT)
+		return DPA_RAIL_WAIT;
+	it->flags = (it->flags & ~DPA_ITEM_RAIL_MASK) | (rail << DPA_ITEM_RAIL_SHIFT);
+	return rail;
+}
+
 void dpa_rail_failed(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t peer, uint32_t rail)
 {
 	uint32_t bit = 1u << (rail % DPA_MAX_RAILS);

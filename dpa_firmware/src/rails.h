@@ -7,6 +7,10 @@
 /* rails.c: failover between rails and the control-word log (see there): the bottom
  * layer above the HAL. It calls nothing above it; what it cannot resend it reports. */
 uint32_t dpa_rail_select(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t peer);
+/* The rail item `it` posts its next data to `peer` on; DPA_NO_RAIL when none is left, or
+ * DPA_RAIL_WAIT while the item still has writes or reads in flight on another rail. */
+uint32_t dpa_item_rail(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa_item *it,
+		       uint32_t peer);
 void dpa_rail_failed(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t peer, uint32_t rail);
 /* Post a logged control word; DPA_HAL_EAGAIN, OFFLOAD_ERR_LINK_DOWN (no rail) or 0. */
 int dpa_ctrl_post(struct dpa_engine *eng, struct dpa_hal *hal, const struct dpa_ctrl_msg *msg);

@@ -201,10 +201,15 @@ int dpa_red_read(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct d
 		it->posted = it->acked;  /* reads are idempotent: read the rest again */
 		it->flags &= ~DPA_ITEM_RESEND;
 	}
-	if (it->posted < len && !(it->flags & DPA_ITEM_FAILED) &&
-	    dpa_rail_select(eng, hal, world) == DPA_NO_RAIL) {
-		dpa_op_abort(eng, hal, op, OFFLOAD_ERR_LINK_DOWN, world);
-		return 0;
+	if (it->posted < len && !(it->flags & DPA_ITEM_FAILED)) {
+		uint32_t rail = dpa_item_rail(eng, hal, it, world);
+
+		if (rail == DPA_NO_RAIL) {
+			dpa_op_abort(eng, hal, op, OFFLOAD_ERR_LINK_DOWN, world);
+			return 0;
+		}
+		if (rail == DPA_RAIL_WAIT)
+			return 0;
 	}
 	while (it->posted < len && posted < eng->params.chunks_per_pass) {
 		uint64_t piece = len - it->posted < eng->params.chunk_size ? len - it->posted :
