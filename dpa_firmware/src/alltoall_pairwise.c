@@ -61,12 +61,13 @@ static int a2a_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, s
 	return work < 0 ? 0 : work + dpa_exchange_step(eng, op, i, hal, &send);
 }
 
-/* Blocks within the rank's eager_max go eagerly (alltoall_eager.c): every rank has the
- * same count, and is told to use the same eager_max (the op signature checks it). */
+/* Blocks within the rank's eager_max go eagerly (alltoall_eager.c) in teams of at most
+ * OFFLOAD_EAGER_MAX_TEAM members (the eager slots' width): every rank has the same count
+ * and team, and is told to use the same eager_max (the op signature checks it). */
 static const struct dpa_algo *a2a_select(const struct dpa_engine_params *p,
-					 const struct offload_cmd *cmd)
+					 const struct offload_cmd *cmd, uint32_t team_size)
 {
-	if (p->eager_max && cmd->count <= p->eager_max)
+	if (p->eager_max && cmd->count <= p->eager_max && team_size <= OFFLOAD_EAGER_MAX_TEAM)
 		return &dpa_algo_alltoall_eager;
 	return &dpa_algo_alltoall_pairwise;
 }

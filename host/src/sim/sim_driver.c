@@ -141,7 +141,9 @@ static void on_fault_event(struct sim_world *w, uint32_t idx)
 		if (!r->alive)
 			return;
 		/* the dead and the unreachable (every rail down), never a rank that lost one rail */
-		__atomic_fetch_or(&h->hdr->failed_ranks, d->failed_now, __ATOMIC_RELEASE);
+		for (uint64_t m = d->failed_now; m; m &= m - 1)
+			offload_rankset_add((uint64_t *)(r->ring + h->hdr->failed_off),
+					    &h->hdr->failed_gen, (uint32_t)__builtin_ctzll(m));
 		sim_wake_all(w, r, w->now);
 	}
 }
@@ -189,7 +191,7 @@ int sim_drv_init(struct sim_drv *d, const struct sim_job *job, const struct sim_
 	d->w.on_host = on_host;
 	d->w.on_post = on_post;
 	d->w.on_fault = on_fault_event;
-	if (job->n == 0 || job->n > OFFLOAD_MAX_RANKS || job->threads == 0 || job->rails == 0 ||
+	if (job->n == 0 || job->n > SIM_MAX_RANKS || job->threads == 0 || job->rails == 0 ||
 	    job->rails > 8)
 		return -1;
 	rc = sim_world_init(&d->w, job->n, job->threads, job->rails, &p, job->seed);
@@ -201,8 +203,7 @@ int sim_drv_init(struct sim_drv *d, const struct sim_job *job, const struct sim_
 	for (uint32_t i = 0; i < job->n; i++) {
 		struct sim_rank *r = &d->w.ranks[i];
 		struct sim_host *h = &d->hosts[i];
-		uint64_t len = sizeof(struct offload_ring_hdr) + RING_ENTRIES * sizeof(struct offload_cmd) +
-			       2 * RING_ENTRIES * sizeof(struct offload_cqe);
+		uint64_t len = offload_ring_bytes(RING_ENTRIES, 2 * RING_ENTRIES, job->n);
 
 		r->host = h;
 		r->ring = aligned_alloc(64, len);
@@ -218,6 +219,7 @@ int sim_drv_init(struct sim_drv *d, const struct sim_job *job, const struct sim_
 		h->cq_entries = 2 * RING_ENTRIES;
 		h->hdr->sq_entries = RING_ENTRIES;
 		h->hdr->cq_entries = 2 * RING_ENTRIES;
+		offload_ring_set_ranks(h->hdr, RING_ENTRIES, 2 * RING_ENTRIES, job->n);
 		h->hdr->cq_waiters = 1;  /* the host waits: the firmware notifies every completion */
 	}
 	return 0;

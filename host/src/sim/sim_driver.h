@@ -8,6 +8,10 @@
 #ifndef SIM_DRIVER_H
 #define SIM_DRIVER_H
 
+/* Ranks of a simulated job: the driver's fault bookkeeping (failed_now, doomed) holds 64-bit
+ * rank masks. The firmware and the ABI take up to OFFLOAD_RANKS_LIMIT. */
+#define SIM_MAX_RANKS 64u
+
 #include "sim.h"
 
 enum sim_vmode { SIM_V_PLAIN = 0, SIM_V_EXPECT = 1, SIM_V_SLOTS = 2, SIM_V_MOE = 3 };
