@@ -122,6 +122,9 @@ def targets() -> dict[str, Target]:
         "fuzz_main": Target(sources("fuzz") + sources("firmware"), ASAN),
         "multirank_asan": Target(multirank, ASAN),
         "multirank_tsan": Target(multirank, TSAN),
+        # The C API's own code (dpo_*.c) with the core, as a C program uses it.
+        "capi_asan": Target(["tests/c/capi.c", *sources("core")], ASAN,
+                            includes=[*INCLUDES, "tests/c"]),
         # The FlexIO backend's GID and next-hop choice over made-up tables (no SDK needed).
         "flexio_addr_test": Target(["tests/c/flexio_addr_test.c", "host/src/flexio/flexio_addr.c",
                                     "host/src/flexio/flexio_netlink.c"],
