@@ -45,8 +45,8 @@
 #define EMU_WAKE_COST_INIT 20000ull     /* ns, until a wake-up has been measured */
 #define EMU_DRIVE_ROUNDS 64             /* passes a post or a test() runs at most */
 #define EMU_WAKING_NS 3000ull           /* a woken thread normally runs within this */
-#define EMU_NAP_MIN_NS 50000ull         /* an idle poll's shortest nap... */
-#define EMU_NAP_MAX_NS 1000000ull       /* ... and its longest */
+#define EMU_NAP_AFTER_NS 2000000ull     /* an idle poll naps from this much idle time on... */
+#define EMU_NAP_MAX_NS 1000000ull       /* ... at most this long */
 
 static struct emu_rank *self_rank(struct emu_device *dev)
 {
@@ -162,12 +162,16 @@ static void thread_sleep(struct emu_device *dev, uint32_t thread, uint32_t snap,
 /*
  * The idle poll (io_uring's SQPOLL idle, with naps instead of a spin: the cores are
  * shared). For idle_poll_us after it last worked on a bulk op (what the host leaves to
- * it where the ranks outnumber the cores), a progress thread sleeps in naps of an eighth of the time since its last work (EMU_NAP_MIN_NS to
- * EMU_NAP_MAX_NS) and looks at its event word after each; the host's doorbell does not
- * wake it meanwhile (emu_bell.c), so a post costs the poster no system call and no
- * inter-processor interrupt, as a doorbell write on a card costs the host nothing more. A
- * command waits at most a nap: an eighth of the time the thread had been idle, 1 ms at
- * most. Peers' writes still wake it at once. The nap length, or 0 outside the idle poll.
+ * it where the ranks outnumber the cores), a progress thread that has been idle for
+ * EMU_NAP_AFTER_NS sleeps in naps of an eighth of its idle time (at most EMU_NAP_MAX_NS)
+ * and looks at its event word after each; the host's doorbell does not wake it meanwhile
+ * (emu_bell.c), so a post costs the poster no system call and no inter-processor
+ * interrupt, as a doorbell write on a card costs the host nothing more. A command waits
+ * at most a nap: an eighth of the time the thread had been idle, 1 ms at most. Before
+ * EMU_NAP_AFTER_NS the thread sleeps as outside the poll, woken by the doorbell: ops
+ * posted back to back start at once, and no nap's timer interrupts the ranks still at
+ * work (naps from the first 50 us of idle time cost n=8's bulk all-to-all ~5%).
+ * Peers' writes wake it at once either way. The poll's nap length, 0 outside the poll.
  */
 static uint64_t idle_nap_ns(const struct emu_device *dev, const struct dpa_hal *hal,
 			    uint64_t now)
@@ -176,7 +180,7 @@ static uint64_t idle_nap_ns(const struct emu_device *dev, const struct dpa_hal *
 
 	if (!bulk || now - bulk >= (uint64_t)dev->attr.idle_poll_us * 1000u)
 		return 0;
-	return nap < EMU_NAP_MIN_NS ? EMU_NAP_MIN_NS : nap > EMU_NAP_MAX_NS ? EMU_NAP_MAX_NS : nap;
+	return nap > EMU_NAP_MAX_NS ? EMU_NAP_MAX_NS : nap ? nap : 1;
 }
 
 /* The driver's sleep: peers' writes wake it once `need` of them came in (kicks at once). */
@@ -271,14 +275,17 @@ static void thread_idle(struct emu_device *dev, struct dpa_hal *hal, uint32_t sn
 		now = emu_now_ns();
 	}
 	for (;;) {
-		uint64_t nap = idle_nap_ns(dev, hal, now);
-		int64_t ns = nap ? (int64_t)nap : EMU_SLEEP_SLICE_NS;
+		uint64_t poll = idle_nap_ns(dev, hal, now), idle = now - hal->work_ns;
+		int nap = poll && idle >= EMU_NAP_AFTER_NS;
+		/* In the poll but not napping yet: a plain sleep until the naps start. */
+		int64_t ns = nap ? (int64_t)poll : poll ? (int64_t)(EMU_NAP_AFTER_NS - idle) :
+			     EMU_SLEEP_SLICE_NS;
 
 		if (timer && timer - now < (uint64_t)ns)
 			ns = (int64_t)(timer - now);
-		thread_sleep(dev, hal->index, snap, ns, nap != 0);
+		thread_sleep(dev, hal->index, snap, ns, nap);
 		now = emu_now_ns();
-		if (!nap || thread_called(dev, snap, timer, now))
+		if (!poll || thread_called(dev, snap, timer, now))
 			return;
 	}
 }

@@ -298,7 +298,7 @@ TUNABLES: tuple[Tunable, ...] = (
             _int_range(0, 100_000)),
     Tunable("idle_poll_us", int, 50_000,
             "emulator: microseconds a progress thread keeps looking at its queue in naps "
-            "(an eighth of the time it has been idle, 50 us to 1 ms) after bulk work, "
+            "(from 2 ms of idle time on, an eighth of it, at most 1 ms) after bulk work, "
             "before it sleeps until woken: a post meanwhile costs the posting thread no "
             "wake-up system call, as a doorbell write on a card (0..1000000; 0: sleep at "
             "once, every doorbell wakes)",

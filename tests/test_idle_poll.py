@@ -31,7 +31,7 @@ p = w.alltoall_init(src, dst)
 ops = 20
 for i in range(ops):
     w.barrier().wait(timeout=20)
-    time.sleep(0.002)  # the progress threads go idle: napping, or asleep without the poll
+    time.sleep(0.005)  # the progress threads go idle: napping, or asleep without the poll
     dst[:] = -1
     p.post()
     while not p.test():
@@ -41,9 +41,9 @@ st = ctx.stats()
 print(f"doorbells {st['doorbells']} wakes {st['doorbell_wakes']}", flush=True)
 assert st["doorbells"] >= ops, st
 if int(os.environ["OFFLOAD_IDLE_POLL_US"]):
-    # every post but the first found the thread in its idle poll (the gaps are 2 ms, the
-    # poll 1 s), or still awake: no doorbell needed a wake-up system call
-    assert st["doorbell_wakes"] <= 1, st
+    # the posts after the first find the thread in its idle poll (gaps of 5 ms: napping,
+    # the poll lasts 1 s), or still awake: at most a few (a late last pass) need a wake-up
+    assert st["doorbell_wakes"] <= ops // 4, st
 else:
     assert st["doorbell_wakes"] >= ops // 2, st
 p.free()
