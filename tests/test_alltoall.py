@@ -322,3 +322,29 @@ print("ok")
 def test_alltoall_torch_cpu_tensors(test_seed):
     out = run_ranks(3, TORCH, timeout=75, env={"A2A_SEED": str(test_seed)})
     assert all(o.splitlines()[-1] == "ok" for o in out), out
+
+
+# Back-to-back small ops on the same arrays (the prepared fast path, the eager protocol's
+# slots reused many times over, a pass that reaps its own writes' completions and moves
+# the op on at once): every op's data is new and checked whole.
+BACK_TO_BACK = COMMON + r'''
+ctx = ol.init()
+team = ctx.world
+n = size
+for count, dt, ops in ((256, np.dtype(np.float32), 1500), (1, np.dtype(np.uint8), 300),
+                       (1000, np.dtype(np.int64), 200)):
+    src, dst = np.empty(n * count, dt), np.empty(n * count, dt)
+    for it in range(ops):
+        fill_src(src, rank, n, count, dt, salt=it)
+        dst[:] = 0
+        team.alltoall(src, dst).wait()
+        check_dst(dst, rank, n, count, dt, f"back to back {dt} x {count}, op {it}", salt=it)
+ctx.close()
+print("ok")
+'''
+
+
+@pytest.mark.timeout(150)
+def test_alltoall_small_back_to_back(test_seed):
+    out = run_ranks(4, BACK_TO_BACK, timeout=120, env={"A2A_SEED": str(test_seed)})
+    assert all(o.splitlines()[-1] == "ok" for o in out), out

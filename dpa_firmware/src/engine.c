@@ -15,6 +15,8 @@
 
 #define DPA_INTAKE_BUDGET 16
 #define DPA_POLL_BUDGET   256
+/* Rounds of poll + progress a pass adds while its own writes keep completing at once. */
+#define DPA_PASS_REPOLLS  3
 #define DPA_DEAD_GRACE_NS 200000000ull  /* see check_abort() */
 
 /* The op's bit in eng->active_ops (see there). */
@@ -515,6 +517,18 @@ int dpa_progress(void *state, struct dpa_hal *hal)
 		off_unlock(&eng->intake_lock);
 	}
 	work += progress_ops(eng, hal);
+	/* The writes this pass posted may have completed already (a short write reaches a
+	 * near peer's memory in about the time the pass takes): reap them and move their ops
+	 * on now instead of a pass later, while that keeps paying (an eager op settles each
+	 * item's write, then posts its next). A few rounds at most: the commands and the
+	 * agreements below wait meanwhile. */
+	for (int r = 0; r < DPA_PASS_REPOLLS; r++) {
+		int n = poll_completions(eng, hal);
+
+		if (!n)
+			break;
+		work += n + progress_ops(eng, hal);
+	}
 	work += dpa_agree_progress(eng, hal);  /* after progress_ops: its closed snapshot */
 	if (!work)
 		stats->idle_calls++;
