@@ -209,11 +209,6 @@ int sim_world_init(struct sim_world *w, uint32_t size, uint32_t nthreads, uint32
 			if (!h->rail || !h->last_cqe || !h->cq)
 				return -1;
 		}
-		for (uint32_t g = 0; g < OFFLOAD_MAX_TEAMS; g++) {
-			r->mc[g].cq = calloc(w->model.mcast_rq_depth, sizeof(*r->mc[g].cq));
-			if (!r->mc[g].cq)
-				return -1;
-		}
 	}
 	return 0;
 }
