@@ -150,10 +150,12 @@ static int ops_done(struct sim_world *w)
 {
 	struct sim_drv *d = w->driver;
 
-	for (uint32_t i = 0; i < w->size; i++) {
-		struct sim_host *h = w->ranks[i].host;
+	/* Called after every event: a rank once done (or dead) stays so within a run, so
+	 * the scan resumes where it stopped instead of rescanning all ranks. */
+	for (; d->done_upto < w->size; d->done_upto++) {
+		struct sim_host *h = w->ranks[d->done_upto].host;
 
-		if (w->ranks[i].alive && h->finished < d->nops)
+		if (w->ranks[d->done_upto].alive && h->finished < d->nops)
 			return 0;
 	}
 	return 1;
@@ -293,6 +295,7 @@ int sim_drv_run(struct sim_drv *d)
 	uint32_t stalls = 0, seen = d->completions;
 
 	w->strict_late = !d->doomed && !d->nfaults;
+	d->done_upto = 0;
 	for (uint32_t i = 0; i < d->job.n; i++) {
 		struct sim_host *h = &d->hosts[i];
 

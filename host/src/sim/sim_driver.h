@@ -56,6 +56,7 @@ struct sim_drv {
 	struct sim_team teams[OFFLOAD_MAX_TEAMS];
 	struct sim_opdesc *ops;
 	uint32_t nops;
+	uint32_t done_upto;        /* ops_done(): ranks below it are done or dead */
 	struct sim_host *hosts;   /* [n] */
 	/* faults: ranks that died or lost every rail may make ops of their teams fail */
 	uint64_t doomed;          /* bit per world rank (64-rank ABI: the ring's failed word) */
