@@ -61,6 +61,30 @@ static int a2a_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, s
 	return work < 0 ? 0 : work + dpa_exchange_step(eng, op, i, hal, &send);
 }
 
+/* Paced, a thread's items past the first one it has not sent (signaled) plus the window
+ * are on hold: once their readies are out (intake posts them, in pairwise order, as far as
+ * the queue takes them; the items post the rest) they only wait, for a ready or a done
+ * word that stays where it is until this op takes it (the next op of the slot needs this
+ * one complete), so a pass need not look at them until the window reaches them. Unpaced:
+ * every item moves at once. */
+static uint32_t a2a_horizon(const struct dpa_engine *eng, struct dpa_op *op, uint32_t first,
+			    uint32_t nthreads)
+{
+	uint32_t lag = eng->params.a2a_window * nthreads, i = first, me = first % nthreads, r;
+
+	if (!lag || me >= OFFLOAD_MAX_THREADS)
+		return op->nitems;
+	while (i < op->nitems &&
+	       (op->items[i].flags & (DPA_ITEM_SIGNALED | DPA_ITEM_FINISHED | DPA_ITEM_ABORTED)))
+		i += nthreads;
+	i = i >= op->nitems || op->nitems - i <= lag ? op->nitems : i + lag;
+	r = op->alg.a2a_ready_from[me] > first ? op->alg.a2a_ready_from[me] : first;
+	while (r < op->nitems && (op->items[r].flags & DPA_ITEM_READY_OUT))
+		r += nthreads;
+	op->alg.a2a_ready_from[me] = r;
+	return r < op->nitems && r >= i ? r + 1 : i;
+}
+
 /* Blocks within the rank's eager_max go eagerly (alltoall_eager.c): every rank has the
  * same count, and is told to use the same eager_max (the op signature checks it). */
 static const struct dpa_algo *a2a_select(const struct dpa_engine_params *p,
@@ -75,4 +99,5 @@ const struct dpa_algo dpa_algo_alltoall_pairwise = {
 	.select = a2a_select,
 	.start = a2a_start,
 	.progress = a2a_progress,
+	.horizon = a2a_horizon,
 };
