@@ -20,63 +20,103 @@
 
 #include "sim.h"
 
-static int ev_less(const struct sim_event *a, const struct sim_event *b)
+static inline int hent_less(const struct sim_hent *a, const struct sim_hent *b)
 {
 	if (a->t != b->t)
 		return a->t < b->t;
 	if (a->key != b->key)
 		return a->key < b->key;
-	return a->seq < b->seq;
+	return a->slot < b->slot;
 }
 
-static int heap_push(struct sim_heap *h, const struct sim_event *e)
+#define HEAP_OFF 3u  /* entry k at h[k + 3]: the four children of k start a 64-byte line */
+
+static int pool_grow(struct sim_heap *hp)
 {
-	uint64_t i;
+	uint64_t cap = hp->pool_cap ? hp->pool_cap * 2 : 1024;
+	struct sim_event *pool;
+	uint32_t *fr;
 
-	if (h->n == h->cap) {
-		uint64_t cap = h->cap ? h->cap * 2 : 1024;
-		struct sim_event *ev = realloc(h->ev, cap * sizeof(*ev));
-
-		if (!ev)
-			return -1;
-		h->ev = ev;
-		h->cap = cap;
-	}
-	i = h->n++;
-	while (i) {  /* 4-ary: parent of i is (i-1)/4 */
-		uint64_t p = (i - 1) / 4;
-
-		if (!ev_less(e, &h->ev[p]))
-			break;
-		h->ev[i] = h->ev[p];
-		i = p;
-	}
-	h->ev[i] = *e;
+	if (cap > UINT32_MAX)
+		return -1;
+	pool = realloc(hp->pool, cap * sizeof(*pool));
+	if (!pool)
+		return -1;
+	hp->pool = pool;
+	fr = realloc(hp->free, cap * sizeof(*fr));
+	if (!fr)
+		return -1;
+	hp->free = fr;
+	for (uint64_t i = cap; i-- > hp->pool_cap;)  /* lowest slot on top */
+		hp->free[hp->nfree++] = (uint32_t)i;
+	hp->pool_cap = cap;
 	return 0;
 }
 
-static void heap_pop(struct sim_heap *h, struct sim_event *out)
+static int heap_push(struct sim_heap *hp, const struct sim_event *e)
 {
-	struct sim_event last;
+	struct sim_hent ent;
+	uint64_t i;
+
+	if (!hp->nfree && pool_grow(hp))
+		return -1;
+	if (hp->n == hp->cap) {
+		uint64_t cap = hp->cap ? hp->cap * 2 : 1024;
+		struct sim_hent *h = aligned_alloc(64, (cap + HEAP_OFF + 1) * sizeof(*h));
+
+		if (!h)
+			return -1;
+		if (hp->h)
+			memcpy(h + HEAP_OFF, hp->h + HEAP_OFF, hp->n * sizeof(*h));
+		free(hp->h);
+		hp->h = h;
+		hp->cap = cap;
+	}
+	ent = (struct sim_hent){ .t = e->t, .key = (uint32_t)(e->key >> 32),
+				 .slot = hp->free[--hp->nfree] };
+	hp->pool[ent.slot] = *e;
+	i = hp->n++;
+	while (i) {  /* 4-ary: parent of i is (i-1)/4 */
+		uint64_t p = (i - 1) / 4;
+
+		if (!hent_less(&ent, &hp->h[p + HEAP_OFF]))
+			break;
+		hp->h[i + HEAP_OFF] = hp->h[p + HEAP_OFF];
+		i = p;
+	}
+	hp->h[i + HEAP_OFF] = ent;
+	return 0;
+}
+
+/* The earliest event's time (the heap is not empty). */
+static inline uint64_t heap_top_t(const struct sim_heap *hp)
+{
+	return hp->h[HEAP_OFF].t;
+}
+
+static void heap_pop(struct sim_heap *hp, struct sim_event *out)
+{
+	struct sim_hent *h = hp->h + HEAP_OFF, last;
 	uint64_t i = 0;
 
-	*out = h->ev[0];
-	last = h->ev[--h->n];
+	*out = hp->pool[h[0].slot];
+	hp->free[hp->nfree++] = h[0].slot;
+	last = h[--hp->n];
 	for (;;) {
 		uint64_t c = 4 * i + 1, best = c;
 
-		if (c >= h->n)
+		if (c >= hp->n)
 			break;
-		for (uint64_t k = c + 1; k < c + 4 && k < h->n; k++)
-			if (ev_less(&h->ev[k], &h->ev[best]))
+		for (uint64_t k = c + 1; k < c + 4 && k < hp->n; k++)
+			if (hent_less(&h[k], &h[best]))
 				best = k;
-		if (!ev_less(&h->ev[best], &last))
+		if (!hent_less(&h[best], &last))
 			break;
-		h->ev[i] = h->ev[best];
+		h[i] = h[best];
 		i = best;
 	}
-	if (h->n)
-		h->ev[i] = last;
+	if (hp->n)
+		h[i] = last;
 }
 
 void sim_schedule(struct sim_world *w, uint64_t t, uint32_t type, uint32_t rank, uint32_t thr,
@@ -216,12 +256,14 @@ int sim_world_init(struct sim_world *w, uint32_t size, uint32_t nthreads, uint32
 void sim_world_free(struct sim_world *w)
 {
 	for (uint64_t i = 0; i < w->heap.n; i++) {  /* messages still on the wire */
-		struct sim_msg *m = w->heap.ev[i].ptr;
+		struct sim_msg *m = w->heap.pool[w->heap.h[i + HEAP_OFF].slot].ptr;
 
 		if (m && (m->kind != SIM_MSG_MCAST || --m->refs == 0))
 			free(m);
 	}
-	free(w->heap.ev);
+	free(w->heap.h);
+	free(w->heap.pool);
+	free(w->heap.free);
 	for (uint32_t i = 0; w->ranks && i < w->size; i++) {
 		struct sim_rank *r = &w->ranks[i];
 
@@ -362,11 +404,9 @@ uint64_t sim_run(struct sim_world *w, int (*stop)(struct sim_world *w), uint64_t
 	struct sim_event e;
 
 	while (w->heap.n && !w->failed && !(stop && stop(w))) {
-		heap_pop(&w->heap, &e);
-		if (e.t > max_ps) {
-			heap_push(&w->heap, &e);
+		if (heap_top_t(&w->heap) > max_ps)
 			break;
-		}
+		heap_pop(&w->heap, &e);
 		w->now = e.t;
 		w->cnt.events++;
 		count++;
