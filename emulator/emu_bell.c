@@ -63,14 +63,15 @@ uint32_t emu_bell_bits(uint32_t rank, uint32_t kind)
 	return 1u << ((2 * rank + (kind == EMU_WAKE_HOST)) % 32);
 }
 
-/* Ring the bell for `bits` (one FUTEX_WAKE for every rank in `ranks`, whose sleepers the
- * caller already took out of the job's asleep: they count as awake from now on). */
-void emu_ring(struct emu_device *dev, uint32_t bits, uint64_t ranks)
+/* Ring the bell for `bits` (one FUTEX_WAKE for every rank woken, whose sleepers the
+ * caller already took out of the job's asleep: they count as awake from now on); `ranks`
+ * (some of them) time their wake-up from now. */
+void emu_ring(struct emu_device *dev, uint32_t bits, const uint32_t *ranks, uint32_t nranks)
 {
 	uint64_t now = emu_now_ns();
 
-	for (uint64_t m = ranks; m; m &= m - 1) {
-		struct emu_rank *r = &dev->ranks[__builtin_ctzll(m)];
+	for (uint32_t i = 0; i < nranks; i++) {
+		struct emu_rank *r = &dev->ranks[ranks[i]];
 
 		off_write_once(&r->wake_ns, now);  /* the sleeper measures its wake-up */
 		if (!off_read_once(&r->waking_ns))
@@ -118,20 +119,21 @@ static void wake(struct emu_device *dev, uint32_t rank, int force, struct dpa_ha
 		bits = emu_bell_bits(rank, EMU_WAKE_DPA);
 	}
 	if (!pass) {
-		emu_ring(dev, bits, 1ull << rank);
+		emu_ring(dev, bits, &rank, 1);
 		return;
 	}
 	pass->wake_bits |= bits;
-	pass->wake_ranks |= 1ull << rank;
+	if (pass->nwake < EMU_WAKE_LIST)
+		pass->wake_ranks[pass->nwake++] = rank;
 }
 
 void emu_flush_wakes(struct dpa_hal *pass)
 {
 	if (!pass->wake_bits)
 		return;
-	emu_ring(pass->dev, pass->wake_bits, pass->wake_ranks);
+	emu_ring(pass->dev, pass->wake_bits, pass->wake_ranks, pass->nwake);
 	pass->wake_bits = 0;
-	pass->wake_ranks = 0;
+	pass->nwake = 0;
 }
 
 void emu_wake_rank(struct emu_device *dev, uint32_t rank, struct dpa_hal *pass)

@@ -47,10 +47,15 @@ static void emu_close(struct host_device *hd)
 	emu_job_close(dev);
 	emu_job_release(dev);
 	free(dev->threads);
+	for (uint32_t i = 0; dev->hals && i < dev->attr.num_threads; i++)
+		free(dev->hals[i].rail);
 	free(dev->hals);
 	free(dev->fw_state);
-	for (uint32_t g = 0; g < OFFLOAD_MAX_TEAMS; g++)
+	for (uint32_t g = 0; g < OFFLOAD_MAX_TEAMS; g++) {
 		free(dev->mc_rx[g].stage);
+		free(dev->mc_rx[g].regions);
+	}
+	free(dev->closed_seen);
 	pthread_mutex_destroy(&dev->mr_lock);
 	pthread_mutex_destroy(&dev->map_lock);
 	free(dev);
@@ -72,7 +77,7 @@ static int emu_open(const struct host_ctx_params *attr, struct host_device **out
 	if (!host_params_known(attr))
 		return -EPROTONOSUPPORT;
 	if (!attr->job || strlen(attr->job) >= sizeof(dev->job) - 1 || strchr(attr->job, '/') ||
-	    attr->size == 0 || attr->size > OFFLOAD_MAX_RANKS || attr->rank >= attr->size ||
+	    attr->size == 0 || attr->size > OFFLOAD_RANKS_LIMIT || attr->rank >= attr->size ||
 	    attr->num_threads == 0 || attr->num_threads > OFFLOAD_MAX_THREADS ||
 	    attr->rails == 0 || attr->rails > HOST_MAX_RAILS || !mcast_attr_valid(attr) ||
 	    !attr->job_key)
@@ -90,6 +95,15 @@ static int emu_open(const struct host_ctx_params *attr, struct host_device **out
 			dev->rail_faults = 1;
 	pthread_mutex_init(&dev->mr_lock, NULL);
 	pthread_mutex_init(&dev->map_lock, NULL);
+	dev->closed_seen = calloc(offload_rank_words(attr->size), sizeof(uint64_t));
+	for (uint32_t g = 0; g < OFFLOAD_MAX_TEAMS; g++)
+		dev->mc_rx[g].regions = calloc(attr->size, sizeof(struct dpa_hal_mcast_region));
+	rc = -ENOMEM;
+	if (!dev->closed_seen || !dev->mc_rx[OFFLOAD_MAX_TEAMS - 1].regions)
+		goto err;
+	for (uint32_t g = 0; g < OFFLOAD_MAX_TEAMS; g++)
+		if (!dev->mc_rx[g].regions)
+			goto err;
 	rc = emu_job_open(dev);
 	if (rc)
 		goto err;
@@ -108,14 +122,22 @@ static int emu_start(struct host_device *hd, const struct dpa_engine_params *par
 {
 	struct emu_device *dev = to_emu(hd);
 	uint32_t n = dev->attr.num_threads;
+	uint64_t state = dpa_engine_state_size(params);
 	int rc;
 
+	if (!state)
+		return -EINVAL;
 	dev->win = *win;
-	dev->fw_state = aligned_alloc(64, (dpa_engine_state_size() + 63) & ~63ull);
+	dev->fw_state = aligned_alloc(64, (state + 63) & ~63ull);
 	dev->hals = calloc(n, sizeof(*dev->hals));
 	dev->threads = calloc(n, sizeof(*dev->threads));
 	if (!dev->fw_state || !dev->hals || !dev->threads)
 		return -ENOMEM;
+	for (uint32_t i = 0; i < n; i++) {
+		dev->hals[i].rail = calloc(dev->attr.size, 1);
+		if (!dev->hals[i].rail)
+			return -ENOMEM;
+	}
 	rc = dpa_engine_init(dev->fw_state, params);
 	if (rc)
 		return rc;

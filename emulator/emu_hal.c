@@ -39,9 +39,9 @@ void *dpa_hal_window_ptr(struct dpa_hal *hal, enum dpa_hal_window win, uint64_t 
 			return NULL;
 		return (uint8_t *)dev->win.stats + offset;
 	case DPA_HAL_WIN_CTRL:
-		if (offset > sizeof(struct offload_ctrl) || len > sizeof(struct offload_ctrl) - offset)
+		if (offset > dev->ctrl_bytes || len > dev->ctrl_bytes - offset)
 			return NULL;
-		return (uint8_t *)&dev->ctrls[dev->attr.rank] + offset;
+		return emu_ctrl_of(dev, dev->attr.rank) + offset;
 	}
 	return NULL;
 }
@@ -56,7 +56,7 @@ void emu_rail_down(struct emu_device *dev, uint32_t rail)
 
 	if ((down & all) != all)
 		return;
-	__atomic_fetch_or(&dev->hdr->unreachable, 1ull << dev->attr.rank, __ATOMIC_SEQ_CST);
+	offload_rankset_add(dev->unreachable, &dev->hdr->unreachable_gen, dev->attr.rank);
 	for (uint32_t i = 0; i < dev->attr.size; i++)
 		emu_kick_rank(dev, i);
 }
@@ -68,7 +68,7 @@ uint32_t dpa_hal_num_rails(const struct dpa_hal *hal)
 
 void dpa_hal_set_rail(struct dpa_hal *hal, uint32_t peer, uint32_t rail)
 {
-	if (peer < OFFLOAD_MAX_RANKS && rail < hal->dev->attr.rails)
+	if (peer < hal->dev->attr.size && rail < hal->dev->attr.rails)
 		hal->rail[peer] = (uint8_t)rail;
 }
 
@@ -81,7 +81,7 @@ void dpa_hal_set_rail(struct dpa_hal *hal, uint32_t peer, uint32_t rail)
 static int32_t rail_gate(struct dpa_hal *hal, uint32_t peer, uint64_t len, uint32_t *rail)
 {
 	struct emu_device *dev = hal->dev;
-	uint32_t r = peer < OFFLOAD_MAX_RANKS ? hal->rail[peer] : 0, bit = 1u << r;
+	uint32_t r = peer < dev->attr.size ? hal->rail[peer] : 0, bit = 1u << r;
 	struct emu_rank *me = &dev->ranks[dev->attr.rank];
 
 	*rail = r;

@@ -59,13 +59,16 @@ struct emu_job_hdr {
 	uint32_t arrived;
 	uint32_t closed;
 	uint32_t resv0;
-	/* Ranks with every port down: unreachable, so peers fail them as if dead. */
-	uint64_t unreachable;
+	/* Gens of the job's rank sets (bitmaps after the rank table, emu_job.c), bumped after
+	 * a bit is set (offload_rankset_add):
+	 * unreachable: ranks with every port down, so peers fail them as if dead;
+	 * closed: ranks that closed their context cleanly; each peer's NIC passes them on to
+	 * its firmware (emu_sync_peers), with the deaths closers knew of (dead_known). */
+	uint32_t unreachable_gen;
+	uint32_t closed_gen;
 	uint32_t mtu;         /* multicast slot size: every rank must agree (claimed at join) */
 	uint32_t resv1;
-	/* Ranks that closed their context cleanly; each peer's NIC passes them on to its
-	 * firmware (emu_sync_peers), with what the closer knew of deaths (dead_seen). */
-	uint64_t closed_mask;
+	uint64_t resv2;
 	/* The job's secret (OFFLOAD_JOB_KEY from its launcher), claimed by the first rank:
 	 * a rank of another job given the same name finds another key and stays out. */
 	uint64_t key;
@@ -89,9 +92,7 @@ struct emu_rank {
 	uint64_t ctrl_addr;   /* the owner's address of its struct offload_ctrl */
 	uint32_t ctrl_key;
 	uint32_t rails_down;  /* this rank's failed ports (bit per rail), set by the rank */
-	/* The failed ranks this rank knew of when it closed, written before its state says
-	 * CLOSED: peers that see it closed learn of those deaths at the same moment. */
-	uint64_t dead_seen;
+	uint64_t resv_dead;
 	uint32_t resv0[8];
 	/* Own line: bumped by doorbells and remote signals, slept on by progress threads
 	 * (futex bitset EMU_WAKE_DPA) and by a host thread driving the engine (EMU_WAKE_HOST). */
@@ -145,16 +146,23 @@ struct emu_mcast_member {
 	uint64_t resv[7];
 };
 
+/* A group in the job segment: this header, then three rank bitmaps of
+ * offload_rank_words(n) words each (emu_mc_joined/_blocked/_blocked_slot), then members[n]
+ * (emu_mc_member); its stride is emu_mcast_group_bytes(n).
+ * joined: ranks counted for credits and woken by sends;
+ * blocked: ranks whose send found no credit: the next poll wakes them;
+ * blocked_slot: ranks whose send found its slot still being filled: the next send (that
+ * sender publishing) wakes them. */
 struct emu_mcast_group {
 	uint64_t head;
 	uint64_t resv0[7];
-	uint64_t joined;      /* ranks counted for credits and woken by sends (bit per rank) */
-	uint64_t blocked;     /* ranks whose send found no credit: the next poll wakes them */
-	uint64_t blocked_slot;/* ranks whose send found its slot still being filled: the
-			       * next send (that sender publishing) wakes them */
-	uint64_t resv1[5];
-	struct emu_mcast_member members[OFFLOAD_MAX_RANKS];
 };
+
+static inline uint64_t emu_mcast_group_bytes(uint32_t n)
+{
+	return 64u + ((24ull * offload_rank_words(n) + 63u) & ~63ull) +
+	       (uint64_t)n * sizeof(struct emu_mcast_member);
+}
 
 /* Seqlock: gen is index + 1 once published, EMU_MCAST_WRITING while being rewritten. */
 struct emu_mcast_slot {
@@ -173,9 +181,8 @@ _Static_assert(offsetof(struct emu_job_hdr, bell) == 128, "the bell on its own l
 _Static_assert(offsetof(struct emu_rank, event) == 64, "a rank's event word on its own line");
 _Static_assert(sizeof(struct emu_rank) == 128, "rank entry: two lines");
 _Static_assert(sizeof(struct emu_mcast_member) == 64, "a cursor per cache line");
-_Static_assert(sizeof(struct emu_mcast_group) == 128 + 64 * OFFLOAD_MAX_RANKS, "group layout");
+_Static_assert(sizeof(struct emu_mcast_group) == 64, "group header: a line");
 _Static_assert(sizeof(struct emu_mcast_slot) == 64, "a slot header per cache line");
-_Static_assert(OFFLOAD_MAX_RANKS <= 64, "joined and blocked are 64-bit rank masks");
 _Static_assert(EMU_MCAST_MAX_SLOTS % 64 == 0, "done bitmap words");
 
 /* This rank's receive side of one group (process memory: only our threads use it). */
@@ -192,7 +199,7 @@ struct emu_mcast_rx {
 	/* Slots of [next, next + slots) consumed past one still being written (bit i % slots):
 	 * a sender stalled mid-copy must not hold back the chunks of the others. */
 	uint64_t done[EMU_MCAST_MAX_SLOTS / 64];
-	struct dpa_hal_mcast_region regions[DPA_HAL_MCAST_MAX_REGIONS];
+	struct dpa_hal_mcast_region *regions;  /* [world size] (a team's members at most) */
 	/* Staged receive (attr.mcast_staged): the slots (MTU each, allocated on first post)
 	 * and which ones hold a chunk the firmware has not copied out or dropped yet. */
 	uint8_t *stage;
@@ -203,14 +210,18 @@ struct emu_mcast_rx {
 
 struct emu_device;
 
+#define EMU_WAKE_LIST 8u
+
 struct dpa_hal {
 	struct emu_device *dev;
 	uint32_t index;
 	uint32_t busy;        /* lock: a pass runs on this thread's queues (its progress thread's,
 			       * or a host thread's: see emu_progress.c) */
 	uint32_t wake_bits;   /* wake-ups this pass owes (futex bitset on the job's bell) */
-	uint64_t wake_ranks;  /* ... and to which ranks */
-	uint8_t rail[OFFLOAD_MAX_RANKS];  /* per peer: the rail this thread posts on */
+	/* ... and to which ranks (the first EMU_WAKE_LIST: they only time their wake-up) */
+	uint32_t wake_ranks[EMU_WAKE_LIST];
+	uint32_t nwake;
+	uint8_t *rail;        /* [world size] per peer: the rail this thread posts on */
 	uint32_t cq_head;     /* consumer and producer are both this thread */
 	uint32_t cq_tail;
 	struct dpa_hal_cqe cq[EMU_CQ_DEPTH];
@@ -225,8 +236,15 @@ struct emu_device {
 	struct emu_job_hdr *hdr;
 	struct emu_rank *ranks;
 	struct emu_mr *mrs;           /* [nranks][EMU_MAX_MRS] */
-	struct offload_ctrl *ctrls;   /* [nranks] */
-	struct emu_mcast_group *mc_groups;  /* [OFFLOAD_MAX_TEAMS] */
+	uint8_t *ctrls;               /* [nranks] control regions, ctrl_bytes each */
+	uint64_t ctrl_bytes;          /* offload_ctrl_bytes(nranks) */
+	/* The job's rank sets (gens in hdr): ranks unreachable, closed, and the deaths closers
+	 * knew of when they closed (no gen: read when a close is seen) */
+	uint64_t *unreachable;
+	uint64_t *closed;
+	uint64_t *dead_known;
+	uint8_t *mc_groups;           /* [OFFLOAD_MAX_TEAMS] groups, mc_group_bytes each */
+	uint64_t mc_group_bytes;
 	struct emu_mcast_slot *mc_slots;    /* [OFFLOAD_MAX_TEAMS][mc_nslots] */
 	uint8_t *mc_payload;                /* [OFFLOAD_MAX_TEAMS][mc_nslots][mtu] */
 	uint32_t mc_nslots;
@@ -253,8 +271,9 @@ struct emu_device {
 	uint64_t host_ops;            /* ops completed by passes host threads ran */
 	uint64_t host_passes;
 	uint32_t rail_faults;         /* a rail of this rank is set to fail */
-	uint64_t unreachable_seen;    /* job's unreachable ranks already in failed_ranks */
-	uint64_t closed_seen;         /* job's closed ranks already in closed_ranks */
+	uint32_t unreachable_gen_seen;/* the job's unreachable set merged into the ring's failed */
+	uint32_t closed_gen_seen;     /* ... its closed set, into the ring's closed */
+	uint64_t *closed_seen;        /* [rank words] closes already passed on */
 	uint64_t rail_sent[HOST_MAX_RAILS];
 	/* peer watch (emu_watch.c) */
 	pthread_t watch;
@@ -263,6 +282,52 @@ struct emu_device {
 	/* UD multicast (emu_mcast.c) */
 	struct emu_mcast_rx mc_rx[OFFLOAD_MAX_TEAMS];
 };
+
+/* Rank r's control region in the job segment. */
+static inline uint8_t *emu_ctrl_of(const struct emu_device *dev, uint32_t rank)
+{
+	return dev->ctrls + (uint64_t)rank * dev->ctrl_bytes;
+}
+
+/* The ring header's rank sets (offload_abi.h), or NULL before the firmware's windows. */
+static inline uint64_t *emu_ring_set(const struct emu_device *dev, int closed)
+{
+	struct offload_ring_hdr *ring = dev->win.ring;
+
+	if (!ring)
+		return NULL;
+	return (uint64_t *)((uint8_t *)ring + (closed ? ring->closed_off : ring->failed_off));
+}
+
+static inline uint64_t *emu_ring_failed(const struct emu_device *dev)
+{
+	return emu_ring_set(dev, 0);
+}
+
+/* Multicast group g's header, its rank bitmaps and its members (emu_mcast_group). */
+static inline struct emu_mcast_group *emu_mc_group(const struct emu_device *dev, uint32_t g)
+{
+	return (struct emu_mcast_group *)(dev->mc_groups + (uint64_t)g * dev->mc_group_bytes);
+}
+
+static inline uint64_t *emu_mc_bits(const struct emu_device *dev, uint32_t g, uint32_t which)
+{
+	return (uint64_t *)(emu_mc_group(dev, g) + 1) +
+	       (uint64_t)which * offload_rank_words(dev->attr.size);
+}
+
+#define EMU_MC_JOINED       0u
+#define EMU_MC_BLOCKED      1u
+#define EMU_MC_BLOCKED_SLOT 2u
+
+static inline struct emu_mcast_member *emu_mc_member(const struct emu_device *dev, uint32_t g,
+						     uint32_t rank)
+{
+	uint64_t words = offload_rank_words(dev->attr.size);
+
+	return (struct emu_mcast_member *)((uint8_t *)(emu_mc_group(dev, g) + 1) +
+					   ((24ull * words + 63u) & ~63ull)) + rank;
+}
 
 static inline struct emu_device *to_emu(struct host_device *dev)
 {
@@ -398,7 +463,7 @@ int emu_spin_worthwhile(const struct emu_device *dev);
 /* The bell's bits of rank's progress threads (EMU_WAKE_DPA) or driver (EMU_WAKE_HOST). */
 uint32_t emu_bell_bits(uint32_t rank, uint32_t kind);
 /* One FUTEX_WAKE for `bits` of every rank in `ranks` (taken out of asleep already). */
-void emu_ring(struct emu_device *dev, uint32_t bits, uint64_t ranks);
+void emu_ring(struct emu_device *dev, uint32_t bits, const uint32_t *ranks, uint32_t nranks);
 long emu_futex(uint32_t *word, int op, uint32_t val, const struct timespec *ts, uint32_t bits);
 struct timespec emu_ns_to_ts(int64_t ns);
 /* Sleep on a private futex word while it reads `seen`, counted in the job's asleep (the
@@ -415,7 +480,7 @@ int emu_watch_start(struct emu_device *dev);
 void emu_watch_stop(struct emu_device *dev);
 /* What the NIC tells its firmware about a peer it lost (a refused or failed access): the
  * peer closed its context (OFFLOAD_ERR_PEER_CLOSED, and the deaths it knew of are passed
- * on) or died (OFFLOAD_ERR_PEER, and it goes into failed_ranks at once). */
+ * on) or died (OFFLOAD_ERR_PEER, and it goes into the failed set at once). */
 int32_t emu_peer_lost(struct emu_device *dev, uint32_t rank);
 /* Pass newly closed and unreachable peers on to the firmware's ring header. */
 void emu_sync_peers(struct emu_device *dev);

@@ -32,9 +32,15 @@ static uint64_t ranks_off(void)
 	return align_up(sizeof(struct emu_job_hdr), 64);
 }
 
+/* The job's rank sets: unreachable, closed, dead_known (offload_rank_words(n) each). */
+static uint64_t sets_off(uint32_t n)
+{
+	return align_up(ranks_off() + (uint64_t)n * sizeof(struct emu_rank), 64);
+}
+
 static uint64_t mrs_off(uint32_t n)
 {
-	return align_up(ranks_off() + n * sizeof(struct emu_rank), 4096);
+	return align_up(sets_off(n) + 24ull * offload_rank_words(n), 4096);
 }
 
 static uint64_t ctrls_off(uint32_t n)
@@ -46,13 +52,12 @@ static uint64_t ctrls_off(uint32_t n)
  * aligned so that chunks are MTU-aligned for the DMA copy). */
 static uint64_t mc_groups_off(uint32_t n)
 {
-	return align_up(ctrls_off(n) + (uint64_t)n * sizeof(struct offload_ctrl), 4096);
+	return align_up(ctrls_off(n) + (uint64_t)n * offload_ctrl_bytes(n), 4096);
 }
 
 static uint64_t mc_slots_off(uint32_t n)
 {
-	return align_up(mc_groups_off(n) + OFFLOAD_MAX_TEAMS * sizeof(struct emu_mcast_group),
-			4096);
+	return align_up(mc_groups_off(n) + OFFLOAD_MAX_TEAMS * emu_mcast_group_bytes(n), 4096);
 }
 
 static uint64_t mc_payload_off(uint32_t n, uint32_t mtu)
@@ -171,8 +176,13 @@ int emu_job_open(struct emu_device *dev)
 	dev->hdr = (struct emu_job_hdr *)dev->job_map;
 	dev->ranks = (struct emu_rank *)(dev->job_map + ranks_off());
 	dev->mrs = (struct emu_mr *)(dev->job_map + mrs_off(n));
-	dev->ctrls = (struct offload_ctrl *)(dev->job_map + ctrls_off(n));
-	dev->mc_groups = (struct emu_mcast_group *)(dev->job_map + mc_groups_off(n));
+	dev->unreachable = (uint64_t *)(dev->job_map + sets_off(n));
+	dev->closed = dev->unreachable + offload_rank_words(n);
+	dev->dead_known = dev->closed + offload_rank_words(n);
+	dev->ctrl_bytes = offload_ctrl_bytes(n);
+	dev->ctrls = dev->job_map + ctrls_off(n);
+	dev->mc_group_bytes = emu_mcast_group_bytes(n);
+	dev->mc_groups = dev->job_map + mc_groups_off(n);
 	dev->mc_slots = (struct emu_mcast_slot *)(dev->job_map + mc_slots_off(n));
 	dev->mc_payload = dev->job_map + mc_payload_off(n, dev->attr.mtu);
 	dev->mc_nslots = emu_mcast_slots(dev->attr.mtu);
@@ -192,14 +202,14 @@ int emu_job_open(struct emu_device *dev)
 	off_store_release(&self->pid, pid);
 	if (getrandom(&dev->rng, sizeof(dev->rng), 0) != sizeof(dev->rng))
 		dev->rng = (uint64_t)pid * 0x9e3779b97f4a7c15ull ^ emu_now_ns();
-	rc = emu_mr_reg(dev, (uint64_t)(uintptr_t)&dev->ctrls[me], sizeof(struct offload_ctrl),
+	rc = emu_mr_reg(dev, (uint64_t)(uintptr_t)emu_ctrl_of(dev, me), dev->ctrl_bytes,
 			OFFLOAD_ACCESS_REMOTE_WRITE | OFFLOAD_ACCESS_REMOTE_ATOMIC |
 			OFFLOAD_ACCESS_LOCAL_READ | OFFLOAD_ACCESS_LOCAL_WRITE,
-			EMU_MR_JOB, 0, ctrls_off(n) + me * sizeof(struct offload_ctrl), 0,
+			EMU_MR_JOB, 0, ctrls_off(n) + me * dev->ctrl_bytes, 0,
 			&ctrl_key);
 	if (rc)
 		return rc;
-	self->ctrl_addr = (uint64_t)(uintptr_t)&dev->ctrls[me];
+	self->ctrl_addr = (uint64_t)(uintptr_t)emu_ctrl_of(dev, me);
 	off_store_release(&self->ctrl_key, ctrl_key);  /* peers read ctrl_addr after the key */
 	off_store_release(&self->state, EMU_RANK_ALIVE);
 	dev->joined = 1;
@@ -280,15 +290,20 @@ void emu_job_close(struct emu_device *dev)
 	emu_unmap_peers(dev);
 	/* The last rank to leave removes the job segment (the launcher sweeps it too). */
 	if (dev->joined) {
-		struct offload_ring_hdr *ring = dev->win.ring;
-		uint64_t me = 1ull << dev->attr.rank;
+		const uint64_t *failed = emu_ring_failed(dev);
+		uint32_t me = dev->attr.rank;
 
-		/* Peers see us closed (not failed), knowing what we knew of deaths: release
-		 * stores, in this order (emu_watch.c reads them back to front). */
-		off_store_release(&dev->ranks[dev->attr.rank].dead_seen,
-				  ring ? off_load_acquire(&ring->failed_ranks) & ~me : 0);
-		off_store_release(&dev->ranks[dev->attr.rank].state, EMU_RANK_CLOSED);
-		__atomic_fetch_or(&dev->hdr->closed_mask, me, __ATOMIC_SEQ_CST);
+		/* Peers see us closed (not failed), knowing what we knew of deaths: in this
+		 * order (emu_watch.c reads them back to front). */
+		for (uint32_t w = 0; failed && w < offload_rank_words(dev->attr.size); w++) {
+			uint64_t v = off_load_acquire(&failed[w]) &
+				     ~(w == me / 64 ? 1ull << (me % 64) : 0);
+
+			if (v)
+				__atomic_fetch_or(&dev->dead_known[w], v, __ATOMIC_SEQ_CST);
+		}
+		off_store_release(&dev->ranks[me].state, EMU_RANK_CLOSED);
+		offload_rankset_add(dev->closed, &dev->hdr->closed_gen, me);
 		for (uint32_t r = 0; r < dev->attr.size; r++)  /* their waits on us end now */
 			if (r != dev->attr.rank)
 				emu_kick_rank(dev, r);

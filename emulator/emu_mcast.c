@@ -57,6 +57,24 @@
 #define EMU_SALT_LOSS    0x6c6f73735f6d6331ull
 #define EMU_SALT_REORDER 0x72656f72645f6d31ull
 
+static void bit_set(uint64_t *bits, uint32_t r)
+{
+	__atomic_fetch_or(&bits[r / 64], 1ull << (r % 64), __ATOMIC_SEQ_CST);
+}
+
+static void bit_clear(uint64_t *bits, uint32_t r)
+{
+	__atomic_fetch_and(&bits[r / 64], ~(1ull << (r % 64)), __ATOMIC_SEQ_CST);
+}
+
+static int any_set(const struct emu_device *dev, const uint64_t *bits)
+{
+	for (uint32_t w = 0; w < offload_rank_words(dev->attr.size); w++)
+		if (off_read_once(&bits[w]))
+			return 1;
+	return 0;
+}
+
 uint32_t emu_mcast_slots(uint32_t mtu)
 {
 	uint32_t n = mtu ? EMU_MCAST_RING_BYTES / mtu : EMU_MCAST_MAX_SLOTS;
@@ -69,8 +87,7 @@ uint32_t emu_mcast_slots(uint32_t mtu)
 void emu_mcast_forget(struct emu_device *dev)
 {
 	for (uint32_t g = 0; g < OFFLOAD_MAX_TEAMS; g++)
-		__atomic_fetch_and(&dev->mc_groups[g].joined, ~(1ull << dev->attr.rank),
-				   __ATOMIC_SEQ_CST);
+		bit_clear(emu_mc_bits(dev, g, EMU_MC_JOINED), dev->attr.rank);
 }
 
 uint32_t dpa_hal_mtu(const struct dpa_hal *hal)
@@ -98,14 +115,14 @@ static int inject(const struct emu_device *dev, uint32_t group, uint64_t i, uint
 	return x % EMU_PPM < ppm;
 }
 
-/* Ranks the fabric or the process watch declared gone: they hold no credits. */
-static uint64_t failed_ranks(const struct emu_device *dev)
+/* Word w of the ranks the fabric or the process watch declared gone: they hold no
+ * credits. */
+static uint64_t failed_word(const struct emu_device *dev, const uint64_t *ring_failed, uint32_t w)
 {
-	const struct offload_ring_hdr *ring = dev->win.ring;
-	uint64_t failed = off_read_once(&dev->hdr->unreachable);
+	uint64_t failed = off_read_once(&dev->unreachable[w]);
 
-	if (ring)
-		failed |= off_read_once(&ring->failed_ranks);
+	if (ring_failed)
+		failed |= off_read_once(&ring_failed[w]);
 	return failed;
 }
 
@@ -120,31 +137,46 @@ static void publish_cursor(struct emu_mcast_member *m, uint64_t to)
 		;
 }
 
-static void wake_mask(struct emu_device *dev, uint64_t mask)
+/* Wake the ranks of word w (bits of ranks w * 64 on) but `skip`. */
+static void wake_word(struct emu_device *dev, uint32_t w, uint64_t mask, uint32_t skip)
 {
 	for (; mask; mask &= mask - 1) {
-		uint32_t r = (uint32_t)__builtin_ctzll(mask);
+		uint32_t r = w * 64 + (uint32_t)__builtin_ctzll(mask);
 
-		if (r < dev->attr.size)
+		if (r < dev->attr.size && r != skip)
 			emu_wake_rank(dev, r, NULL);
+	}
+}
+
+/* Wake every rank of a group bitmap but `skip`; take = 1 clears the bitmap as it goes
+ * (the ranks are woken once: a waiter sets its bit again before it looks again). */
+static void wake_set(struct emu_device *dev, uint64_t *bits, int take, uint32_t skip)
+{
+	for (uint32_t w = 0; w < offload_rank_words(dev->attr.size); w++) {
+		uint64_t m = off_read_once(&bits[w]);
+
+		if (m && take)
+			m = __atomic_exchange_n(&bits[w], 0, __ATOMIC_SEQ_CST);
+		else if (m)
+			m = off_load_acquire(&bits[w]);
+		wake_word(dev, w, m, skip);
 	}
 }
 
 /* Senders that found no credit: wake them (their firmware may park on EAGAIN). Called
  * after a fence that follows the store which freed or filled a slot. */
-static void wake_blocked(struct emu_device *dev, struct emu_mcast_group *g)
+static void wake_blocked(struct emu_device *dev, uint32_t group)
 {
-	if (off_read_once(&g->blocked))
-		wake_mask(dev, __atomic_exchange_n(&g->blocked, 0, __ATOMIC_SEQ_CST));
+	wake_set(dev, emu_mc_bits(dev, group, EMU_MC_BLOCKED), 1, UINT32_MAX);
 }
 
 static void join(struct emu_device *dev, uint32_t group, struct emu_mcast_rx *rx)
 {
-	struct emu_mcast_group *g = &dev->mc_groups[group];
-	struct emu_mcast_member *m = &g->members[dev->attr.rank];
+	struct emu_mcast_group *g = emu_mc_group(dev, group);
+	struct emu_mcast_member *m = emu_mc_member(dev, group, dev->attr.rank);
 	uint64_t head, cur;
 
-	__atomic_fetch_or(&g->joined, 1ull << dev->attr.rank, __ATOMIC_SEQ_CST);
+	bit_set(emu_mc_bits(dev, group, EMU_MC_JOINED), dev->attr.rank);
 	/* Pairs with the fence in credit_limit(): a sender that does not count us yet claims
 	 * below the head it saw + slots, and we start at a head at least that far, so nothing
 	 * we read can be reused under us. As on a fabric, we get what was sent after we joined. */
@@ -160,22 +192,32 @@ static void join(struct emu_device *dev, uint32_t group, struct emu_mcast_rx *rx
  * plus the ring, and never more than head + ring (see join()). */
 static uint64_t credit_limit(struct emu_device *dev, uint32_t group, uint64_t head)
 {
-	struct emu_mcast_group *g = &dev->mc_groups[group];
-	uint64_t nslots = dev->mc_nslots, limit = head + nslots, mask;
+	const uint64_t *joined = emu_mc_bits(dev, group, EMU_MC_JOINED);
+	const uint64_t *ring_failed = emu_ring_failed(dev);
+	uint64_t nslots = dev->mc_nslots, limit = head + nslots;
+	uint32_t me = dev->attr.rank;
 
 	off_fence();  /* pairs with join() and with the fence after a poll's cursor store */
-	mask = off_load_acquire(&g->joined) & ~(1ull << dev->attr.rank) & ~failed_ranks(dev);
-	if (off_read_once(&dev->mc_rx[group].posted))
-		mask |= 1ull << dev->attr.rank;
-	for (; mask; mask &= mask - 1) {
-		uint32_t r = (uint32_t)__builtin_ctzll(mask);
-		uint64_t cur;
+	for (uint32_t w = 0; w < offload_rank_words(dev->attr.size); w++) {
+		uint64_t mask = off_load_acquire(&joined[w]) & ~failed_word(dev, ring_failed, w);
 
-		if (r >= dev->attr.size || off_load_acquire(&dev->ranks[r].state) != EMU_RANK_ALIVE)
-			continue;
-		cur = off_load_acquire(&g->members[r].cursor);  /* pairs with publish_cursor() */
-		if (cur + nslots < limit)
-			limit = cur + nslots;
+		if (w == me / 64) {
+			mask &= ~(1ull << (me % 64));
+			if (off_read_once(&dev->mc_rx[group].posted))
+				mask |= 1ull << (me % 64);
+		}
+		for (; mask; mask &= mask - 1) {
+			uint32_t r = w * 64 + (uint32_t)__builtin_ctzll(mask);
+			uint64_t cur;
+
+			if (r >= dev->attr.size ||
+			    off_load_acquire(&dev->ranks[r].state) != EMU_RANK_ALIVE)
+				continue;
+			/* pairs with publish_cursor() */
+			cur = off_load_acquire(&emu_mc_member(dev, group, r)->cursor);
+			if (cur + nslots < limit)
+				limit = cur + nslots;
+		}
 	}
 	return limit;
 }
@@ -187,7 +229,7 @@ static uint64_t credit_limit(struct emu_device *dev, uint32_t group, uint64_t he
  */
 static int claim_slot(struct emu_device *dev, uint32_t group, uint64_t *index)
 {
-	struct emu_mcast_group *g = &dev->mc_groups[group];
+	struct emu_mcast_group *g = emu_mc_group(dev, group);
 	struct emu_mcast_rx *rx = &dev->mc_rx[group];
 	uint64_t nslots = dev->mc_nslots, head = off_load_acquire(&g->head);
 
@@ -201,7 +243,7 @@ static int claim_slot(struct emu_device *dev, uint32_t group, uint64_t *index)
 			if (head >= limit) {
 				/* Announce ourselves, then look again: either we see the credit a
 				 * poll just freed, or that poll sees our bit and wakes us. */
-				__atomic_fetch_or(&g->blocked, 1ull << dev->attr.rank, __ATOMIC_SEQ_CST);
+				bit_set(emu_mc_bits(dev, group, EMU_MC_BLOCKED), dev->attr.rank);
 				limit = credit_limit(dev, group, head);
 				if (head >= limit)
 					return DPA_HAL_EAGAIN;
@@ -219,7 +261,7 @@ static int claim_slot(struct emu_device *dev, uint32_t group, uint64_t *index)
 				head = now;
 				continue;
 			}
-			__atomic_fetch_or(&g->blocked_slot, 1ull << dev->attr.rank, __ATOMIC_SEQ_CST);
+			bit_set(emu_mc_bits(dev, group, EMU_MC_BLOCKED_SLOT), dev->attr.rank);
 			return DPA_HAL_EAGAIN;
 		}
 		if (__atomic_compare_exchange_n(&g->head, &head, head + 1, 0, __ATOMIC_ACQ_REL,
@@ -263,7 +305,6 @@ int dpa_hal_mcast_send(struct dpa_hal *hal, uint32_t group, uint64_t laddr, uint
 {
 	struct emu_device *dev = hal->dev;
 	uint32_t me = dev->attr.rank, rail = 0;
-	struct emu_mcast_group *g;
 	struct emu_mcast_slot *s;
 	struct emu_map *held;
 	uint64_t index, cur;
@@ -274,7 +315,6 @@ int dpa_hal_mcast_send(struct dpa_hal *hal, uint32_t group, uint64_t laddr, uint
 		return -EINVAL;
 	if (emu_cq_full(hal))
 		return DPA_HAL_EAGAIN;
-	g = &dev->mc_groups[group];
 	/* Our own memory: never a peer mapping, nothing to release. */
 	if (len)
 		st = emu_mr_resolve(dev, me, lkey, laddr, len, OFFLOAD_ACCESS_LOCAL_READ, &ptr, &pid,
@@ -302,7 +342,8 @@ int dpa_hal_mcast_send(struct dpa_hal *hal, uint32_t group, uint64_t laddr, uint
 	 * before this one, it consumes this one now, so a sender that does not poll holds no
 	 * credits and is not counted as dropping its own chunks. */
 	cur = index;
-	__atomic_compare_exchange_n(&g->members[me].cursor, &cur, index + 1, 0, __ATOMIC_RELEASE,
+	__atomic_compare_exchange_n(&emu_mc_member(dev, group, me)->cursor, &cur, index + 1, 0,
+				    __ATOMIC_RELEASE,
 				    __ATOMIC_RELAXED);
 	/* Pairs with join(): a member that joined before this fence is woken; one that joins
 	 * after it starts at a head past this chunk. Receive events are moderated, as a CQ's
@@ -312,11 +353,10 @@ int dpa_hal_mcast_send(struct dpa_hal *hal, uint32_t group, uint64_t laddr, uint
 	 * ends every train. */
 	off_fence();
 	if (!(index % EMU_MCAST_EVENT_EVERY))
-		wake_mask(dev, off_load_acquire(&g->joined) & ~(1ull << me));
+		wake_set(dev, emu_mc_bits(dev, group, EMU_MC_JOINED), 0, me);
 	/* Only senders that waited for this very slot to be published; credit waiters are
 	 * the receivers' to wake (waking them per send would make them spin). */
-	if (off_read_once(&g->blocked_slot))
-		wake_mask(dev, __atomic_exchange_n(&g->blocked_slot, 0, __ATOMIC_SEQ_CST));
+	wake_set(dev, emu_mc_bits(dev, group, EMU_MC_BLOCKED_SLOT), 1, UINT32_MAX);
 	return emu_push_cqe(hal, wr_id, OFFLOAD_OK, len, rail);
 }
 
@@ -330,8 +370,7 @@ void dpa_hal_mcast_leave(struct dpa_hal *hal, uint32_t group)
 	rx = &dev->mc_rx[group];
 	emu_mcast_lock_rx(rx);
 	/* Senders stop counting our cursor; a later join starts at the head again. */
-	__atomic_fetch_and(&dev->mc_groups[group].joined, ~(1ull << dev->attr.rank),
-			   __ATOMIC_SEQ_CST);
+	bit_clear(emu_mc_bits(dev, group, EMU_MC_JOINED), dev->attr.rank);
 	rx->joined = 0;
 	rx->nregions = 0;
 	off_write_once(&rx->posted, 0);
@@ -352,7 +391,7 @@ int dpa_hal_mcast_post(struct dpa_hal *hal, uint32_t group, uint32_t seq8,
 	uint8_t *ptr;
 	int32_t pid;
 
-	if (group >= OFFLOAD_MAX_TEAMS || n > DPA_HAL_MCAST_MAX_REGIONS || (n && !regions))
+	if (group >= OFFLOAD_MAX_TEAMS || n > dev->attr.size || (n && !regions))
 		return -EINVAL;
 	/* Checked now, as posting a receive checks its lkey; placement checks again, as a
 	 * registration may be revoked while posted. */
@@ -461,8 +500,8 @@ static int consume(struct emu_device *dev, uint32_t group, struct emu_mcast_rx *
 static int poll_ring(struct emu_device *dev, uint32_t group, struct emu_mcast_rx *rx,
 		     struct dpa_hal_mcast_cqe *out, int max)
 {
-	struct emu_mcast_group *g = &dev->mc_groups[group];
-	struct emu_mcast_member *m = &g->members[dev->attr.rank];
+	struct emu_mcast_group *g = emu_mc_group(dev, group);
+	struct emu_mcast_member *m = emu_mc_member(dev, group, dev->attr.rank);
 	uint64_t nslots = dev->mc_nslots, depth = dev->attr.mcast_rq_depth;
 	uint64_t held_before = rx->hold, cur = off_read_once(&m->cursor), head, excess = 0, cursor;
 	struct emu_mcast_run run = { .count = 0 };
@@ -508,11 +547,11 @@ static int poll_ring(struct emu_device *dev, uint32_t group, struct emu_mcast_rx
 	/* Wake a blocked sender only when there is credit for it now: a member that is not
 	 * the slowest frees none, and waking for it makes senders spin (wake, EAGAIN, park).
 	 * Credit returns are moderated too: at most once per half ring of our own progress. */
-	if (off_read_once(&g->blocked) && head - cursor <= nslots / 2) {
+	if (any_set(dev, emu_mc_bits(dev, group, EMU_MC_BLOCKED)) && head - cursor <= nslots / 2) {
 		uint64_t now = off_load_acquire(&g->head);
 
 		if (credit_limit(dev, group, now) > now)
-			wake_blocked(dev, g);
+			wake_blocked(dev, group);
 	}
 	return n;
 }

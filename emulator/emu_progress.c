@@ -291,7 +291,7 @@ void emu_threads_stop(struct emu_device *dev)
 
 		off_fetch_add(&self_rank(dev)->event, 1);
 		emu_ring(dev, emu_bell_bits(me, EMU_WAKE_DPA) | emu_bell_bits(me, EMU_WAKE_HOST),
-			 1ull << me);
+			 &me, 1);
 	}
 	for (uint32_t i = 0; i < dev->nthreads_started; i++)
 		pthread_join(dev->threads[i], NULL);

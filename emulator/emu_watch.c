@@ -3,7 +3,7 @@
  * Peer death, as the emulated NIC sees it. On a card a dead peer shows up as QP errors
  * (retry exceeded) and async events; here one thread per rank process holds a pidfd for
  * every peer and sleeps in poll() until one of them exits. A peer that exits without
- * having closed its context is failed: its bit goes into the ring header's failed_ranks,
+ * having closed its context is failed: its bit goes into the ring header's failed set,
  * where the firmware aborts every op of a team it belongs to, and the progress threads
  * are woken to do so. Costs nothing while everyone lives.
  *
@@ -61,39 +61,61 @@ static void reap_dead_rank(struct emu_device *dev, uint32_t rank)
 /* A peer that closed: its firmware learns it, and learns the deaths the closer knew of
  * at the same moment (it may have closed because of one: the op that fails here must
  * name that death, not the clean close that followed it). */
+/* Put the ranks of `set` (but us) into the ring's failed set. */
+static void fail_all(struct emu_device *dev, const uint64_t *set)
+{
+	struct offload_ring_hdr *ring = dev->win.ring;
+	uint64_t *failed = emu_ring_failed(dev);
+	uint32_t me = dev->attr.rank;
+
+	for (uint32_t w = 0; w < offload_rank_words(dev->attr.size); w++)
+		for (uint64_t m = off_load_acquire(&set[w]); m; m &= m - 1) {
+			uint32_t r = w * 64 + (uint32_t)__builtin_ctzll(m);
+
+			if (r != me)
+				offload_rankset_add(failed, &ring->failed_gen, r);
+		}
+}
+
 static void peer_closed(struct emu_device *dev, uint32_t rank)
 {
 	struct offload_ring_hdr *ring = dev->win.ring;
-	/* Pairs with emu_job_close(): dead_seen is written before the CLOSED state. */
-	uint64_t dead = off_load_acquire(&dev->ranks[rank].dead_seen) & ~(1ull << dev->attr.rank);
 
 	if (!ring)
 		return;
-	if (dead)
-		__atomic_fetch_or(&ring->failed_ranks, dead, __ATOMIC_SEQ_CST);
-	__atomic_fetch_or(&ring->closed_ranks, 1ull << rank, __ATOMIC_SEQ_CST);
+	/* Pairs with emu_job_close(): the closer's deaths are in dead_known before its
+	 * CLOSED state. */
+	fail_all(dev, dev->dead_known);
+	offload_rankset_add(emu_ring_set(dev, 1), &ring->closed_gen, rank);
 }
 
 void emu_sync_peers(struct emu_device *dev)
 {
-	struct offload_ring_hdr *ring = dev->win.ring;
-	uint64_t me = 1ull << dev->attr.rank;
-	uint64_t unreachable = off_read_once(&dev->hdr->unreachable) & ~me;
-	uint64_t closed = off_load_acquire(&dev->hdr->closed_mask) & ~me;
-	uint64_t fresh;
+	uint32_t words = offload_rank_words(dev->attr.size), me = dev->attr.rank;
+	uint32_t gen = off_load_acquire(&dev->hdr->unreachable_gen);
 
-	/* Peers the fabric lost behave like dead ones for the firmware. */
-	if (unreachable & ~off_read_once(&dev->unreachable_seen)) {
-		__atomic_fetch_or(&ring->failed_ranks, unreachable, __ATOMIC_SEQ_CST);
-		__atomic_fetch_or(&dev->unreachable_seen, unreachable, __ATOMIC_SEQ_CST);
-	}
-	fresh = closed & ~off_read_once(&dev->closed_seen);
-	if (!fresh)
+	if (!dev->win.ring)
 		return;
-	for (uint32_t r = 0; r < dev->attr.size; r++)
-		if (fresh & (1ull << r))
-			peer_closed(dev, r);
-	__atomic_fetch_or(&dev->closed_seen, fresh, __ATOMIC_SEQ_CST);
+	/* Peers the fabric lost behave like dead ones for the firmware. */
+	if (gen != off_read_once(&dev->unreachable_gen_seen)) {
+		fail_all(dev, dev->unreachable);
+		off_write_once(&dev->unreachable_gen_seen, gen);
+	}
+	gen = off_load_acquire(&dev->hdr->closed_gen);
+	if (gen == off_read_once(&dev->closed_gen_seen))
+		return;
+	for (uint32_t w = 0; w < words; w++) {
+		uint64_t fresh = off_load_acquire(&dev->closed[w]) &
+				 ~off_read_once(&dev->closed_seen[w]);
+
+		if (w == me / 64)
+			fresh &= ~(1ull << (me % 64));
+		for (uint64_t m = fresh; m; m &= m - 1)
+			peer_closed(dev, w * 64 + (uint32_t)__builtin_ctzll(m));
+		if (fresh)
+			__atomic_fetch_or(&dev->closed_seen[w], fresh, __ATOMIC_SEQ_CST);
+	}
+	off_write_once(&dev->closed_gen_seen, gen);
 }
 
 int32_t emu_peer_lost(struct emu_device *dev, uint32_t rank)
@@ -107,9 +129,9 @@ int32_t emu_peer_lost(struct emu_device *dev, uint32_t rank)
 	}
 	/* Dead (a survivor reaped it), or its process is gone while its state still says
 	 * alive: it exited without closing. The firmware hears of it now, not when our watch
-	 * wakes, so that the error it reports and failed_ranks agree. */
+	 * wakes, so that the error it reports and the failed set agree. */
 	if (ring && rank != dev->attr.rank)
-		__atomic_fetch_or(&ring->failed_ranks, 1ull << rank, __ATOMIC_SEQ_CST);
+		offload_rankset_add(emu_ring_failed(dev), &ring->failed_gen, rank);
 	return OFFLOAD_ERR_PEER;
 }
 
@@ -120,7 +142,7 @@ static void peer_failed(struct emu_device *dev, uint32_t rank)
 	/* A rank that closed its context cleanly and then exited is not a failure. */
 	if (off_load_acquire(&dev->ranks[rank].state) == EMU_RANK_CLOSED)
 		return;
-	__atomic_fetch_or(&ring->failed_ranks, 1ull << rank, __ATOMIC_SEQ_CST);
+	offload_rankset_add(emu_ring_failed(dev), &ring->failed_gen, rank);
 	reap_dead_rank(dev, rank);
 	emu_kick_rank(dev, dev->attr.rank);
 }

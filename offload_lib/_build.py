@@ -44,13 +44,31 @@ def _value(expr: str, known: dict[str, int]) -> int | None:
     return int(eval(expr, {"__builtins__": {}}))  # noqa: S307 - digits and operators only
 
 
+def _inline_prototypes(text: str) -> str:
+    """The header's static inline helpers (offsets, sizes) as plain prototypes: cffi's API
+    mode compiles calls to them, so Python computes no offset by hand."""
+    out: list[str] = []
+    at = 0
+    for m in re.finditer(r"static\s+inline\s+([^{;]*?\))\s*\{", text):
+        if m.start() < at:
+            continue
+        depth, i = 1, m.end()
+        while depth:
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            i += 1
+        out.append(text[at:m.start()] + m.group(1) + ";")
+        at = i
+    return "".join(out) + text[at:]
+
+
 def abi_cdef(text: str) -> tuple[str, dict[str, int]]:
     """The cdef of an offload_abi.h text, and its integer #defines as Python evaluates
     them (only to size struct arrays: the module takes every value from the compiler)."""
     known: dict[str, int] = {}
     defines: list[str] = []
     body: list[str] = []
-    lines = _strip_comments(text).replace("\\\n", " ").splitlines()  # macros' continuations
+    text = _inline_prototypes(_strip_comments(text))
+    lines = text.replace("\\\n", " ").splitlines()  # macros' continuations
     skip_assert = False
     for line in lines:
         stripped = line.strip()

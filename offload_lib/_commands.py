@@ -73,28 +73,43 @@ def _word(struct: str, field: str) -> int:
     return ffi.offsetof(struct, field) // 8
 
 
-# struct offload_alltoallv_args, as uint64 words
+# struct offload_alltoallv_args, as uint64 words: the header, then send, recv (out) and
+# expect, n words each (offload_a2av_args_bytes(n) bytes in all)
 _ARGS = "struct offload_alltoallv_args"
 _ARGS_WORDS = ffi.sizeof(_ARGS) // 8
-_SEND_BYTES, _RECV_BYTES, _EXPECT_BYTES = (_word(_ARGS, f) for f in
-                                           ("send_bytes", "recv_bytes", "expect_bytes"))
+_NRANKS = _word(_ARGS, "nranks")  # the low half of its word (little endian), resv0 above
 _ROWS_ADDR, _ROW_BYTES, _SLOT_BYTES, _PLACE_ADDR = (_word(_ARGS, f) for f in
                                                     ("rows_addr", "row_bytes", "slot_bytes",
                                                      "place_addr"))
 
 
+def _send(n: int) -> slice:
+    return slice(_ARGS_WORDS, _ARGS_WORDS + n)
+
+
+def _recv(n: int) -> slice:
+    return slice(_ARGS_WORDS + n, _ARGS_WORDS + 2 * n)
+
+
+def _expect(n: int) -> slice:
+    return slice(_ARGS_WORDS + 2 * n, _ARGS_WORDS + 3 * n)
+
+
 def _alltoallv_op(team: Team, s: Buffer, d: Buffer, send_bytes: np.ndarray,
                   rows: np.ndarray | None = None, place: np.ndarray | None = None
                   ) -> tuple[Any, np.ndarray]:
-    """The command and its struct offload_alltoallv_args (send_bytes, recv_bytes (out),
-    expect_bytes, rows_addr, row_bytes, slot_bytes, place_addr) as one uint64 array that
-    lives until completion; the row lists (uint32) follow the struct in the same array, so
-    that the one registration host_post makes for the arguments covers them too."""
+    """The command and its struct offload_alltoallv_args (rows_addr, row_bytes, slot_bytes,
+    place_addr, nranks; then send, recv (out) and expect bytes per rank) as one uint64
+    array that lives until completion; the row lists (uint32) follow the arrays in the same
+    array, so that the one registration host_post makes for the arguments covers them too."""
+    n = team.size
     lists = [(_ROWS_ADDR, rows), (_PLACE_ADDR, place)]
     words = [0 if a is None else (a.size + 1) // 2 for _, a in lists]
-    args = np.zeros(_ARGS_WORDS + sum(words), np.uint64)
-    args[_SEND_BYTES:_SEND_BYTES + team.size] = send_bytes
-    at = _ARGS_WORDS
+    head = int(lib.offload_a2av_args_bytes(n)) // 8
+    args = np.zeros(head + sum(words), np.uint64)
+    args[_NRANKS] = n
+    args[_send(n)] = send_bytes
+    at = head
     for (field, arr), nwords in zip(lists, words):
         if arr is not None and arr.size:
             args[at:at + nwords].view(np.uint32)[:arr.size] = arr
@@ -120,7 +135,7 @@ def _row_op(team: Team, s: Buffer, d: Buffer, per_rank: np.ndarray, row_bytes: i
     n = team.size
 
     def received(_: Any) -> np.ndarray:
-        return (args[_RECV_BYTES:_RECV_BYTES + n] // row_bytes).astype(np.int64)
+        return (args[_recv(n)] // row_bytes).astype(np.int64)
 
     return op, args, received
 
@@ -239,12 +254,12 @@ def alltoallv(team: Team, src: Any, send_counts: Any, dst: Any, recv_counts: Any
         if sum(expect.tolist()) > d.count:
             raise InvalidArgument(
                 f"recv_counts add up to {sum(expect.tolist())} elements but dst holds {d.count}")
-        args[_EXPECT_BYTES:_EXPECT_BYTES + n] = expect * s.itemsize
+        args[_expect(n)] = expect * s.itemsize
         op.flags |= lib.OFFLOAD_CMD_F_EXPECT
     itemsize = s.itemsize
 
     def received(_: Any) -> np.ndarray:
-        return (args[_RECV_BYTES:_RECV_BYTES + n] // itemsize).astype(np.int64)
+        return (args[_recv(n)] // itemsize).astype(np.int64)
 
     return Command(op, "alltoallv", (s, d),
                    lambda g: _staging().alltoallv(g, team, s, d, sends, recv_counts, slot),

@@ -38,7 +38,7 @@ _SMALL_MAX_BYTES = 1024 * 1024
 _TAG = ffi.typeof("uint32_t *")
 
 MAX_TEAMS = lib.OFFLOAD_MAX_TEAMS
-MAX_RANKS = lib.OFFLOAD_MAX_RANKS
+MAX_RANKS = lib.OFFLOAD_RANKS_LIMIT  # ranks in a job (the ABI's validation cap)
 
 # struct offload_thread_stats: uint64 counters, in the order of its fields
 _STAT_FIELDS = tuple(name for name, _ in ffi.typeof("struct offload_thread_stats").fields)
@@ -287,16 +287,29 @@ class Context:
                     f"creating team {team_id}")
         return Team(self, team_id, ranks)
 
+    def _rank_list(self, closed: bool) -> list[int]:
+        """The ring's failed (or closed) set, ascending (host_failed_list)."""
+        h = self._handle()
+        fn = lib.host_closed_list if closed else lib.host_failed_list
+        out = ffi.new("uint32_t[]", self.size)
+        n = fn(h, out, self.size)
+        self._check(min(n, 0), "reading the failed and closed ranks")
+        return [int(out[i]) for i in range(min(n, self.size))]
+
     def _gone_mask(self) -> int:
         """World ranks known to have failed or closed, one bit each."""
-        h = self._handle()
-        return int(lib.host_failed_ranks(h)) | int(lib.host_closed_ranks(h))
+        return sum(1 << r for r in set(self._rank_list(False)) | set(self._rank_list(True)))
 
     def _agree(self, team: Team, failed: int, value: int, fp: int, what: str
                ) -> tuple[int, int, int]:
         """Fault-tolerant agreement among team's live members (OFFLOAD_OP_AGREE): every one
         gets the same (failed ranks: the union of what each knew, and who was gone; value:
         the largest proposed; a member whose fp differed, or -1)."""
+        if self.size > lib.OFFLOAD_AGREE_MAX_WORLD:
+            raise Unsupported(
+                f"{what} agrees over the job first, and agreement runs in jobs of at most "
+                f"{lib.OFFLOAD_AGREE_MAX_WORLD} ranks (this one has {self.size}): use "
+                "ctx.world, or a job of fewer ranks")
         args = ffi.new("struct offload_agree_args *")
         args.failed, args.value, args.fp = failed, value, fp
         op = ffi.new("struct host_op *")
@@ -516,14 +529,12 @@ class Context:
     def failed_ranks(self) -> list[int]:
         """World ranks known to have died. Teams that hold one fail every op with
         PeerFailure; ``create_team`` over the survivors gives a working team again."""
-        mask = int(lib.host_failed_ranks(self._handle()))
-        return [r for r in range(self.size) if mask >> r & 1]
+        return self._rank_list(False)
 
     def closed_ranks(self) -> list[int]:
         """World ranks that closed their context (left the job cleanly). Ops that needed
         one fail with PeerClosed; ``shrink()`` leaves them out."""
-        mask = int(lib.host_closed_ranks(self._handle()))
-        return [r for r in range(self.size) if mask >> r & 1]
+        return self._rank_list(True)
 
     def stats(self) -> dict[str, Any]:
         """Firmware counters: totals and per DPA thread."""

@@ -58,10 +58,36 @@ def test_every_abi_constant_reaches_python_with_the_compilers_value(tmp_path):
 def test_abi_structs_are_the_compilers_layout():
     # API mode checks every struct of the cdef against the compiler when the module
     # loads; these are the ones Python reads word by word.
-    assert ffi.sizeof("struct offload_alltoallv_args") == 24 * lib.OFFLOAD_MAX_RANKS + 32
+    assert ffi.sizeof("struct offload_alltoallv_args") == 64  # the header; arrays after it
+    assert lib.offload_a2av_args_bytes(65) == 64 + 24 * 65
     assert ffi.sizeof("struct offload_thread_stats") == 128
     assert ffi.offsetof("struct offload_cmd", "root") == 60
-    assert ffi.sizeof("struct offload_ctrl_team") > 0
+    assert ffi.sizeof("struct offload_team_desc") == 16
+    assert lib.offload_team_desc_bytes(4096) == 16 + 16 * 4096
+
+
+def test_ctrl_layout_helpers():
+    """The control region's layout (offload_abi.h's helpers, the only place that computes
+    it): a team block holds its n members' words without overlap, blocks are W-strided and
+    page aligned, the eager slots follow them; a small job's region does not grow with the
+    ranks limit (its team blocks are a page or two)."""
+    for w, n in [(1, 1), (4, 3), (65, 65), (4096, 64), (4096, 4096)]:
+        stride = lib.offload_ctrl_stride(w)
+        assert stride % 4096 == 0 and stride >= lib.offload_ctrl_team_bytes(n)
+        ends = [lib.offload_ctrl_ready_in(n, 7, n - 1) + 32, lib.offload_ctrl_done_in(n, 7, n - 1) + 8,
+                lib.offload_ctrl_count_in(n, 7, n - 1) + 16, lib.offload_ctrl_sig_in(n, 15, n - 1) + 32,
+                lib.offload_ctrl_agree_dec_in(n, n - 1) + 32,
+                lib.offload_ctrl_credit_in(n, 1, n - 1) + 8]
+        starts = [0, lib.offload_ctrl_done_in(n, 0, 0), lib.offload_ctrl_count_in(n, 0, 0),
+                  lib.offload_ctrl_sig_in(n, 0, 0), lib.offload_ctrl_agree_prop_in(n, 0),
+                  lib.offload_ctrl_credit_in(n, 0, 0)]
+        assert all(e <= s for e, s in zip(ends, starts[1:])), (w, n, ends, starts)
+        assert ends[-1] <= lib.offload_ctrl_team_bytes(n)
+        assert lib.offload_ctrl_team_off(w, 15) + stride == lib.offload_ctrl_eager_off(w, 0, 0, 0)
+        last = lib.offload_ctrl_eager_off(w, 15, lib.OFFLOAD_EAGER_MAX_TEAM - 1, 1)
+        assert last + ffi.sizeof("struct offload_eager_slot") == lib.offload_ctrl_bytes(w)
+    assert lib.offload_ctrl_stride(4) * 8 <= lib.offload_ctrl_stride(64)  # by W, not a maximum
+    assert lib.OFFLOAD_RANKS_LIMIT >= 4096
 
 
 @pytest.mark.timeout(120)
@@ -69,11 +95,13 @@ def test_a_changed_header_value_reaches_python(tmp_path):
     """Build a module from a header with other values: Python reads the new ones."""
     text = ABI_HEADER.read_text()
     changed = re.sub(r"OFFLOAD_OP_ALLTOALL = 3,", "OFFLOAD_OP_ALLTOALL = 42,", text)
-    changed = re.sub(r"#define OFFLOAD_MAX_RANKS   64u", "#define OFFLOAD_MAX_RANKS   32u", changed)
+    changed = re.sub(r"#define OFFLOAD_RANKS_LIMIT 65536u", "#define OFFLOAD_RANKS_LIMIT 32u", changed)
+    changed = re.sub(r"#define OFFLOAD_OP_WINDOW   8u", "#define OFFLOAD_OP_WINDOW   4u", changed)
     changed = re.sub(r"#define OFFLOAD_CMD_F_SLOTS  \(1u << 2\)", "#define OFFLOAD_CMD_F_SLOTS (1u << 6)",
                      changed)
     assert changed.count("42,") and changed.count("32u") and changed.count("1u << 6")
-    # The changed header keeps its static asserts consistent: they scale with MAX_RANKS.
+    assert changed.count("OFFLOAD_OP_WINDOW   4u")
+    # The changed header keeps its static asserts consistent: they scale with the window.
     (tmp_path / "offload_abi.h").write_text(changed)
     builder = make_ffi(changed, "abi_changed")
     builder.set_source("abi_changed", '#include "offload_abi.h"\n', include_dirs=[str(tmp_path)])
@@ -82,9 +110,11 @@ def test_a_changed_header_value_reaches_python(tmp_path):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.lib.OFFLOAD_OP_ALLTOALL == 42
-    assert module.lib.OFFLOAD_MAX_RANKS == 32
+    assert module.lib.OFFLOAD_RANKS_LIMIT == 32
     assert module.lib.OFFLOAD_CMD_F_SLOTS == 1 << 6
-    assert module.ffi.sizeof("struct offload_alltoallv_args") == 24 * 32 + 32
+    # The helpers are the header's own, compiled: the done words follow 4 slots of readies.
+    assert module.lib.offload_ctrl_done_in(3, 0, 0) == 4 * 3 * 32
+    assert lib.offload_ctrl_done_in(3, 0, 0) == 8 * 3 * 32
     assert module.lib.OFFLOAD_ERR_MISMATCH == lib.OFFLOAD_ERR_MISMATCH  # the rest as it was
 
 

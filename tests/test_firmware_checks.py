@@ -149,6 +149,47 @@ def control(h, regs, n=256):
     return src, dst, sk, dk
 
 
+def alltoallv_args(nranks: int, send: list[int], words: int | None = None) -> np.ndarray:
+    """struct offload_alltoallv_args: the header (nranks), then send, recv, expect."""
+    n = len(send)
+    args = np.zeros(words if words is not None else lib.offload_a2av_args_bytes(n) // 8,
+                    np.uint64)
+    args[ffi.offsetof("struct offload_alltoallv_args", "nranks") // 8] = nranks
+    head = ffi.sizeof("struct offload_alltoallv_args") // 8
+    args[head:head + n] = send
+    return args
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("nranks,words", [(0, None), (2, None), (65, None), (2**32 - 1, None),
+                                          (1, 8)],
+                         ids=["0", "2", "65", "max", "arrays-cut-off"])
+def test_alltoallv_args_of_another_team_size_are_invalid(fw, nranks, words):
+    """The arguments' header names the team size their arrays are for: another one (or arrays
+    that end before the team's) is an error completion, nothing written; the same op with
+    the team's size (the control) moves the bytes and reports them in recv."""
+    _, h, regs = fw
+    src = np.arange(256, dtype=np.uint8) ^ 0x5C
+    dst = np.full(256, SENTINEL, np.uint8)
+    sk, dk = regs.acquire(src, SRC_ACCESS), regs.acquire(dst, DST_ACCESS)
+
+    def op(args):
+        return make_op(opcode=lib.OFFLOAD_OP_ALLTOALLV, team=0, src_addr=addr(src),
+                       src_key=sk, count=256, dst_addr=addr(dst), dst_key=dk, dst_len=256,
+                       aux_addr=addr(args), aux_len=args.nbytes)
+
+    good = alltoallv_args(1, [256])
+    comp = run_op(h, op(good))
+    assert comp.status == OK and comp.result0 == 256, (comp.status, comp.result0)
+    assert np.array_equal(dst, src) and good[9] == 256, "control op: bytes or recv count"
+    dst[:] = SENTINEL
+    bad = alltoallv_args(nranks if words is None else 1, [256], words)
+    comp = try_wait(h, post(h, op(bad)), ERROR_WAIT_NS)
+    untouched(dst, f"nranks {nranks}")
+    assert comp is not None and comp.status == ERR_INVALID, comp and comp.status
+    assert run_op(h, op(good)).status == OK, "the team goes on"
+
+
 def untouched(a, what):
     bad = np.flatnonzero(a != SENTINEL)
     assert bad.size == 0, f"{what}: {bad.size} bytes written, first at {bad[0]}"
@@ -257,9 +298,12 @@ def test_malformed_agreement_is_invalid(fw, over):
 
 
 def _team_desc(team_id: int, size: int, my_rank: int, world_ranks: list[int]) -> np.ndarray:
-    desc = np.zeros(16 + 16 * 64, np.uint8)
+    """A descriptor of exactly offload_team_desc_bytes(size) bytes (peers past the list
+    zero), or of the list's length if that is longer."""
+    npeers = max(size, len(world_ranks))
+    desc = np.zeros(lib.offload_team_desc_bytes(npeers), np.uint8)
     desc[:16].view(np.uint32)[:] = [team_id, size, my_rank, 0]
-    peers = desc[16:].view(np.uint32).reshape(64, 4)  # ctrl_addr lo/hi, ctrl_key, world_rank
+    peers = desc[16:].view(np.uint32).reshape(npeers, 4)  # ctrl_addr lo/hi, ctrl_key, world_rank
     for i, r in enumerate(world_ranks):
         peers[i, 3] = r
     return desc
@@ -275,7 +319,9 @@ def test_team_create_through_host_post_is_checked(fw):
         "team 0 already exists": _team_desc(0, 1, 0, [0]),
         "team id out of range": _team_desc(16, 1, 0, [0]),
         "size 0": _team_desc(5, 0, 0, []),
-        "size over max": _team_desc(5, 65, 0, [0]),
+        "size over the job": _team_desc(5, 2, 0, [0]),
+        "size over 64 and the job": _team_desc(5, 65, 0, [0]),
+        "size over the ranks limit": _team_desc(5, lib.OFFLOAD_RANKS_LIMIT + 1, 0, [0]),
         "my_rank >= size": _team_desc(5, 1, 1, [0]),
         "member outside the world": _team_desc(5, 2, 0, [0, 1]),
         "my entry is not me": _team_desc(5, 1, 0, [3]),

@@ -5,8 +5,8 @@
   UndefinedBehaviorSanitizer, run for a bounded time with a fixed seed. Targets, sources and
   flags: build_defs.py (``python3 build_defs.py build fuzz_main out`` builds one by hand).
 - tests/c/multirank.c (N rank processes on the emulator through host/'s C API, every element
-  checked) with ASan + UBSan at 2 ranks and at 4 (two rails, the first failing mid-run), and
-  with ThreadSanitizer at 2 ranks (same rails).
+  checked) with ASan + UBSan at 2 ranks and at 4 (two rails, the first failing mid-run), at
+  65 (-scale: a job past 64 ranks), and with ThreadSanitizer at 2 ranks (same rails).
 
 A failure prints the sanitizer's report; the fuzz driver also prints the failing input in hex
 and saves it, so that ``fuzz_main <file>`` replays it (see tests/c/fuzz_main.c). A test is
@@ -158,6 +158,20 @@ def test_multirank_asan_ubsan(multirank_asan: Path, n: int, extra: list[str]) ->
     print(result.stdout)
     what = f"multirank -n {n} {' '.join(extra)} (ASan+UBSan)"
     assert result.returncode == 0, _report(what, result)
+
+
+@pytest.mark.timeout(120)
+def test_multirank_beyond_64_ranks(multirank_asan: Path) -> None:
+    """A job of 65 ranks (past every 64-bit rank mask the ABI had before version 13): the
+    barrier, all-to-all (eager-sized blocks take the ready path in a team this large), the
+    same on a team in reverse order, all-to-all-v in each mode and a multicast all-gather
+    and broadcast with loss, every element checked, under ASan + UBSan."""
+    n = 65
+    result = _run([str(multirank_asan), "-n", str(n), "-threads", "1", "-scale",
+                   "-timeout", "90"], timeout=110, env={"ASAN_OPTIONS": "detect_leaks=1"})
+    what = f"multirank -n {n} -scale (ASan+UBSan)"
+    assert result.returncode == 0, _report(what, result)
+    assert result.stdout.count("] ok") == n, _report(what, result)
 
 
 @pytest.fixture(scope="module")

@@ -2,7 +2,7 @@
 /*
  * Entry points of the firmware, called by whatever runs it: the emulator's threads, or
  * the FlexIO event handler on a DPA. The state lives in device memory the loader sized
- * with dpa_engine_state_size(); the firmware allocates nothing itself.
+ * with dpa_engine_state_size(params); the firmware allocates nothing itself.
  */
 #ifndef DPA_ENGINE_H
 #define DPA_ENGINE_H
@@ -32,10 +32,18 @@ struct dpa_engine_params {
 				 * at most OFFLOAD_EAGER_BYTES) */
 	uint32_t a2a_window;    /* pairwise all-to-all: blocks each thread has on the wire at
 				 * once (0: all it can; 1: the textbook one step at a time) */
+	/* ABI 13: members of all the teams this rank belongs to at once, summed (their
+	 * tables are carved from an arena of that size; a TEAM_CREATE that does not fit
+	 * completes OFFLOAD_ERR_NO_SPACE). 0: 16 x world size up to 256 ranks, else
+	 * max(4 x world size, 4096). */
+	uint32_t team_pool_ranks;
+	uint32_t resv;
 };
 /* cffi:end */
 
-uint64_t dpa_engine_state_size(void);
+/* Bytes of state for these params (only world_size, num_threads and team_pool_ranks size
+ * it: a loader may ask with the rest zero); 0: those out of range. */
+uint64_t dpa_engine_state_size(const struct dpa_engine_params *params);
 /* Returns 0, or -EINVAL when params are out of range. */
 int dpa_engine_init(void *state, const struct dpa_engine_params *params);
 /* One bounded, non-blocking pass for the calling thread; returns how much it advanced. */

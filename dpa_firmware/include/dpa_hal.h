@@ -109,7 +109,8 @@ void dpa_hal_set_rail(struct dpa_hal *hal, uint32_t peer, uint32_t rail);
  */
 #define DPA_HAL_MCAST_IMM(seq8, chunk) ((((uint32_t)(seq8) & 0xffu) << 24) | \
 					 ((uint32_t)(chunk) & 0xffffffu))
-#define DPA_HAL_MCAST_MAX_REGIONS 64
+/* A post passes at most one region per member of the group's team, so never more than the
+ * job's world size: bindings size their region tables by that. */
 
 struct dpa_hal_mcast_region {
 	uint64_t addr;

@@ -16,9 +16,10 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define OFFLOAD_ABI_VERSION 12u
+#define OFFLOAD_ABI_VERSION 13u
 
-#define OFFLOAD_MAX_RANKS   64u   /* ranks in one job (team members index peer tables) */
+/* ABI 13: ranks in one job, a validation cap only (nothing is sized by it: docs/scale.md) */
+#define OFFLOAD_RANKS_LIMIT 65536u
 #define OFFLOAD_MAX_TEAMS   16u   /* teams alive at once, world included */
 #define OFFLOAD_OP_WINDOW   8u    /* ops in flight per team; slot = seq % window */
 /* Signatures are kept twice as long (seq % 2 * window): a member can be a window ahead
@@ -154,14 +155,17 @@ struct offload_cqe {
 
 struct offload_ring_hdr {
 	uint32_t sq_tail;   /* host producer */
-	uint32_t resv0a;
-	/* World ranks known dead (bit per rank), set by the host side (the emulator's process
-	 * watch, a completion that named the rank; on hardware the QP error events). Ops on a
-	 * team with a dead member abort. */
-	uint64_t failed_ranks;
-	/* ABI 9: world ranks that closed their context cleanly (left the job; not failed). An
-	 * op waiting for one of them fails with OFFLOAD_ERR_PEER_CLOSED. */
-	uint64_t closed_ranks;
+	/* ABI 13: two rank sets of the job, bitmaps of rank_words words in the ring window
+	 * after the completion ring (offload_ring_set_ranks). Ranks only join a set: bit, then
+	 * gen (offload_rankset_add). failed: world ranks known dead (the emulator's process
+	 * watch, a completion naming the rank; on hardware QP errors): ops on their teams
+	 * abort. closed: ranks that closed their context cleanly (left the job; not failed):
+	 * an op waiting for one fails with OFFLOAD_ERR_PEER_CLOSED. */
+	uint32_t failed_gen;
+	uint32_t closed_gen;
+	uint32_t rank_words;  /* offload_rank_words(world size) */
+	uint32_t failed_off;
+	uint32_t closed_off;
 	uint32_t resv0[10];
 	uint32_t sq_head;   /* DPA consumer */
 	uint32_t resv1[15];
@@ -174,6 +178,35 @@ struct offload_ring_hdr {
 	uint32_t resv3[13];
 };
 
+/* Words of a bitmap with one bit per rank of a job of `world` ranks. */
+static inline uint32_t offload_rank_words(uint32_t world) { return (world + 63u) / 64u; }
+/* Bytes of the ring window: header, commands, completions, then the failed and closed
+ * rank sets (the host places them there: offload_ring_set_ranks). */
+static inline uint64_t offload_ring_bytes(uint32_t sq_entries, uint32_t cq_entries, uint32_t world)
+{ return 256ull + 64ull * sq_entries + 32ull * cq_entries + 16ull * offload_rank_words(world); }
+/* The host, once at setup, before the firmware starts. */
+static inline void offload_ring_set_ranks(struct offload_ring_hdr *h, uint32_t sq_entries,
+					  uint32_t cq_entries, uint32_t world)
+{
+	h->rank_words = offload_rank_words(world);
+	h->failed_off = (uint32_t)(256ull + 64ull * sq_entries + 32ull * cq_entries);
+	h->closed_off = h->failed_off + 8u * h->rank_words;
+}
+/* A rank set's bit, read without ordering (the caller read the gen with acquire). */
+static inline int offload_rankset_has(const uint64_t *words, uint32_t rank)
+{ return (int)((__atomic_load_n(&words[rank / 64u], __ATOMIC_RELAXED) >> (rank % 64u)) & 1u); }
+/* Put rank into the set words/gen: bit first, then the gen a reader acquires. Returns 1
+ * if the rank was not in it. */
+static inline int offload_rankset_add(uint64_t *words, uint32_t *gen, uint32_t rank)
+{
+	uint64_t bit = 1ull << (rank % 64u);
+
+	if (__atomic_fetch_or(&words[rank / 64u], bit, __ATOMIC_SEQ_CST) & bit)
+		return 0;
+	__atomic_fetch_add(gen, 1u, __ATOMIC_RELEASE);
+	return 1;
+}
+
 /* A team member as the firmware sees it: where its control region lives. */
 struct offload_peer {
 	uint64_t ctrl_addr;
@@ -181,13 +214,17 @@ struct offload_peer {
 	uint32_t world_rank;
 };
 
+/* ABI 13: as long as the team (offload_team_desc_bytes); the firmware maps the header,
+ * checks size against the job, then maps the peers. */
 struct offload_team_desc {
 	uint32_t team_id;
 	uint32_t size;
 	uint32_t my_rank;
 	uint32_t resv;
-	struct offload_peer peers[OFFLOAD_MAX_RANKS];
+	struct offload_peer peers[];
 };
+
+static inline uint64_t offload_team_desc_bytes(uint32_t size) { return 16ull + 16ull * size; }
 
 /*
  * The receiver's "ready" for one op: where the sender may write, published by the
@@ -235,7 +272,10 @@ struct offload_sig {
 #define OFFLOAD_SIG_EAGER (1u << 7)
 
 /* ABI 9: an agreement's arguments (host memory named by aux_addr, read at intake,
- * written before the completion). Every live member decides the same out values. */
+ * written before the completion). Every live member decides the same out values.
+ * failed is a bitmap of world ranks: agreement runs in jobs of at most
+ * OFFLOAD_AGREE_MAX_WORLD ranks (OFFLOAD_ERR_UNSUPPORTED in larger ones). */
+#define OFFLOAD_AGREE_MAX_WORLD 64u
 struct offload_agree_args {
 	uint64_t failed;      /* in: world ranks this rank knows gone; out: the agreed set */
 	uint64_t value;       /* in: a proposal; out: the largest among the merged ones */
@@ -263,15 +303,13 @@ struct offload_count {
 	uint64_t seq;
 };
 
-/* Host memory named by an all-to-all-v command's aux_addr; indexed by team rank. */
+/* Host memory named by an all-to-all-v command's aux_addr (ABI 13: a 64-byte header, then
+ * three arrays of nranks words, indexed by team rank: offload_a2av_send/_recv/_expect). */
 struct offload_alltoallv_args {
-	uint64_t send_bytes[OFFLOAD_MAX_RANKS];    /* in: packed in src in team-rank order */
-	uint64_t recv_bytes[OFFLOAD_MAX_RANKS];    /* out: written by the firmware */
-	uint64_t expect_bytes[OFFLOAD_MAX_RANKS];  /* in, with OFFLOAD_CMD_F_EXPECT */
 	/* With OFFLOAD_CMD_F_ROWS (MoE dispatch): src is a table of row_bytes rows and what
 	 * goes to rank j is rows rows_addr[k] for its k's, in order; the row list (uint32) is
-	 * concatenated in team-rank order and send_bytes[j] is a multiple of row_bytes. The
-	 * DPA gathers the rows itself: the host never copies them into a send buffer. */
+	 * concatenated in team-rank order and send[j] is a multiple of row_bytes. The DPA
+	 * gathers the rows itself: the host never copies them into a send buffer. */
 	uint64_t rows_addr;
 	uint64_t row_bytes;
 	/* With OFFLOAD_CMD_F_SLOTS (low latency): dst holds one slot of slot_bytes per source
@@ -285,7 +323,20 @@ struct offload_alltoallv_args {
 	 * checks its indices against it before writing, so the host never scatters the
 	 * arrivals. May be combined with F_ROWS (gather by index, land by index). */
 	uint64_t place_addr;
+	uint32_t nranks;      /* the team's size: the firmware refuses another */
+	uint32_t resv0;
+	uint64_t resv[3];
+	/* send[nranks] (in: packed in src in team-rank order), recv[nranks] (out: written by
+	 * the firmware), expect[nranks] (in, with OFFLOAD_CMD_F_EXPECT) */
+	uint64_t bytes[];
 };
+
+static inline uint64_t offload_a2av_args_bytes(uint32_t nranks) { return 64ull + 24ull * nranks; }
+static inline uint64_t *offload_a2av_send(struct offload_alltoallv_args *a) { return a->bytes; }
+static inline uint64_t *offload_a2av_recv(struct offload_alltoallv_args *a)
+{ return a->bytes + a->nranks; }
+static inline uint64_t *offload_a2av_expect(struct offload_alltoallv_args *a)
+{ return a->bytes + 2ull * a->nranks; }
 
 /*
  * ABI 10: eager all-to-all (blocks of at most OFFLOAD_EAGER_BYTES): a source writes its
@@ -310,27 +361,62 @@ struct offload_eager_slot {
 };
 
 /*
- * Per-team control words of one rank, written remotely by peers. done[slot][src] is a
- * signal counter: low 32 bits count completed signals from src on that slot, high 32
- * bits count those that carried an error. eager_credit[slot][dst]: the word of ours that
- * dst last consumed from that eager slot (see above).
+ * ABI 13: one rank's control region, written remotely by peers. OFFLOAD_MAX_TEAMS team
+ * blocks of offload_ctrl_stride(W) bytes (W: the job's world size), then the eager
+ * slots. Peers compute addresses in it from the team's size and id alone, so every
+ * member agrees on them without an exchange; a team of n members touches only the first
+ * offload_ctrl_team_bytes(n) bytes of its block (sparse memory: the rest costs nothing).
+ * Inside a team block, arrays of n entries per slot, indexed [slot * n + src]:
+ *   ready[OP_WINDOW * n]    the receiver's ready for that slot's op, from src
+ *   done[OP_WINDOW * n]     signal counter: low 32 bits count completed signals from src
+ *                           on that slot, high 32 bits those that carried an error
+ *   counts[OP_WINDOW * n]   what src will send (all-to-all-v)
+ *   sig[SIG_WINDOW * n]     src's op signature, seq % SIG_WINDOW
+ *   agree_prop[n], agree_dec[n]  agreement words by the writer's team rank (agree_ft.c)
+ *   eager_credit[EAGER_SLOTS * n] the word of ours that dst last consumed from that
+ *                           eager slot ([slot * n + dst])
+ * Every offset comes from the helpers below (firmware, every binding, Python).
  */
-struct offload_ctrl_team {
-	struct offload_ready ready[OFFLOAD_OP_WINDOW][OFFLOAD_MAX_RANKS];
-	uint64_t done[OFFLOAD_OP_WINDOW][OFFLOAD_MAX_RANKS];
-	struct offload_count counts[OFFLOAD_OP_WINDOW][OFFLOAD_MAX_RANKS];
-	struct offload_sig sig[OFFLOAD_SIG_WINDOW][OFFLOAD_MAX_RANKS];  /* ABI 9, seq % window */
-	/* ABI 9: agreement words, by the writer's team rank (agree_ft.c) */
-	struct offload_agree_word agree_prop[OFFLOAD_MAX_RANKS];
-	struct offload_agree_word agree_dec[OFFLOAD_MAX_RANKS];
-	uint64_t eager_credit[OFFLOAD_EAGER_SLOTS][OFFLOAD_MAX_RANKS];  /* ABI 10 */
-};
-
-/* The eager slots follow the control words, so that those stay on few pages. */
-struct offload_ctrl {
-	struct offload_ctrl_team teams[OFFLOAD_MAX_TEAMS];
-	struct offload_eager_slot eager[OFFLOAD_MAX_TEAMS][OFFLOAD_MAX_RANKS][OFFLOAD_EAGER_SLOTS];
-};
+#define OFFLOAD_CTRL_ENTRY_BYTES \
+	(OFFLOAD_OP_WINDOW * (32u + 8u + 16u) + OFFLOAD_SIG_WINDOW * 32u + 2u * 32u + \
+	 OFFLOAD_EAGER_SLOTS * 8u)  /* per member of a team block: 1040 */
+/* Eager all-to-all runs on teams of at most this many members (larger ones take the
+ * ready path): the slots are OFFLOAD_EAGER_MAX_TEAM sources wide, whatever W. */
+#define OFFLOAD_EAGER_MAX_TEAM 64u
+static inline uint64_t offload_ctrl_team_bytes(uint32_t n)
+{ return ((uint64_t)OFFLOAD_CTRL_ENTRY_BYTES * n + 63u) & ~63ull; }
+static inline uint64_t offload_ctrl_stride(uint32_t world)
+{ return (offload_ctrl_team_bytes(world) + 4095u) & ~4095ull; }
+static inline uint64_t offload_ctrl_team_off(uint32_t world, uint32_t team)
+{ return (uint64_t)team * offload_ctrl_stride(world); }
+static inline uint64_t offload_ctrl_ready_in(uint32_t n, uint32_t slot, uint32_t src)
+{ return ((uint64_t)slot * n + src) * 32u; }
+static inline uint64_t offload_ctrl_done_in(uint32_t n, uint32_t slot, uint32_t src)
+{ return (uint64_t)OFFLOAD_OP_WINDOW * n * 32u + ((uint64_t)slot * n + src) * 8u; }
+static inline uint64_t offload_ctrl_count_in(uint32_t n, uint32_t slot, uint32_t src)
+{ return (uint64_t)OFFLOAD_OP_WINDOW * n * 40u + ((uint64_t)slot * n + src) * 16u; }
+static inline uint64_t offload_ctrl_sig_in(uint32_t n, uint32_t seq, uint32_t src)
+{
+	return (uint64_t)OFFLOAD_OP_WINDOW * n * 56u +
+	       ((uint64_t)(seq % OFFLOAD_SIG_WINDOW) * n + src) * 32u;
+}
+static inline uint64_t offload_ctrl_agree_prop_in(uint32_t n, uint32_t src)
+{ return (uint64_t)n * (OFFLOAD_OP_WINDOW * 56u + OFFLOAD_SIG_WINDOW * 32u) + src * 32ull; }
+static inline uint64_t offload_ctrl_agree_dec_in(uint32_t n, uint32_t src)
+{ return offload_ctrl_agree_prop_in(n, n) + src * 32ull; }
+static inline uint64_t offload_ctrl_credit_in(uint32_t n, uint32_t slot, uint32_t dst)
+{ return offload_ctrl_agree_prop_in(n, 2u * n) + ((uint64_t)slot * n + dst) * 8u; }
+/* Source src's (team rank < OFFLOAD_EAGER_MAX_TEAM) eager slot of team t. */
+static inline uint64_t offload_ctrl_eager_off(uint32_t world, uint32_t team, uint32_t src,
+					      uint32_t slot)
+{
+	return OFFLOAD_MAX_TEAMS * offload_ctrl_stride(world) +
+	       (((uint64_t)team * OFFLOAD_EAGER_MAX_TEAM + src) * OFFLOAD_EAGER_SLOTS + slot) *
+	       sizeof(struct offload_eager_slot);
+}
+/* Bytes of one rank's control region; the *_in offsets are inside a team block of n. */
+static inline uint64_t offload_ctrl_bytes(uint32_t world)
+{ return offload_ctrl_eager_off(world, OFFLOAD_MAX_TEAMS, 0, 0); }
 
 #define OFFLOAD_SIGNAL_OK    1ull
 #define OFFLOAD_SIGNAL_ERROR ((1ull << 32) | 1ull)
@@ -374,12 +460,12 @@ _Static_assert(offsetof(struct offload_cmd, root) == 60, "root offset");
 _Static_assert(sizeof(struct offload_cqe) == 32, "completion record is 32 bytes");
 _Static_assert(sizeof(struct offload_ring_hdr) == 256, "ring header is four cache lines");
 _Static_assert(offsetof(struct offload_ring_hdr, sq_head) == 64, "sq_head on its own line");
-_Static_assert(offsetof(struct offload_ring_hdr, failed_ranks) == 8, "host-written line");
-_Static_assert(offsetof(struct offload_ring_hdr, closed_ranks) == 16, "host-written line");
+_Static_assert(offsetof(struct offload_ring_hdr, failed_gen) == 4, "host-written line");
+_Static_assert(offsetof(struct offload_ring_hdr, closed_off) == 20, "host-written line");
 _Static_assert(offsetof(struct offload_ring_hdr, cq_tail) == 128, "cq_tail on its own line");
 _Static_assert(offsetof(struct offload_ring_hdr, cq_head) == 192, "cq_head on its own line");
 _Static_assert(sizeof(struct offload_peer) == 16, "peer entry");
-_Static_assert(sizeof(struct offload_team_desc) == 16 + 16 * OFFLOAD_MAX_RANKS, "team desc");
+_Static_assert(sizeof(struct offload_team_desc) == 16, "team desc header");
 _Static_assert(sizeof(struct offload_ready) == 32, "ready descriptor");
 _Static_assert(sizeof(struct offload_count) == 16, "count descriptor");
 _Static_assert(sizeof(struct offload_sig) == 32, "op signature");
@@ -387,16 +473,16 @@ _Static_assert(offsetof(struct offload_sig, seq) == 24, "signature seq last");
 _Static_assert(sizeof(struct offload_agree_args) == 32, "agreement arguments");
 _Static_assert(sizeof(struct offload_agree_word) == 32, "agreement word");
 _Static_assert(offsetof(struct offload_agree_word, epoch) == 24, "agreement epoch last");
-_Static_assert(sizeof(struct offload_ctrl_team) ==
-	       OFFLOAD_OP_WINDOW * OFFLOAD_MAX_RANKS * (32 + 8 + 16 + 2 * 32) +
-	       2 * 32 * OFFLOAD_MAX_RANKS + OFFLOAD_EAGER_SLOTS * 8 * OFFLOAD_MAX_RANKS,
-	       "team control words");
-_Static_assert(sizeof(struct offload_alltoallv_args) == 24 * OFFLOAD_MAX_RANKS + 32,
-	       "alltoallv args");
+_Static_assert(OFFLOAD_CTRL_ENTRY_BYTES == sizeof(struct offload_ready) * OFFLOAD_OP_WINDOW +
+	       8 * OFFLOAD_OP_WINDOW + sizeof(struct offload_count) * OFFLOAD_OP_WINDOW +
+	       sizeof(struct offload_sig) * OFFLOAD_SIG_WINDOW +
+	       2 * sizeof(struct offload_agree_word) + 8 * OFFLOAD_EAGER_SLOTS,
+	       "team control words per member");
+_Static_assert(sizeof(struct offload_alltoallv_args) == 64, "alltoallv args header");
+_Static_assert(offsetof(struct offload_alltoallv_args, nranks) == 32, "alltoallv nranks");
 _Static_assert(sizeof(struct offload_thread_stats) == 128, "stats are two cache lines");
 _Static_assert(sizeof(struct offload_mcast_op_stats) == 48, "per-op multicast counters");
 _Static_assert(sizeof(struct offload_eager_slot) == 64 + OFFLOAD_EAGER_BYTES, "eager slot");
-_Static_assert(offsetof(struct offload_ctrl, eager) % 64 == 0, "eager slots on cache lines");
 _Static_assert(offsetof(struct offload_eager_slot, sig.seq) == 24, "eager seq word last");
 
 /*
@@ -414,9 +500,13 @@ _Static_assert(offsetof(struct offload_eager_slot, sig.seq) == 24, "eager seq wo
 #define OFFLOAD_FLEXIO_MAX_INLINE     64u      /* bytes dpa_hal_rdma_write_inline() carries */
 #define OFFLOAD_FLEXIO_MAX_RAILS      8u       /* ports of the device used as rails */
 #define OFFLOAD_FLEXIO_PEER_HOST      0xffffffffu
-/* QP user_index: rail * OFFLOAD_MAX_RANKS + world rank; the host loopback uses UIDX_HOST,
+/* The FlexIO binding connects one RC QP per (thread, rail, peer) and keeps them in a fixed
+ * table: it runs jobs of at most this many ranks (the other bindings run up
+ * to OFFLOAD_RANKS_LIMIT). */
+#define OFFLOAD_FLEXIO_MAX_RANKS      64u
+/* QP user_index: rail * OFFLOAD_FLEXIO_MAX_RANKS + world rank; the host loopback uses UIDX_HOST,
  * the twin that answers a rank's QP to itself on rail r uses UIDX_HOST + 1 + r. */
-#define OFFLOAD_FLEXIO_UIDX_HOST      (OFFLOAD_FLEXIO_MAX_RAILS * OFFLOAD_MAX_RANKS)
+#define OFFLOAD_FLEXIO_UIDX_HOST      (OFFLOAD_FLEXIO_MAX_RAILS * OFFLOAD_FLEXIO_MAX_RANKS)
 
 /* Windows, in the order of enum dpa_hal_window. */
 #define OFFLOAD_FLEXIO_WIN_RING  0u
@@ -429,6 +519,13 @@ _Static_assert(offsetof(struct offload_eager_slot, sig.seq) == 24, "eager seq wo
 #define OFFLOAD_FLEXIO_QUERY_ABI        0u
 #define OFFLOAD_FLEXIO_QUERY_STATE_SIZE 1u
 #define OFFLOAD_FLEXIO_QUERY_HAL_BYTES  2u
+/* QUERY_STATE_SIZE's world size, threads, team pool ride in `what` (bits 8-24, 25-31, 32-63) */
+#define OFFLOAD_FLEXIO_QUERY_STATE(world, threads, pool) \
+	(OFFLOAD_FLEXIO_QUERY_STATE_SIZE | ((uint64_t)(world) & 0x1ffffu) << 8 | \
+	 ((uint64_t)(threads) & 0x7fu) << 25 | (uint64_t)(uint32_t)(pool) << 32)
+#define OFFLOAD_FLEXIO_QUERY_WORLD(what)   ((uint32_t)((what) >> 8) & 0x1ffffu)
+#define OFFLOAD_FLEXIO_QUERY_THREADS(what) ((uint32_t)((what) >> 25) & 0x7fu)
+#define OFFLOAD_FLEXIO_QUERY_POOL(what)    ((uint32_t)((what) >> 32))
 
 struct offload_flexio_cq {
 	uint64_t ring_daddr;    /* 1 << log_depth CQEs of 64 bytes, owner bits preset to 1 */

@@ -5,8 +5,8 @@
  * on it (the agreed failed set gives every survivor the same team), and so does team
  * creation (the agreed id, and whether every member passed the same list).
  *
- * Rotating coordinator over a perfect failure detector (a member is gone once it is in
- * failed_ranks or closed_ranks: the emulator's pidfds and clean closes; QP errors on a
+ * Rotating coordinator over a perfect failure detector (a member is gone once it is in the
+ * failed or closed set: the emulator's pidfds and clean closes; QP errors on a
  * card). Every member posts its proposal to every other. Then for c = 0 .. n-1:
  *  - c == me: unless a decision was taken already, wait for every member's proposal (or
  *    its being gone) and merge them: failed = the union, and the gone we see; value = the
@@ -29,17 +29,41 @@
 #include "engine_internal.h"
 #include "signature.h"
 
-/* Members gone, as this thread saw them at the start of its pass (see dpa_peer_gone: a
+/* Member p gone, as this thread saw it at the start of its pass (see dpa_peer_gone: a
  * closing member's words land before its close shows, so looks made since are final). */
-static uint64_t gone_mask(const struct dpa_engine *eng, struct dpa_hal *hal)
-{
-	return off_read_once(&eng->failed_ranks) | dpa_closed_ranks(eng, hal);
-}
-
 static int gone(const struct dpa_engine *eng, struct dpa_hal *hal, const struct dpa_team *team,
 		uint32_t p)
 {
-	return !!(gone_mask(eng, hal) & (1ull << team->peers[p].world_rank));
+	uint32_t r = team->peers[p].world_rank;
+
+	return dpa_rank_failed(eng, r) || dpa_rank_closed(eng, hal, r);
+}
+
+/* The team's gone members but us, by world rank (a job of at most
+ * OFFLOAD_AGREE_MAX_WORLD ranks: agreement runs in no larger one). */
+static uint64_t gone_mask(const struct dpa_engine *eng, struct dpa_hal *hal,
+			  const struct dpa_team *team)
+{
+	uint64_t m = 0;
+
+	for (uint32_t p = 0; p < team->size; p++)
+		if (p != team->my_rank && gone(eng, hal, team, p))
+			m |= 1ull << (team->peers[p].world_rank % 64u);
+	return m;
+}
+
+/* Where our word of kind `dec` (0: proposal, 1: decision) goes in a member's block. */
+static uint64_t word_in(const struct dpa_team *team, uint32_t dec, uint32_t writer)
+{
+	return dec ? offload_ctrl_agree_dec_in(team->size, writer) :
+		     offload_ctrl_agree_prop_in(team->size, writer);
+}
+
+static const struct offload_agree_word *my_word(struct dpa_engine *eng, struct dpa_hal *hal,
+						 uint32_t t, uint32_t dec, uint32_t writer)
+{
+	return dpa_my_word(eng, hal, t, word_in(&eng->teams[t], dec, writer),
+			   sizeof(struct offload_agree_word));
 }
 
 static uint64_t wr_id(uint32_t team_id, uint64_t epoch, uint32_t p)
@@ -50,11 +74,10 @@ static uint64_t wr_id(uint32_t team_id, uint64_t epoch, uint32_t p)
 /* Our word (proposal or decision) into member p's region; DPA_HAL_EAGAIN: later. */
 static int post_word(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t team_id,
 		     const struct dpa_agree *ag, uint32_t p, const struct offload_agree_word *w,
-		     size_t field)
+		     uint32_t dec)
 {
 	const struct dpa_team *team = &eng->teams[team_id];
-	uint64_t off = dpa_ctrl_team_off(team_id) + field +
-		       (uint64_t)team->my_rank * sizeof(struct offload_agree_word);
+	uint64_t off = dpa_ctrl_team_off(eng, team_id) + word_in(team, dec, team->my_rank);
 	struct dpa_ctrl_msg m = {
 		.wr_id = wr_id(team_id, ag->epoch, p),
 		.raddr = dpa_peer_ctrl_addr(team, p, off),
@@ -73,16 +96,15 @@ static int post_word(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t team_
 /* Post `w` to every member not yet in *done and not gone; 1 once all went out. */
 static int post_all(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t team_id,
 		    struct dpa_agree *ag, uint64_t *done, const struct offload_agree_word *w,
-		    size_t field)
+		    uint32_t dec)
 {
 	const struct dpa_team *team = &eng->teams[team_id];
-	uint64_t gone_now = gone_mask(eng, hal);
 
 	for (uint32_t p = 0; p < team->size; p++) {
 		if (p == team->my_rank || (*done & (1ull << p)))
 			continue;
-		if (!(gone_now & (1ull << team->peers[p].world_rank)) &&
-		    post_word(eng, hal, team_id, ag, p, w, field) == DPA_HAL_EAGAIN)
+		if (!gone(eng, hal, team, p) &&
+		    post_word(eng, hal, team_id, ag, p, w, dec) == DPA_HAL_EAGAIN)
 			return 0;
 		*done |= 1ull << p;
 	}
@@ -100,6 +122,9 @@ int dpa_agree_intake(struct dpa_engine *eng, struct dpa_hal *hal, const struct o
 	if (cmd->team >= OFFLOAD_MAX_TEAMS || !team->active || !args || cmd->count ||
 	    cmd->src_addr || cmd->dst_addr || cmd->flags)
 		return dpa_complete_cmd(eng, hal, cmd, OFFLOAD_ERR_INVALID, 0, 0, 0);
+	/* Its sets are 64-bit rank masks (offload_agree_args). */
+	if (eng->params.world_size > OFFLOAD_AGREE_MAX_WORLD)
+		return dpa_complete_cmd(eng, hal, cmd, OFFLOAD_ERR_UNSUPPORTED, 0, 0, 0);
 	if (__atomic_load_n(&ag->active, __ATOMIC_ACQUIRE))
 		return 0;  /* one agreement at a time per team: the next waits in the ring */
 	ag->cmd = *cmd;
@@ -108,7 +133,7 @@ int dpa_agree_intake(struct dpa_engine *eng, struct dpa_hal *hal, const struct o
 	ag->decided = 0;
 	ag->sent = ag->told = ag->oos_since = 0;
 	ag->mine = (struct offload_agree_word){
-		.failed = args->failed & team->world_mask, .value = args->value, .fp = args->fp,
+		.failed = args->failed & team->world_mask64, .value = args->value, .fp = args->fp,
 		.extra = team->next_seq, .epoch = ag->epoch,
 	};
 	ag->deadline_ns = eng->params.op_timeout_ms ?
@@ -130,8 +155,7 @@ int dpa_out_of_step(struct dpa_engine *eng, struct dpa_hal *hal, const struct dp
 	 * give it DPA_OOS_SETTLE_NS to show. (A member that closed changes nothing: the ops
 	 * that needed it fail and poison the team.) */
 	(void)hal;
-	if ((off_read_once(&eng->failed_ranks) & team->world_mask) ||
-	    off_load_acquire(&team->poisoned)) {
+	if (dpa_team_lowest_dead(eng, team) != UINT32_MAX || off_load_acquire(&team->poisoned)) {
 		*since = 0;
 		return 0;
 	}
@@ -150,17 +174,17 @@ int dpa_out_of_step(struct dpa_engine *eng, struct dpa_hal *hal, const struct dp
 /* Member q took our next collective instead of joining this agreement (its signature for
  * that seq is in, by the gate or in an eager slot's header): the members are not in step.
  * 1 and *their_op if so. */
-static int runs_collective(struct dpa_hal *hal, uint32_t team_id, const struct dpa_team *team,
-			   uint32_t q, uint32_t *their_op)
+static int runs_collective(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t team_id,
+			   const struct dpa_team *team, uint32_t q, uint32_t *their_op)
 {
-	const struct offload_sig *gated = dpa_sig_gated(hal, team_id, team->next_seq, q);
+	const struct offload_sig *gated = dpa_sig_gated(eng, hal, team_id, team->next_seq, q);
 	struct offload_sig eager;
 
 	if (gated) {
 		*their_op = gated->op;
 		return 1;
 	}
-	if (dpa_sig_eager(hal, team_id, team->next_seq, q, &eager)) {
+	if (dpa_sig_eager(eng, hal, team_id, team->next_seq, q, &eager)) {
 		*their_op = eager.op;
 		return 1;
 	}
@@ -169,19 +193,20 @@ static int runs_collective(struct dpa_hal *hal, uint32_t team_id, const struct d
 
 /* Our round: every member's proposal (or its being gone), merged into our decision. */
 static int decide(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa_agree *ag,
-		  const struct dpa_team *team, const struct offload_ctrl_team *ctrl)
+		  uint32_t t)
 {
+	const struct dpa_team *team = &eng->teams[t];
 	struct offload_agree_word d = ag->mine;
 
 	d.extra = 0;  /* a decision's: differs */
 	for (uint32_t q = 0; q < team->size; q++) {
-		const struct offload_agree_word *w = &ctrl->agree_prop[q];
+		const struct offload_agree_word *w = my_word(eng, hal, t, 0, q);
 
 		if (q == team->my_rank)
 			continue;
 		/* Pairs with the writer's epoch, written after the body on the same queue. */
 		if (off_load_acquire(&w->epoch) == ag->epoch) {
-			d.failed |= w->failed & team->world_mask;
+			d.failed |= w->failed & team->world_mask64;
 			d.value = w->value > d.value ? w->value : d.value;
 			if (w->fp != ag->mine.fp && !d.extra)
 				d.extra = team->peers[q].world_rank + 1;
@@ -189,7 +214,7 @@ static int decide(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa_agree 
 			return 0;
 		}
 	}
-	d.failed |= gone_mask(eng, hal) & team->world_mask & ~(1ull << team->peers[team->my_rank].world_rank);
+	d.failed |= gone_mask(eng, hal, team);
 	ag->est = d;
 	ag->decided = 1;
 	return 1;
@@ -207,20 +232,18 @@ static int step(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t t)
 {
 	struct dpa_agree *ag = &eng->agree[t];
 	const struct dpa_team *team = &eng->teams[t];
-	const struct offload_ctrl_team *ctrl = dpa_my_ctrl(hal, t);
 	struct offload_agree_args *args;
 	int work = 0;
 
-	if (!post_all(eng, hal, t, ag, &ag->sent, &ag->mine,
-		      offsetof(struct offload_ctrl_team, agree_prop)))
+	if (!post_all(eng, hal, t, ag, &ag->sent, &ag->mine, 0))
 		return 0;
 	/* A member that runs a collective instead: fail naming it (OFFLOAD_ERR_MISMATCH, as
 	 * for ops) once that is not the echo of a failure (dpa_out_of_step). */
 	for (uint32_t q = 0; q < team->size; q++) {
 		uint32_t their_op;
 
-		if (q == team->my_rank || off_load_acquire(&ctrl->agree_prop[q].epoch) == ag->epoch ||
-		    !runs_collective(hal, t, team, q, &their_op))
+		if (q == team->my_rank || off_load_acquire(&my_word(eng, hal, t, 0, q)->epoch) == ag->epoch ||
+		    !runs_collective(eng, hal, t, team, q, &their_op))
 			continue;
 		/* Not before it is settled: q must not count as gone in the rounds meanwhile
 		 * (it may close once it failed its op for the same reason). */
@@ -240,13 +263,12 @@ static int step(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t t)
 		uint32_t c = ag->round;
 
 		if (c == team->my_rank) {
-			if (!ag->decided && !decide(eng, hal, ag, team, ctrl))
+			if (!ag->decided && !decide(eng, hal, ag, t))
 				return work;
-			if (!post_all(eng, hal, t, ag, &ag->told, &ag->est,
-				      offsetof(struct offload_ctrl_team, agree_dec)))
+			if (!post_all(eng, hal, t, ag, &ag->told, &ag->est, 1))
 				return work;
-		} else if (off_load_acquire(&ctrl->agree_dec[c].epoch) == ag->epoch) {
-			ag->est = ctrl->agree_dec[c];  /* adopt: it replaces whatever we held */
+		} else if (off_load_acquire(&my_word(eng, hal, t, 1, c)->epoch) == ag->epoch) {
+			ag->est = *my_word(eng, hal, t, 1, c);  /* adopt: it replaces whatever we held */
 			ag->decided = 1;
 		} else if (!gone(eng, hal, team, c)) {
 			if (dpa_hal_time_ns(hal) > ag->deadline_ns)

@@ -42,7 +42,7 @@ static int have_token(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 
 	if (me < k)
 		return 1;
-	c = &dpa_my_ctrl(hal, op->team_id)->counts[op->slot][me - k];
+	c = dpa_my_count(eng, hal, op->team_id, op->slot, me - k);
 	return off_load_acquire(&c->seq) == op->seq ||
 	       dpa_peer_gone(eng, op, hal, team->peers[me - k].world_rank);
 }

@@ -51,7 +51,10 @@ static int eager_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal
 	uint64_t total;
 
 	(void)hal;
-	if (cmd->flags || __builtin_mul_overflow(cmd->count, team->size, &total) ||
+	/* The slots are OFFLOAD_EAGER_MAX_TEAM sources wide: a larger team never selects
+	 * this (a2a_select), and is refused should it get here. */
+	if (team->size > OFFLOAD_EAGER_MAX_TEAM || cmd->flags ||
+	    __builtin_mul_overflow(cmd->count, team->size, &total) ||
 	    (total && (!cmd->src_addr || !cmd->dst_addr || cmd->dst_len < total)))
 		dpa_op_refuse(eng, op, OFFLOAD_ERR_INVALID);
 	else
@@ -117,10 +120,10 @@ static int credit_ok(struct dpa_engine *eng, const struct dpa_op *op, struct dpa
 		     uint32_t peer)
 {
 	const struct dpa_team *team = &eng->teams[op->team_id];
-	const struct offload_ctrl_team *ctrl = dpa_my_ctrl(hal, op->team_id);
 	uint32_t k = eager_slot(op), prev = op->alg.eager_prev;
 	/* Pairs with the peer's credit write (a plain RDMA write of the consumed word). */
-	uint32_t back = OFFLOAD_EAGER_SEQ(off_load_acquire(&ctrl->eager_credit[k][peer]));
+	uint32_t back = OFFLOAD_EAGER_SEQ(off_load_acquire(dpa_my_credit(eng, hal, op->team_id, k,
+									 peer)));
 
 	return !prev || (int32_t)(back - prev) >= 0 || team->eager_skip[k][peer] == prev;
 }
@@ -173,7 +176,7 @@ static int post_header(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal
 	const struct offload_peer *peer = &team->peers[p];
 	struct dpa_ctrl_msg m = {
 		.wr_id = dpa_wr_id(op, p, DPA_WR_EAGER),
-		.raddr = peer->ctrl_addr + dpa_ctrl_eager_off(op->team_id, team->my_rank,
+		.raddr = peer->ctrl_addr + dpa_ctrl_eager_off(eng, op->team_id, team->my_rank,
 							      eager_slot(op)),
 		.value = op->seq | (error ? OFFLOAD_EAGER_ERROR : 0),
 		.peer = peer->world_rank, .rkey = peer->ctrl_key,
@@ -216,7 +219,7 @@ static int send_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, stru
 		if (cmd->count)
 			return eager_write(eng, op, i, hal, p, cmd->src_addr + (uint64_t)p * cmd->count,
 					   cmd->src_key,
-					   peer->ctrl_addr + dpa_ctrl_eager_off(op->team_id, team->my_rank,
+					   peer->ctrl_addr + dpa_ctrl_eager_off(eng, op->team_id, team->my_rank,
 										eager_slot(op)) +
 					   offsetof(struct offload_eager_slot, data),
 					   peer->ctrl_key, cmd->count, EAGER_W_BLOCK);
@@ -238,18 +241,17 @@ static int send_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, stru
 static int eager_abort(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal)
 {
 	const struct dpa_team *team = &eng->teams[op->team_id];
-	const struct offload_ctrl_team *ctrl = dpa_my_ctrl(hal, op->team_id);
 	uint32_t p = (team->my_rank + i) % team->size;
 	struct dpa_item *it = &op->items[i];
 
 	if (i == 0 || dpa_peer_gone(eng, op, hal, team->peers[p].world_rank))
 		return 0;
-	if (!(it->flags & DPA_ITEM_SIG_OUT) && dpa_sig_gated(hal, op->team_id, op->seq, p) &&
+	if (!(it->flags & DPA_ITEM_SIG_OUT) && dpa_sig_gated(eng, hal, op->team_id, op->seq, p) &&
 	    dpa_sig_post_once(eng, op, hal, i) == DPA_HAL_EAGAIN)
 		return DPA_HAL_EAGAIN;
 	if (it->flags & DPA_ITEM_SIGNALED) {
-		if (OFFLOAD_EAGER_SEQ(off_load_acquire(&ctrl->eager_credit[eager_slot(op)][p])) ==
-		    op->seq)
+		if (OFFLOAD_EAGER_SEQ(off_load_acquire(dpa_my_credit(eng, hal, op->team_id,
+								     eager_slot(op), p))) == op->seq)
 			return 0;  /* it took the block already */
 	} else if (!credit_ok(eng, op, hal, p)) {
 		return 0;
@@ -297,7 +299,7 @@ static int judge_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, str
 		judged(op, hal, agrees);
 		return 1;
 	}
-	gated = dpa_sig_gated(hal, op->team_id, op->seq, p);
+	gated = dpa_sig_gated(eng, hal, op->team_id, op->seq, p);
 	if (gated) {
 		dpa_sig_judge(op, gated, world);  /* it differs: ours says eager */
 		it->flags |= DPA_ITEM_JUDGED | DPA_ITEM_FALLBACK;
@@ -321,7 +323,7 @@ static int recv_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, stru
 	const struct offload_peer *me = &team->peers[team->my_rank], *peer = &team->peers[p];
 	struct dpa_item *it = &op->items[i];
 	const struct offload_cmd *cmd = &op->cmd;
-	uint64_t off = dpa_ctrl_eager_off(op->team_id, p, eager_slot(op));
+	uint64_t off = dpa_ctrl_eager_off(eng, op->team_id, p, eager_slot(op));
 	const struct offload_eager_slot *slot = dpa_hal_window_ptr(hal, DPA_HAL_WIN_CTRL, off,
 								  sizeof(*slot));
 	int work = 0, allowed;
@@ -351,7 +353,7 @@ static int recv_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, stru
 	return work + eager_write(eng, op, i, hal, p,
 				  me->ctrl_addr + off + offsetof(struct offload_eager_slot, sig.seq),
 				  me->ctrl_key,
-				  peer->ctrl_addr + dpa_ctrl_credit_off(op->team_id, eager_slot(op),
+				  peer->ctrl_addr + dpa_ctrl_credit_off(eng, op->team_id, eager_slot(op),
 									team->my_rank),
 				  peer->ctrl_key, sizeof(uint64_t), EAGER_W_CREDIT);
 }

@@ -41,6 +41,28 @@ static int a2a_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *
 	return (int)n;
 }
 
+/*
+ * A thread looks for one source's done signal per pass, its first item's whose signal is
+ * not in (the cursor), not every item's: sources send in pairwise order, so the signals
+ * come in about the order of the items, and a pass that finds the cursor's moves on to
+ * the next item's in the same pass (items are visited in order). A signal that came early
+ * waits in its word until the cursor reaches it, which delays nothing: the op completes
+ * on its last signal either way. At n ranks and T threads that is one control word read
+ * per pass instead of n / T.
+ */
+static int recv_due(struct dpa_op *op, uint32_t i, uint32_t nthreads)
+{
+	uint32_t me = i % nthreads, k;
+
+	if (me >= OFFLOAD_MAX_THREADS)
+		return 1;
+	k = op->alg.a2a_recv_from[me] > me ? op->alg.a2a_recv_from[me] : me;
+	while (k < op->nitems && (op->items[k].flags & (DPA_ITEM_RECVD | DPA_ITEM_FINISHED)))
+		k += nthreads;
+	op->alg.a2a_recv_from[me] = k;
+	return i <= k;
+}
+
 static int a2a_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal)
 {
 	const struct dpa_team *team = &eng->teams[op->team_id];
@@ -56,6 +78,7 @@ static int a2a_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, s
 
 	send.hold = lag && i >= lag &&
 		    !(op->items[i - lag].flags & (DPA_ITEM_SIGNALED | DPA_ITEM_FINISHED | DPA_ITEM_ABORTED));
+	send.recv_later = !recv_due(op, i, dpa_hal_num_threads(hal));
 	work = dpa_item_begin(eng, op, i, hal, publish);
 
 	return work < 0 ? 0 : work + dpa_exchange_step(eng, op, i, hal, &send);
@@ -85,12 +108,13 @@ static uint32_t a2a_horizon(const struct dpa_engine *eng, struct dpa_op *op, uin
 	return r < op->nitems && r >= i ? r + 1 : i;
 }
 
-/* Blocks within the rank's eager_max go eagerly (alltoall_eager.c): every rank has the
- * same count, and is told to use the same eager_max (the op signature checks it). */
+/* Blocks within the rank's eager_max go eagerly (alltoall_eager.c) in teams of at most
+ * OFFLOAD_EAGER_MAX_TEAM members (the eager slots' width): every rank has the same count
+ * and team, and is told to use the same eager_max (the op signature checks it). */
 static const struct dpa_algo *a2a_select(const struct dpa_engine_params *p,
-					 const struct offload_cmd *cmd)
+					 const struct offload_cmd *cmd, uint32_t team_size)
 {
-	if (p->eager_max && cmd->count <= p->eager_max)
+	if (p->eager_max && cmd->count <= p->eager_max && team_size <= OFFLOAD_EAGER_MAX_TEAM)
 		return &dpa_algo_alltoall_eager;
 	return &dpa_algo_alltoall_pairwise;
 }

@@ -19,12 +19,26 @@
 #include "p2p.h"
 #include "signature.h"
 
-static const struct offload_alltoallv_args *args_of(struct dpa_hal *hal, const struct dpa_op *op)
+struct offload_alltoallv_args *dpa_a2av_args(struct dpa_engine *eng, struct dpa_hal *hal,
+					     const struct dpa_op *op)
 {
+	uint32_t n = eng->teams[op->team_id].size;
+	struct offload_alltoallv_args *a;
+
 	if (op->cmd.aux_addr & 7)  /* misaligned: the DPA's loads would fault */
 		return NULL;
-	return dpa_hal_aux_ptr(hal, op->cmd.aux_key, op->cmd.aux_addr,
-			       sizeof(struct offload_alltoallv_args));
+	/* The header says how long the arrays are: they must be the team's (indexing goes by
+	 * the team's size only, never by this host-written word). */
+	a = dpa_hal_aux_ptr(hal, op->cmd.aux_key, op->cmd.aux_addr, sizeof(*a));
+	if (!a || off_read_once(&a->nranks) != n)
+		return NULL;
+	return dpa_hal_aux_ptr(hal, op->cmd.aux_key, op->cmd.aux_addr, offload_a2av_args_bytes(n));
+}
+
+static const struct offload_alltoallv_args *args_of(struct dpa_engine *eng, struct dpa_hal *hal,
+						    const struct dpa_op *op)
+{
+	return dpa_a2av_args(eng, hal, op);
 }
 
 /* A row list of nrows uint32 entries in the registered argument block, or NULL. */
@@ -69,7 +83,7 @@ static int check_rows(struct dpa_hal *hal, const struct dpa_op *op,
 			return 0;
 	}
 	for (uint32_t p = 0; p < n; p++)  /* the team's entries: the rest are not read */
-		if (args->send_bytes[p] % row_bytes)
+		if (args->bytes[p] % row_bytes)  /* send[p] */
 			return 0;
 	/* The lists stay in host memory: kept by address, each item reads its part where it
 	 * sends (an aux pointer lives for one pass, on one thread: dpa_hal.h). */
@@ -90,7 +104,7 @@ static int plan_sends(struct dpa_hal *hal, const struct dpa_op *op,
 		return 0;
 	/* Re-check what crosses the boundary: the sends must fit in src. */
 	for (uint32_t p = 0; p < n; p++) {
-		v->send_len[p] = args->send_bytes[p];
+		v->send_len[p] = args->bytes[p];  /* send[p] */
 		v->send_off[p] = off;
 		if (__builtin_add_overflow(off, v->send_len[p], &off))
 			return 0;
@@ -110,7 +124,7 @@ static int a2av_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 
 	v->rows_addr = v->place_addr = 0;
 	v->row_bytes = 0;
-	if (!plan_sends(hal, op, args_of(hal, op), v, n)) {
+	if (!plan_sends(hal, op, args_of(eng, hal, op), v, n)) {
 		/* Refused: announce zero bytes to everyone, so the peers still lay out. */
 		for (uint32_t p = 0; p < n; p++)
 			v->send_len[p] = v->send_off[p] = 0;
@@ -134,8 +148,9 @@ static int a2av_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 static int try_layout(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
 {
 	const struct dpa_team *team = &eng->teams[op->team_id];
-	struct offload_ctrl_team *ctrl = dpa_my_ctrl(hal, op->team_id);
-	struct offload_alltoallv_args *args = (struct offload_alltoallv_args *)args_of(hal, op);
+	struct offload_alltoallv_args *args = dpa_a2av_args(eng, hal, op);
+	uint64_t *recv = args ? args->bytes + team->size : NULL;
+	const uint64_t *expect = args ? args->bytes + 2ull * team->size : NULL;
 	struct dpa_vlayout *v = op->alg.v;
 	uint64_t total = 0;
 	int32_t st = OFFLOAD_OK;
@@ -160,23 +175,24 @@ static int try_layout(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 		/* Pairs with the sender's seq write, which follows the byte count. Every member
 		 * runs this very op (the gate judged its signature), so the count comes, or its
 		 * sender is gone: then it counts as nothing (the op fails naming it). */
-		if (off_load_acquire(&ctrl->counts[op->slot][s].seq) == op->seq ||
+		if (off_load_acquire(&dpa_my_count(eng, hal, op->team_id, op->slot, s)->seq) == op->seq ||
 		    (s != team->my_rank && dpa_peer_gone(eng, op, hal, team->peers[s].world_rank)))
 			continue;
 		off_unlock(&op->alg.layout_lock);
 		return 0;
 	}
 	for (uint32_t s = 0; s < team->size; s++) {
-		int counted = off_load_acquire(&ctrl->counts[op->slot][s].seq) == op->seq;
+		const struct offload_count *c = dpa_my_count(eng, hal, op->team_id, op->slot, s);
+		int counted = off_load_acquire(&c->seq) == op->seq;
 
-		v->recv_len[s] = counted ? ctrl->counts[op->slot][s].bytes : 0;
+		v->recv_len[s] = counted ? c->bytes : 0;
 		v->recv_off[s] = total;
 		if (__builtin_add_overflow(total, v->recv_len[s], &total))
 			st = OFFLOAD_ERR_INVALID;
 		if (!args)  /* a refused command may have no args to report into */
 			continue;
-		args->recv_bytes[s] = v->recv_len[s];
-		if ((op->cmd.flags & OFFLOAD_CMD_F_EXPECT) && args->expect_bytes[s] != v->recv_len[s] &&
+		recv[s] = v->recv_len[s];
+		if ((op->cmd.flags & OFFLOAD_CMD_F_EXPECT) && expect[s] != v->recv_len[s] &&
 		    mismatch == team->size)
 			mismatch = s;
 	}
@@ -190,7 +206,7 @@ static int try_layout(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 	if (!st && mismatch < team->size && !op->refuse) {
 		/* Name the source and both counts: the user's split sizes disagree with it. */
 		op->result0 = v->recv_len[mismatch];
-		op->result1 = args->expect_bytes[mismatch];
+		op->result1 = expect[mismatch];
 		dpa_op_fail(op, OFFLOAD_ERR_COUNT_MISMATCH, team->peers[mismatch].world_rank);
 		op->refuse = 1;
 	} else if (st && !op->refuse) {
@@ -262,9 +278,10 @@ static int a2av_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 
 /* Fixed slots, no count round (alltoallv_slots.c), when every rank asks for them. */
 static const struct dpa_algo *a2av_select(const struct dpa_engine_params *p,
-					  const struct offload_cmd *cmd)
+					  const struct offload_cmd *cmd, uint32_t team_size)
 {
 	(void)p;
+	(void)team_size;
 	if (cmd->flags & OFFLOAD_CMD_F_SLOTS)
 		return &dpa_algo_alltoallv_slots;
 	return &dpa_algo_alltoallv;

@@ -9,18 +9,11 @@
 #include "engine_internal.h"
 #include "p2p.h"
 
-static struct offload_alltoallv_args *args_of(struct dpa_hal *hal, const struct dpa_op *op)
-{
-	if (op->cmd.aux_addr & 7)  /* misaligned: the DPA's loads would fault */
-		return NULL;
-	return dpa_hal_aux_ptr(hal, op->cmd.aux_key, op->cmd.aux_addr,
-			       sizeof(struct offload_alltoallv_args));
-}
-
 /* The sends and the slots, checked against src and dst; 0 if the command is malformed. */
-static int plan(struct dpa_hal *hal, const struct dpa_op *op, uint32_t n, struct dpa_vlayout *v)
+static int plan(struct dpa_engine *eng, struct dpa_hal *hal, const struct dpa_op *op, uint32_t n,
+		struct dpa_vlayout *v)
 {
-	const struct offload_alltoallv_args *args = args_of(hal, op);
+	const struct offload_alltoallv_args *args = dpa_a2av_args(eng, hal, op);
 	uint64_t off = 0, slots;
 
 	if (!args || op->cmd.flags != OFFLOAD_CMD_F_SLOTS ||
@@ -28,7 +21,7 @@ static int plan(struct dpa_hal *hal, const struct dpa_op *op, uint32_t n, struct
 	    (slots && !op->cmd.dst_addr))
 		return 0;
 	for (uint32_t p = 0; p < n; p++) {
-		v->send_len[p] = args->send_bytes[p];
+		v->send_len[p] = args->bytes[p];  /* send[p] */
 		v->send_off[p] = off;
 		v->recv_off[p] = (uint64_t)p * args->slot_bytes;
 		v->recv_len[p] = args->slot_bytes;
@@ -58,7 +51,7 @@ static int slots_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal
 
 	v->rows_addr = v->place_addr = 0;
 	op->alg.v = v;
-	if (!plan(hal, op, n, v)) {
+	if (!plan(eng, hal, op, n, v)) {
 		for (uint32_t p = 0; p < n; p++)
 			v->send_len[p] = v->send_off[p] = 0;
 		dpa_op_refuse(eng, op, OFFLOAD_ERR_INVALID);
@@ -75,17 +68,15 @@ static int slots_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal
 static void take_count(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 		       uint32_t src)
 {
-	struct offload_ctrl_team *ctrl = dpa_my_ctrl(hal, op->team_id);
-	struct offload_alltoallv_args *args = args_of(hal, op);
-	const struct offload_count *c = &ctrl->counts[op->slot][src];
+	struct offload_alltoallv_args *args = dpa_a2av_args(eng, hal, op);
+	const struct offload_count *c = dpa_my_count(eng, hal, op->team_id, op->slot, src);
 	/* Pairs with the sender's seq write, which precedes its signal on the same QP. */
 	uint64_t bytes = off_load_acquire(&c->seq) == op->seq ? c->bytes : 0;
 
-	(void)eng;
 	if (bytes > op->alg.v->recv_len[src])  /* a peer's word, re-checked like any other */
 		bytes = 0;
 	if (args && !op->refuse)
-		args->recv_bytes[src] = bytes;
+		args->bytes[eng->teams[op->team_id].size + src] = bytes;  /* recv[src] */
 	off_fetch_add(&op->result0, bytes);
 }
 

@@ -148,7 +148,7 @@ static int receiver_root(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 		it->flags |= DPA_ITEM_READY_IN;
 	}
 	/* Pairs with the root's seq write, which follows the chunk count. */
-	if (off_load_acquire(&dpa_my_ctrl(hal, op->team_id)->counts[op->slot][root].seq) != op->seq &&
+	if (off_load_acquire(&dpa_my_count(eng, hal, op->team_id, op->slot, root)->seq) != op->seq &&
 	    !off_load_acquire(&op->fail) && !dpa_peer_gone(eng, op, hal, team_root_world(eng, op)))
 		return work;
 	if (dpa_signal_done(eng, op, hal, root, off_load_acquire(&op->fail) != 0) == DPA_HAL_EAGAIN)

@@ -42,35 +42,6 @@ static const struct dpa_algo *const dpa_algos[OFFLOAD_OP_MAX] = {
 	[OFFLOAD_OP_ALLREDUCE] = &dpa_algo_allreduce,
 };
 
-uint64_t dpa_engine_state_size(void)
-{
-	return sizeof(struct dpa_engine);
-}
-
-static int is_pow2(uint32_t v)
-{
-	return v && !(v & (v - 1));
-}
-
-int dpa_engine_init(void *state, const struct dpa_engine_params *p)
-{
-	struct dpa_engine *eng = state;
-	uint8_t *bytes = state;
-
-	if (p->abi_version != OFFLOAD_ABI_VERSION || p->world_size == 0 ||
-	    p->world_size > OFFLOAD_MAX_RANKS || p->world_rank >= p->world_size ||
-	    p->num_threads == 0 || p->num_threads > OFFLOAD_MAX_THREADS ||
-	    !is_pow2(p->sq_entries) || !is_pow2(p->cq_entries) || p->chunk_size == 0 ||
-	    p->chunks_per_pass == 0 || p->eager_max > OFFLOAD_EAGER_BYTES)
-		return DPA_HAL_EINVAL;
-	for (uint64_t i = 0; i < sizeof(*eng); i++)
-		bytes[i] = 0;
-	eng->params = *p;
-	for (uint32_t i = 0; i < OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW; i++)
-		eng->ops[i].index = i;
-	return 0;
-}
-
 static int complete_now(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd,
 			int32_t status, uint32_t detail)
 {
@@ -84,36 +55,18 @@ static int commands_waiting(struct dpa_hal *hal)
 	return off_load_acquire(&ring->sq_tail) != off_read_once(&ring->sq_head);
 }
 
-static uint64_t failed_ranks(struct dpa_hal *hal)
-{
-	struct offload_ring_hdr *ring = dpa_hal_window_ptr(hal, DPA_HAL_WIN_RING, 0, sizeof(*ring));
-
-	return off_load_acquire(&ring->failed_ranks);  /* host-written, any time */
-}
-
-static uint32_t lowest_rank(uint64_t mask)
-{
-	uint32_t r = 0;
-
-	while (!(mask & 1)) {
-		mask >>= 1;
-		r++;
-	}
-	return r;
-}
-
 static int try_complete_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
 {
 	struct offload_thread_stats *stats = dpa_stats(hal);
-	uint64_t dead = off_read_once(&eng->failed_ranks) & eng->teams[op->team_id].world_mask;
 	uint64_t fail = off_load_acquire(&op->fail);
+	uint32_t dead = fail ? dpa_team_lowest_dead(eng, &eng->teams[op->team_id]) : UINT32_MAX;
 
 	/* An op that failed in a team that lost a member fails because of it, whatever the
 	 * first symptom was (a refused write into its revoked memory, a peer's error signal):
 	 * every survivor names the same rank. One that finished cleanly had everything it
 	 * needed from the dead rank before it died, and succeeds. */
-	if (fail && dead)
-		fail = ((uint64_t)lowest_rank(dead) << 32) | (uint32_t)OFFLOAD_ERR_PEER;
+	if (fail && dead != UINT32_MAX)
+		fail = ((uint64_t)dead << 32) | (uint32_t)OFFLOAD_ERR_PEER;
 	/* Every control word of the op acknowledged first. An aborted op does not wait (its
 	 * peers are gone or failing) unless its algorithm had something to tell them: a
 	 * withdrawn multicast source must have landed before the host rewrites it. */
@@ -199,13 +152,14 @@ static const struct dpa_algo *pick_algo(const struct dpa_engine *eng, const stru
 {
 	const struct dpa_algo *algo = dpa_algos[cmd->opcode];
 
-	return algo->select ? algo->select(&eng->params, cmd) : algo;
+	return algo->select ? algo->select(&eng->params, cmd, eng->teams[cmd->team].size) : algo;
 }
 
 /* Returns 1 if the command was consumed, 0 if it must wait for a free op slot. */
 static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd)
 {
-	uint64_t dead, poisoned;
+	uint64_t poisoned;
+	uint32_t dead;
 	struct dpa_team *team;
 	struct dpa_op *op;
 	uint32_t slot;
@@ -228,9 +182,9 @@ static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct 
 	if (st)
 		return complete_now(eng, hal, cmd, st, 0);
 	team = &eng->teams[cmd->team];
-	dead = failed_ranks(hal) & team->world_mask;
-	if (dead)
-		dpa_team_poison(team, OFFLOAD_ERR_PEER, lowest_rank(dead));
+	dead = dpa_team_lowest_dead(eng, team);
+	if (dead != UINT32_MAX)
+		dpa_team_poison(team, OFFLOAD_ERR_PEER, dead);
 	poisoned = off_load_acquire(&team->poisoned);
 	if (poisoned)
 		return complete_now(eng, hal, cmd, (int32_t)(uint32_t)poisoned,
@@ -255,6 +209,7 @@ static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct 
 	op->deadline_ns = eng->params.op_timeout_ms ?
 		dpa_hal_time_ns(hal) + (uint64_t)eng->params.op_timeout_ms * 1000000u : UINT64_MAX;
 	op->algo = pick_algo(eng, cmd);
+	op->items = team->items + (uint64_t)slot * team->size;
 	for (uint32_t i = 0; i < team->size; i++)
 		op->items[i] = (struct dpa_item){ 0 };
 	dpa_sig_init(eng, op);  /* start() may mark its protocol in it (eager) */
@@ -434,15 +389,15 @@ static int resend(struct dpa_engine *eng, struct dpa_hal *hal)
 }
 
 static void check_abort(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
-			uint64_t dead, uint64_t *now)
+			uint64_t *now)
 {
-	const struct dpa_team *team = &eng->teams[op->team_id];
+	struct dpa_team *team = &eng->teams[op->team_id];
+	uint32_t dead = dpa_team_lowest_dead(eng, team);
 
 	/* A member that closed is no reason to abort: it closes once its ops completed, and
 	 * every wait on it ends at once (dpa_peer_gone); a peer still busy in a long op
 	 * beside it must not be cut short. */
-	dead &= team->world_mask;
-	if (dead) {
+	if (dead != UINT32_MAX) {
 		/* Waits on the dead rank end at once (dpa_peer_gone); an op still stuck after a
 		 * grace period waits on it indirectly (counts, a barrier round): abort it. */
 		uint64_t none = 0;
@@ -451,7 +406,7 @@ static void check_abort(struct dpa_engine *eng, struct dpa_op *op, struct dpa_ha
 			*now = dpa_hal_time_ns(hal);
 		if (!off_cas(&op->dead_since, &none, *now) &&
 		    *now - off_load_acquire(&op->dead_since) > DPA_DEAD_GRACE_NS)
-			dpa_op_abort(eng, hal, op, OFFLOAD_ERR_PEER, lowest_rank(dead));
+			dpa_op_abort(eng, hal, op, OFFLOAD_ERR_PEER, dead);
 		return;
 	}
 	if (__atomic_load_n(&op->cancel, __ATOMIC_SEQ_CST)) {
@@ -469,7 +424,7 @@ static void check_abort(struct dpa_engine *eng, struct dpa_op *op, struct dpa_ha
 /* One pass over op's items of this thread (me of nthreads), and its completion once the
  * last one finished. */
 static int progress_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
-		       uint32_t me, uint32_t nthreads, uint64_t dead, uint64_t *now)
+		       uint32_t me, uint32_t nthreads, uint64_t *now)
 {
 	int work = 0;
 
@@ -479,7 +434,7 @@ static int progress_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal
 		int horizon;
 
 		if (!__atomic_load_n(&op->aborted, __ATOMIC_SEQ_CST))
-			check_abort(eng, op, hal, dead, now);
+			check_abort(eng, op, hal, now);
 		/* Only this thread touches its stripe: skip the items it already finished,
 		 * and those past the algorithm's horizon (an aborted op visits them all). */
 		if (me < OFFLOAD_MAX_THREADS) {
@@ -547,23 +502,21 @@ static int progress_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal
 static int progress_ops(struct dpa_engine *eng, struct dpa_hal *hal)
 {
 	uint32_t me = dpa_hal_thread_index(hal), nthreads = dpa_hal_num_threads(hal);
-	struct offload_ring_hdr *ring = dpa_hal_window_ptr(hal, DPA_HAL_WIN_RING, 0, sizeof(*ring));
-	/* Closed first: the host writes a closer's known deaths into failed_ranks before its
-	 * closed bit, so an op failing for the close sees those deaths too (and names them). */
-	uint64_t closed = off_load_acquire(&ring->closed_ranks), dead = failed_ranks(hal), now = 0;
+	uint64_t now = 0;
 	int work = 0;
 
-	if (dead != off_read_once(&eng->failed_ranks))
-		off_write_once(&eng->failed_ranks, dead);
-	if (me < OFFLOAD_MAX_THREADS)
-		eng->closed_snap[me] = closed;
+	/* Closed first: the host writes a closer's known deaths into the failed set before
+	 * its closed bit, so an op failing for the close sees those deaths too (and names
+	 * them). */
+	dpa_closed_refresh(eng, hal, me);
+	dpa_failed_refresh(eng, hal);
 
 	for (uint32_t w = 0; w < DPA_OP_MASK_WORDS; w++) {
 		for (uint64_t m = off_load_acquire(&eng->active_ops[w]); m; m &= m - 1) {
 			struct dpa_op *op = &eng->ops[w * 64 + (uint32_t)__builtin_ctzll(m)];
 
 			if (off_read_once(&op->state) == DPA_OP_ACTIVE)
-				work += progress_op(eng, op, hal, me, nthreads, dead, &now);
+				work += progress_op(eng, op, hal, me, nthreads, &now);
 		}
 	}
 	return work;
@@ -573,7 +526,10 @@ int dpa_progress(void *state, struct dpa_hal *hal)
 {
 	struct dpa_engine *eng = state;
 	struct offload_thread_stats *stats = dpa_stats(hal);
-	int work = poll_completions(eng, hal);
+	int work;
+
+	dpa_failed_refresh(eng, hal);  /* intake poisons teams that lost a member */
+	work = poll_completions(eng, hal);
 
 	work += resend(eng, hal);
 	stats->progress_calls++;

@@ -59,22 +59,32 @@ struct dpa_team {
 	uint32_t size;
 	uint32_t my_rank;
 	uint32_t next_seq;     /* sequence of the next op; starts at 1 */
-	uint64_t world_mask;   /* members, by world rank */
+	/* Members by world rank, in a job of at most OFFLOAD_AGREE_MAX_WORLD ranks (only
+	 * agreement reads it; 0 in larger jobs). */
+	uint64_t world_mask64;
 	uint32_t fp;           /* offload_sig.team_fp of this team as we built it */
 	uint32_t resv;
+	/* (eng->failed_gen << 32) | (lowest dead member's world rank + 1, 0: none), as
+	 * dpa_team_lowest_dead() last computed it. */
+	uint64_t dead_cache;
+	/* The team's part of the engine's team arena (TEAM_CREATE carves it, sized by the
+	 * team; TEAM_DESTROY frees it). */
+	uint64_t arena_off;
+	uint64_t arena_len;
 	/* Set once an op of this team aborted (peer death, op timeout, cancel): the peers'
 	 * sequence no longer pairs with ours, so every later op fails at once with it.
 	 * (detail << 32) | (uint32_t)status, set by CAS from 0. */
 	uint64_t poisoned;
-	struct offload_peer peers[OFFLOAD_MAX_RANKS];
+	struct offload_peer *peers;   /* [size], in the arena */
 	/* Done-counter bookkeeping per slot and source; touched only by the item owning it. */
-	uint32_t expect_lo[OFFLOAD_OP_WINDOW][OFFLOAD_MAX_RANKS];
-	uint32_t errs_seen[OFFLOAD_OP_WINDOW][OFFLOAD_MAX_RANKS];
+	uint32_t *expect_lo[OFFLOAD_OP_WINDOW];  /* [slot][size] */
+	uint32_t *errs_seen[OFFLOAD_OP_WINDOW];
+	struct dpa_item *items;       /* [OP_WINDOW * size]: slot s's ops use items + s * size */
 	/* Eager all-to-all: the seq of the last eager op started in each slot (intake), and,
 	 * per slot and peer, a seq whose slot the peer will never hand back because it ran
 	 * another op (only that peer's item touches it). */
 	uint32_t eager_last[OFFLOAD_EAGER_SLOTS];
-	uint32_t eager_skip[OFFLOAD_EAGER_SLOTS][OFFLOAD_MAX_RANKS];
+	uint32_t *eager_skip[OFFLOAD_EAGER_SLOTS];  /* [slot][size] */
 };
 
 struct dpa_engine;
@@ -87,7 +97,7 @@ struct dpa_algo {
 	/* The variant of this opcode's algorithm that runs cmd, from what every rank of the
 	 * op has alike (flags, block size, the engine's parameters). May be NULL: this one. */
 	const struct dpa_algo *(*select)(const struct dpa_engine_params *p,
-					 const struct offload_cmd *cmd);
+					 const struct offload_cmd *cmd, uint32_t team_size);
 	/* Called once at intake; returns the number of items. A command it cannot run is
 	 * refused (dpa_op_refuse), not rejected: the op still runs, moving nothing. */
 	int (*start)(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal);
@@ -124,11 +134,11 @@ struct dpa_algo {
 };
 
 /* All-to-all-v layout of one op, by team rank: where each block comes from and goes. */
-struct dpa_vlayout {
-	uint64_t send_off[OFFLOAD_MAX_RANKS];  /* bytes into src, or (rows) into the row list */
-	uint64_t send_len[OFFLOAD_MAX_RANKS];
-	uint64_t recv_off[OFFLOAD_MAX_RANKS];
-	uint64_t recv_len[OFFLOAD_MAX_RANKS];
+struct dpa_vlayout {   /* the arrays: [team size] each, in the team's arena */
+	uint64_t *send_off;    /* bytes into src, or (rows) into the row list */
+	uint64_t *send_len;
+	uint64_t *recv_off;
+	uint64_t *recv_len;
 	uint64_t rows_addr;                    /* OFFLOAD_CMD_F_ROWS: the host's row list */
 	uint64_t place_addr;                   /* OFFLOAD_CMD_F_PLACE: the receivers' row list */
 	uint64_t row_bytes;
@@ -147,6 +157,7 @@ struct dpa_send {
 	uint32_t placed;       /* OFFLOAD_CMD_F_PLACE: the ready is the receiver's whole table */
 	uint32_t fixed;        /* all-to-all: the receiver's ready is marked FIXED */
 	uint32_t hold;         /* paced: take the ready, but post no data yet */
+	uint32_t recv_later;   /* do not look for the source's done signal in this pass */
 };
 
 struct dpa_op {
@@ -201,9 +212,11 @@ struct dpa_op {
 			uint32_t red_pushed;  /* items whose phase 1 finished */
 			uint32_t red_next;    /* the reducer's progress in bytes of its block */
 		};
-		struct {  /* paced all-to-all: alltoall_pairwise.c */
+		struct {  /* all-to-all: alltoall_pairwise.c */
 			/* per thread: its first item whose ready may not be out yet */
 			uint32_t a2a_ready_from[OFFLOAD_MAX_THREADS];
+			/* per thread: its first item whose source's done signal is not in */
+			uint32_t a2a_recv_from[OFFLOAD_MAX_THREADS];
 		};
 		struct {  /* all-to-all-v: alltoallv.c, alltoallv_slots.c */
 			uint32_t layout_done; /* v is complete (release-stored) */
@@ -214,7 +227,7 @@ struct dpa_op {
 	} alg;
 	const struct dpa_algo *algo;
 	struct offload_cmd cmd;
-	struct dpa_item items[OFFLOAD_MAX_RANKS];
+	struct dpa_item *items;  /* [team size]: the team's for this slot (intake) */
 };
 
 /* Multicast (mcast.c): one op at a time per team owns its receive state. */
@@ -257,7 +270,8 @@ struct dpa_mcast_state {
 	uint32_t npending;     /* staged receive: chunks whose copy out found the queue full */
 	struct dpa_hal_mcast_cqe pending[DPA_MCAST_POLL_BATCH];
 	uint64_t bits[DPA_MCAST_MAX_CHUNKS / 64];
-	struct dpa_mcast_block blocks[OFFLOAD_MAX_RANKS];  /* by owner's team rank */
+	struct dpa_mcast_block *blocks;  /* [team size], by owner's team rank, in the arena */
+	struct dpa_hal_mcast_region *regions;  /* [team size]: what dpa_mcast_post posts */
 };
 
 #define DPA_MAX_RAILS  8u
@@ -308,15 +322,21 @@ struct dpa_engine {
 	uint32_t cq_lock;
 	uint32_t inflight;     /* active ops; read by the runtime to choose how to idle */
 	uint32_t inflight_bulk; /* of which move more than DPA_ENGINE_SMALL_BYTES per rank */
-	uint64_t failed_ranks;  /* the ring header's failed_ranks, as last read */
+	/* The ring header's failed set, merged into failed[] (rank_words words) up to this
+	 * gen (dpa_failed_refresh). */
+	uint32_t failed_gen;
+	uint32_t rank_words;
+	uint64_t *failed;
 	/* One bit per op slot that may be ACTIVE: a pass visits these instead of every slot
 	 * (a small op's passes are otherwise mostly that scan). Set before a slot turns
 	 * ACTIVE, cleared before it turns FREE (it can be taken again only after). */
 	uint64_t active_ops[DPA_OP_MASK_WORDS];
 	uint32_t agreements;    /* teams with an agreement running (agree_ft.c) */
-	/* Per thread: the ring header's closed_ranks as it read it at the start of its pass
-	 * (dpa_peer_gone: a word looked for after that read is final). */
-	uint64_t closed_snap[OFFLOAD_MAX_THREADS];
+	/* Per thread: the ring header's closed set as it read it at the start of its pass
+	 * (dpa_peer_gone: a word looked for after that read is final): closed_snap holds
+	 * rank_words words per thread, up to the gen in closed_gen_seen. */
+	uint32_t closed_gen_seen[OFFLOAD_MAX_THREADS];
+	uint64_t *closed_snap;
 	/* Per thread: the earliest time (dpa_hal_time_ns) a pass of that thread must run
 	 * though no event may come (a loss timeout); 0: none. */
 	uint64_t wake_at[OFFLOAD_MAX_THREADS];
@@ -325,7 +345,10 @@ struct dpa_engine {
 	struct dpa_vlayout vlayouts[OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW];
 	struct dpa_mcast_state mcast[OFFLOAD_MAX_TEAMS];
 	struct dpa_agree agree[OFFLOAD_MAX_TEAMS];
-	uint32_t rails_down[OFFLOAD_MAX_RANKS];  /* per world peer: rails known to have failed */
+	uint32_t *rails_down;  /* [world size] per world peer: rails known to have failed */
+	/* Teams' member tables (dpa_team's pointers), team_pool_ranks members' worth. */
+	uint8_t *arena;
+	uint64_t arena_bytes;
 	struct dpa_ctrl_msg ctrl_log[OFFLOAD_MAX_THREADS][DPA_CTRL_LOG];
 	uint32_t ctrl_resends[OFFLOAD_MAX_THREADS];  /* log entries waiting to be sent again */
 };
@@ -370,20 +393,38 @@ extern const struct dpa_algo dpa_algo_alltoallv;
 extern const struct dpa_algo dpa_algo_alltoallv_slots;
 /* alltoallv.c: both all-to-all-v variants' bytes_sent hook. */
 uint64_t dpa_alltoallv_bytes_sent(const struct dpa_op *op, uint32_t team_size);
+/* alltoallv.c: the command's arguments, NULL unless their nranks is the team's size and
+ * all of them are in the registration (index them by the team's size, never by nranks). */
+struct offload_alltoallv_args *dpa_a2av_args(struct dpa_engine *eng, struct dpa_hal *hal,
+					     const struct dpa_op *op);
 
 /* op.c: an op's fate and the words every layer reaches (a leaf over the HAL). */
 void dpa_op_fail(struct dpa_op *op, int32_t status, uint32_t world_rank);
 /* Abort an op (see op.c): its items stop, the team fails every later op. */
 void dpa_op_abort(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa_op *op, int32_t status,
 		  uint32_t detail);
-struct offload_ctrl_team *dpa_my_ctrl(struct dpa_hal *hal, uint32_t team);
 uint64_t dpa_peer_ctrl_addr(const struct dpa_team *team, uint32_t peer, uint64_t offset);
-static inline uint64_t dpa_closed_ranks(const struct dpa_engine *eng, struct dpa_hal *hal)
+/* World rank r is in the failed set as this engine last merged it. */
+static inline int dpa_rank_failed(const struct dpa_engine *eng, uint32_t r)
+{
+	return r < eng->params.world_size && offload_rankset_has(eng->failed, r);
+}
+/* World rank r closed, as the calling thread saw the set at the start of its pass. */
+static inline int dpa_rank_closed(const struct dpa_engine *eng, struct dpa_hal *hal, uint32_t r)
 {
 	uint32_t t = dpa_hal_thread_index(hal);
 
-	return t < OFFLOAD_MAX_THREADS ? eng->closed_snap[t] : 0;
+	return t < eng->params.num_threads && r < eng->params.world_size &&
+	       offload_rankset_has(eng->closed_snap + (uint64_t)t * eng->rank_words, r);
 }
+/* engine_state.c: merge the ring header's failed set into eng->failed when its gen moved
+ * (any thread), and take the calling thread's snapshot of the closed set (thread me, at
+ * the start of its pass). */
+void dpa_failed_refresh(struct dpa_engine *eng, struct dpa_hal *hal);
+void dpa_closed_refresh(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t me);
+/* engine_state.c: the lowest world rank of the team's members in the failed set,
+ * UINT32_MAX if none (every survivor names the same one). O(1) until the set changes. */
+uint32_t dpa_team_lowest_dead(struct dpa_engine *eng, const struct dpa_team *team);
 /* Fail the op on this rank and run it refusing: see intake_one(). */
 void dpa_op_refuse(struct dpa_engine *eng, struct dpa_op *op, int32_t status);
 struct offload_thread_stats *dpa_stats(struct dpa_hal *hal);
@@ -392,6 +433,11 @@ struct offload_thread_stats *dpa_stats(struct dpa_hal *hal);
 void dpa_team_poison(struct dpa_team *team, int32_t status, uint32_t detail);
 /* Write a completion; 0: the ring is full, try again. */
 int dpa_write_cqe(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cqe *cqe);
+/* team.c: the team arena. Members' worth (params.team_pool_ranks, or its default), bytes
+ * per member, and bytes per team slot whatever its size. */
+uint32_t dpa_team_pool_ranks(const struct dpa_engine_params *p);
+uint64_t dpa_team_member_bytes(void);
+uint64_t dpa_team_fixed_bytes(void);
 /* team.c: TEAM_CREATE's status (the team is active from then on). */
 int32_t dpa_team_create(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd);
 /* team_destroy.c: OFFLOAD_OP_TEAM_DESTROY, run under the intake lock. DPA_TEAM_DESTROY_LATER:
@@ -450,49 +496,94 @@ static inline uint64_t dpa_wr_opseq(uint64_t wr_id) { return wr_id & ~0xffffffff
  * again) matters, and it is no payload for the counters. */
 #define DPA_WR_CREDIT 11u
 
-/* Offsets of one rank's control words inside struct offload_ctrl. */
-static inline uint64_t dpa_ctrl_team_off(uint32_t team)
+/* Offsets of one rank's control words in its control region (offload_abi.h's layout: the
+ * team's block by the job's world size, entries by the team's size). */
+static inline uint64_t dpa_ctrl_team_off(const struct dpa_engine *eng, uint32_t team)
 {
-	return (uint64_t)team * sizeof(struct offload_ctrl_team);
+	return offload_ctrl_team_off(eng->params.world_size, team);
 }
 
-static inline uint64_t dpa_ctrl_ready_off(uint32_t team, uint32_t slot, uint32_t src)
+static inline uint64_t dpa_ctrl_ready_off(const struct dpa_engine *eng, uint32_t team,
+					  uint32_t slot, uint32_t src)
 {
-	return dpa_ctrl_team_off(team) + offsetof(struct offload_ctrl_team, ready) +
-	       ((uint64_t)slot * OFFLOAD_MAX_RANKS + src) * sizeof(struct offload_ready);
+	return dpa_ctrl_team_off(eng, team) +
+	       offload_ctrl_ready_in(eng->teams[team].size, slot, src);
 }
 
-static inline uint64_t dpa_ctrl_count_off(uint32_t team, uint32_t slot, uint32_t src)
+static inline uint64_t dpa_ctrl_count_off(const struct dpa_engine *eng, uint32_t team,
+					  uint32_t slot, uint32_t src)
 {
-	return dpa_ctrl_team_off(team) + offsetof(struct offload_ctrl_team, counts) +
-	       ((uint64_t)slot * OFFLOAD_MAX_RANKS + src) * sizeof(struct offload_count);
+	return dpa_ctrl_team_off(eng, team) +
+	       offload_ctrl_count_in(eng->teams[team].size, slot, src);
 }
 
-static inline uint64_t dpa_ctrl_done_off(uint32_t team, uint32_t slot, uint32_t src)
+static inline uint64_t dpa_ctrl_done_off(const struct dpa_engine *eng, uint32_t team,
+					 uint32_t slot, uint32_t src)
 {
-	return dpa_ctrl_team_off(team) + offsetof(struct offload_ctrl_team, done) +
-	       ((uint64_t)slot * OFFLOAD_MAX_RANKS + src) * sizeof(uint64_t);
+	return dpa_ctrl_team_off(eng, team) +
+	       offload_ctrl_done_in(eng->teams[team].size, slot, src);
 }
 
-static inline uint64_t dpa_ctrl_sig_off(uint32_t team, uint32_t seq, uint32_t src)
+static inline uint64_t dpa_ctrl_sig_off(const struct dpa_engine *eng, uint32_t team,
+					uint32_t seq, uint32_t src)
 {
-	return dpa_ctrl_team_off(team) + offsetof(struct offload_ctrl_team, sig) +
-	       ((uint64_t)(seq % OFFLOAD_SIG_WINDOW) * OFFLOAD_MAX_RANKS + src) *
-	       sizeof(struct offload_sig);
+	return dpa_ctrl_team_off(eng, team) + offload_ctrl_sig_in(eng->teams[team].size, seq, src);
 }
 
-static inline uint64_t dpa_ctrl_credit_off(uint32_t team, uint32_t slot, uint32_t dst)
+static inline uint64_t dpa_ctrl_credit_off(const struct dpa_engine *eng, uint32_t team,
+					   uint32_t slot, uint32_t dst)
 {
-	return dpa_ctrl_team_off(team) + offsetof(struct offload_ctrl_team, eager_credit) +
-	       ((uint64_t)slot * OFFLOAD_MAX_RANKS + dst) * sizeof(uint64_t);
+	return dpa_ctrl_team_off(eng, team) +
+	       offload_ctrl_credit_in(eng->teams[team].size, slot, dst);
 }
 
 /* Source src's eager slot of this team in a rank's control region. */
-static inline uint64_t dpa_ctrl_eager_off(uint32_t team, uint32_t src, uint32_t slot)
+static inline uint64_t dpa_ctrl_eager_off(const struct dpa_engine *eng, uint32_t team,
+					  uint32_t src, uint32_t slot)
 {
-	return offsetof(struct offload_ctrl, eager) +
-	       (((uint64_t)team * OFFLOAD_MAX_RANKS + src) * OFFLOAD_EAGER_SLOTS + slot) *
-	       sizeof(struct offload_eager_slot);
+	return offload_ctrl_eager_off(eng->params.world_size, team, src, slot);
+}
+
+/* This rank's own control words of a team (NULL if the window refuses them). */
+static inline void *dpa_my_word(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t team,
+				uint64_t in_block, uint64_t len)
+{
+	return dpa_hal_window_ptr(hal, DPA_HAL_WIN_CTRL, dpa_ctrl_team_off(eng, team) + in_block,
+				  len);
+}
+
+static inline struct offload_ready *dpa_my_ready(struct dpa_engine *eng, struct dpa_hal *hal,
+						 uint32_t team, uint32_t slot, uint32_t src)
+{
+	return dpa_my_word(eng, hal, team, offload_ctrl_ready_in(eng->teams[team].size, slot, src),
+			   sizeof(struct offload_ready));
+}
+
+static inline struct offload_count *dpa_my_count(struct dpa_engine *eng, struct dpa_hal *hal,
+						 uint32_t team, uint32_t slot, uint32_t src)
+{
+	return dpa_my_word(eng, hal, team, offload_ctrl_count_in(eng->teams[team].size, slot, src),
+			   sizeof(struct offload_count));
+}
+
+static inline uint64_t *dpa_my_done(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t team,
+				    uint32_t slot, uint32_t src)
+{
+	return dpa_my_word(eng, hal, team, offload_ctrl_done_in(eng->teams[team].size, slot, src), 8);
+}
+
+static inline uint64_t *dpa_my_credit(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t team,
+				      uint32_t slot, uint32_t dst)
+{
+	return dpa_my_word(eng, hal, team,
+			   offload_ctrl_credit_in(eng->teams[team].size, slot, dst), 8);
+}
+
+static inline struct offload_sig *dpa_my_sig(struct dpa_engine *eng, struct dpa_hal *hal,
+					     uint32_t team, uint32_t seq, uint32_t src)
+{
+	return dpa_my_word(eng, hal, team, offload_ctrl_sig_in(eng->teams[team].size, seq, src),
+			   sizeof(struct offload_sig));
 }
 
 #endif /* DPA_ENGINE_INTERNAL_H */

@@ -85,7 +85,11 @@ static struct offload_mcast_op_stats *stats_out(struct dpa_hal *hal, const struc
 void dpa_mcast_read_completed(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 			      uint32_t owner, const struct dpa_hal_cqe *c)
 {
-	struct dpa_mcast_block *b = &eng->mcast[op->team_id].blocks[owner % OFFLOAD_MAX_RANKS];
+	struct dpa_mcast_block *b;
+
+	if (owner >= eng->teams[op->team_id].size)  /* poll_completions bounds it already */
+		return;
+	b = &eng->mcast[op->team_id].blocks[owner];
 
 	if (c->status == OFFLOAD_ERR_LINK_DOWN) {
 		off_store_release(&b->flags, b->flags | DPA_BLOCK_RESEND);
@@ -112,7 +116,7 @@ void dpa_mcast_finish(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 int dpa_mcast_post(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 		   struct dpa_mcast_state *st, uint32_t complete)
 {
-	struct dpa_hal_mcast_region regions[DPA_HAL_MCAST_MAX_REGIONS];
+	struct dpa_hal_mcast_region *regions = st->regions;  /* [team size], in the arena */
 	const struct dpa_team *team = &eng->teams[op->team_id];
 	uint32_t n = 0;
 	int rc;
@@ -292,7 +296,7 @@ static int poll_arrivals(struct dpa_op *op, struct dpa_hal *hal, struct dpa_mcas
 static void withdrawn(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 		      uint32_t owner, uint32_t owner_world)
 {
-	const struct offload_ready *r = &dpa_my_ctrl(hal, op->team_id)->ready[op->slot][owner];
+	const struct offload_ready *r = dpa_my_ready(eng, hal, op->team_id, op->slot, owner);
 
 	if (off_load_acquire(&r->seq) != op->seq ||
 	    !(off_read_once(&r->flags) & OFFLOAD_READY_WITHDRAWN) ||
@@ -305,9 +309,8 @@ static void withdrawn(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 static void learn_owner(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 			struct dpa_mcast_block *b, uint32_t owner, uint32_t owner_world)
 {
-	struct offload_ctrl_team *ctrl = dpa_my_ctrl(hal, op->team_id);
-	const struct offload_ready *r = &ctrl->ready[op->slot][owner];
-	const struct offload_count *c = &ctrl->counts[op->slot][owner];
+	const struct offload_ready *r = dpa_my_ready(eng, hal, op->team_id, op->slot, owner);
+	const struct offload_count *c = dpa_my_count(eng, hal, op->team_id, op->slot, owner);
 
 	withdrawn(eng, op, hal, owner, owner_world);  /* fail now, not at op_timeout */
 	if (!(b->flags & DPA_BLOCK_HAVE_SRC) && off_load_acquire(&r->seq) == op->seq) {
@@ -460,7 +463,7 @@ int dpa_mcast_receive(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 int dpa_mcast_peer_word(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 			uint32_t p)
 {
-	const struct offload_ready *r = &dpa_my_ctrl(hal, op->team_id)->ready[op->slot][p];
+	const struct offload_ready *r = dpa_my_ready(eng, hal, op->team_id, op->slot, p);
 	uint32_t world = eng->teams[op->team_id].peers[p].world_rank;
 
 	if (off_load_acquire(&r->seq) == op->seq) {
@@ -521,7 +524,7 @@ int dpa_mcast_owner_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 int dpa_mcast_withdraw(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 		       uint32_t p)
 {
-	if (off_read_once(&eng->failed_ranks) & (1ull << eng->teams[op->team_id].peers[p].world_rank))
+	if (dpa_rank_failed(eng, eng->teams[op->team_id].peers[p].world_rank))
 		return 0;  /* p is gone: it reads nothing any more */
 	/* Our ready to p lands first: a resend of it after the withdrawal would undo it. */
 	if (dpa_ctrl_word_pending(eng, dpa_wr_id(op, p, DPA_WR_READY)))

@@ -16,12 +16,6 @@ struct offload_thread_stats *dpa_stats(struct dpa_hal *hal)
 				  sizeof(struct offload_thread_stats));
 }
 
-struct offload_ctrl_team *dpa_my_ctrl(struct dpa_hal *hal, uint32_t team)
-{
-	return dpa_hal_window_ptr(hal, DPA_HAL_WIN_CTRL, dpa_ctrl_team_off(team),
-				  sizeof(struct offload_ctrl_team));
-}
-
 uint64_t dpa_peer_ctrl_addr(const struct dpa_team *team, uint32_t peer, uint64_t offset)
 {
 	return team->peers[peer].ctrl_addr + offset;

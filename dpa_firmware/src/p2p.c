@@ -48,7 +48,7 @@ static int post_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 {
 	uint32_t me = eng->teams[op->team_id].my_rank;
 
-	return dpa_post_sequenced(eng, op, hal, peer, dpa_ctrl_ready_off(op->team_id, op->slot, me),
+	return dpa_post_sequenced(eng, op, hal, peer, dpa_ctrl_ready_off(eng, op->team_id, op->slot, me),
 				  ready, offsetof(struct offload_ready, seq),
 				  offsetof(struct offload_ready, seq), kind);
 }
@@ -76,7 +76,7 @@ int dpa_publish_count(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 {
 	uint32_t me = eng->teams[op->team_id].my_rank;
 
-	return dpa_post_sequenced(eng, op, hal, dst, dpa_ctrl_count_off(op->team_id, op->slot, me),
+	return dpa_post_sequenced(eng, op, hal, dst, dpa_ctrl_count_off(eng, op->team_id, op->slot, me),
 				  &bytes, sizeof(bytes), offsetof(struct offload_count, seq),
 				  DPA_WR_COUNT);
 }
@@ -129,13 +129,14 @@ static int take_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 {
 	uint64_t send_len = send->len;
 
-	struct offload_ctrl_team *ctrl = dpa_my_ctrl(hal, op->team_id);
-	struct offload_ready *r = &ctrl->ready[op->slot][dst];
-	uint32_t dst_world = eng->teams[op->team_id].peers[dst].world_rank;
+	struct offload_ready *r = dpa_my_ready(eng, hal, op->team_id, op->slot, dst);
+	uint32_t dst_world;
 
-	/* Pairs with the receiver's seq write, which follows the body on the same QP. */
+	/* Pairs with the receiver's seq write, which follows the body on the same QP. The
+	 * peer table is read only once the ready is in: a pass polls many readies. */
 	if (off_load_acquire(&r->seq) != op->seq)
 		return 0;
+	dst_world = eng->teams[op->team_id].peers[dst].world_rank;
 	it->raddr = r->addr;
 	it->rkey = r->key;
 	if (r->flags & OFFLOAD_READY_REFUSED)
@@ -204,9 +205,14 @@ static uint64_t post_rows(struct dpa_engine *eng, struct dpa_op *op, struct dpa_
 static int put_chunks(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 		      struct dpa_item *it, uint32_t i, uint32_t dst, const struct dpa_send *send)
 {
-	uint32_t peer = eng->teams[op->team_id].peers[dst].world_rank;
+	uint32_t peer;
 	int posted = 0;
 
+	/* Sent, waiting for its completions: the common case of a pass, decided before the
+	 * peer table is read. */
+	if (!(it->flags & DPA_ITEM_RESEND) && it->posted >= send->len)
+		return 0;
+	peer = eng->teams[op->team_id].peers[dst].world_rank;
 	if (it->flags & DPA_ITEM_RESEND) {
 		if (it->inflight)
 			return 0;  /* the failed rail flushes what it still holds first */
@@ -284,7 +290,8 @@ int dpa_exchange_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, str
 			work++;
 		}
 	}
-	if (!(it->flags & DPA_ITEM_RECVD) && (dpa_check_done(eng, op, hal, it, src) ||
+	if (!(it->flags & DPA_ITEM_RECVD) && !send->recv_later &&
+	    (dpa_check_done(eng, op, hal, it, src) ||
 					       dpa_peer_gone(eng, op, hal, team->peers[src].world_rank))) {
 		it->flags |= DPA_ITEM_RECVD;
 		work++;
@@ -302,7 +309,7 @@ int dpa_signal_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *h
 	struct dpa_ctrl_msg m = {
 		.wr_id = dpa_wr_id(op, peer, DPA_WR_SIGNAL),
 		.raddr = dpa_peer_ctrl_addr(team, peer,
-					    dpa_ctrl_done_off(op->team_id, op->slot, team->my_rank)),
+					    dpa_ctrl_done_off(eng, op->team_id, op->slot, team->my_rank)),
 		.value = error ? OFFLOAD_SIGNAL_ERROR : OFFLOAD_SIGNAL_OK,
 		.peer = team->peers[peer].world_rank, .rkey = team->peers[peer].ctrl_key,
 		.kind = DPA_WR_SIGNAL,
@@ -321,16 +328,16 @@ int dpa_signal_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *h
 int dpa_peer_gone(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 		  uint32_t world_rank)
 {
-	uint64_t fail = off_load_acquire(&op->fail), bit = 1ull << world_rank;
+	uint64_t fail = off_load_acquire(&op->fail);
 	int32_t st = (int32_t)(uint32_t)fail;
 
-	if (off_read_once(&eng->failed_ranks) & bit) {
+	if (dpa_rank_failed(eng, world_rank)) {
 		dpa_op_fail(op, OFFLOAD_ERR_PEER, world_rank);
 		return 1;
 	}
 	/* Closed as this thread saw it at the start of its pass: a closing peer's words land
 	 * before its close shows, so the caller's look for the word, made since, was final. */
-	if (dpa_closed_ranks(eng, hal) & bit) {
+	if (dpa_rank_closed(eng, hal, world_rank)) {
 		dpa_op_fail(op, OFFLOAD_ERR_PEER_CLOSED, world_rank);
 		return 1;
 	}
@@ -351,9 +358,8 @@ int dpa_check_done(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *ha
 		   struct dpa_item *it, uint32_t src)
 {
 	struct dpa_team *team = &eng->teams[op->team_id];
-	struct offload_ctrl_team *ctrl = dpa_my_ctrl(hal, op->team_id);
 	/* Pairs with the peer's signal add, which follows its data writes on the same QP. */
-	uint64_t v = off_load_acquire(&ctrl->done[op->slot][src]);
+	uint64_t v = off_load_acquire(dpa_my_done(eng, hal, op->team_id, op->slot, src));
 	uint32_t lo = (uint32_t)v, errs = (uint32_t)(v >> 32);
 
 	if ((int32_t)(lo - it->expect_lo) < 0)

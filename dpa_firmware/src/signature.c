@@ -75,7 +75,7 @@ static int sig_post(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *h
 	uint32_t me = team->my_rank;
 
 	return dpa_post_sequenced(eng, op, hal, (me + i) % team->size,
-				  dpa_ctrl_sig_off(op->team_id, op->seq, me), &op->sig,
+				  dpa_ctrl_sig_off(eng, op->team_id, op->seq, me), &op->sig,
 				  offsetof(struct offload_sig, seq), offsetof(struct offload_sig, seq),
 				  DPA_WR_SIG);
 }
@@ -154,10 +154,11 @@ int dpa_sig_judge(struct dpa_op *op, const struct offload_sig *theirs, uint32_t 
 static int in_agreement(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 			uint32_t i, uint32_t p)
 {
-	const struct offload_agree_word *w = &dpa_my_ctrl(hal, op->team_id)->agree_prop[p];
-	uint64_t none = 0;
-
 	const struct dpa_team *team = &eng->teams[op->team_id];
+	const struct offload_agree_word *w =
+		dpa_my_word(eng, hal, op->team_id, offload_ctrl_agree_prop_in(team->size, p),
+			    sizeof(struct offload_agree_word));
+	uint64_t none = 0;
 
 	if (off_load_acquire(&w->epoch) != off_read_once(&eng->agree[op->team_id].epoch) + 1 ||
 	    w->extra > op->seq || !dpa_out_of_step(eng, hal, team, &op->items[i].oos_since))
@@ -170,23 +171,26 @@ static int in_agreement(struct dpa_engine *eng, struct dpa_op *op, struct dpa_ha
 	return 1;
 }
 
-const struct offload_sig *dpa_sig_gated(struct dpa_hal *hal, uint32_t team_id, uint32_t seq,
-				       uint32_t p)
+const struct offload_sig *dpa_sig_gated(struct dpa_engine *eng, struct dpa_hal *hal,
+				       uint32_t team_id, uint32_t seq, uint32_t p)
 {
-	const struct offload_sig *theirs =
-		&dpa_my_ctrl(hal, team_id)->sig[seq % OFFLOAD_SIG_WINDOW][p];
+	const struct offload_sig *theirs = dpa_my_sig(eng, hal, team_id, seq, p);
 
 	/* Pairs with the writer's seq, written after the body on the same queue. */
 	return off_load_acquire(&theirs->seq) == seq ? theirs : NULL;
 }
 
-int dpa_sig_eager(struct dpa_hal *hal, uint32_t team_id, uint32_t seq, uint32_t p,
-		  struct offload_sig *out)
+int dpa_sig_eager(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t team_id, uint32_t seq,
+		  uint32_t p, struct offload_sig *out)
 {
-	const struct offload_eager_slot *slot =
-		dpa_hal_window_ptr(hal, DPA_HAL_WIN_CTRL,
-				   dpa_ctrl_eager_off(team_id, p, seq % OFFLOAD_EAGER_SLOTS),
-				   sizeof(*slot));
+	const struct offload_eager_slot *slot;
+
+	/* Eager slots exist for teams of at most OFFLOAD_EAGER_MAX_TEAM members only. */
+	if (eng->teams[team_id].size > OFFLOAD_EAGER_MAX_TEAM)
+		return 0;
+	slot = dpa_hal_window_ptr(hal, DPA_HAL_WIN_CTRL,
+				  dpa_ctrl_eager_off(eng, team_id, p, seq % OFFLOAD_EAGER_SLOTS),
+				  sizeof(*slot));
 
 	/* Pairs with the writer's seq word, written after the header on the same queue. */
 	if (OFFLOAD_EAGER_SEQ(off_load_acquire(&slot->sig.seq)) != seq)
@@ -216,7 +220,7 @@ int dpa_sig_step(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 	const struct dpa_team *team = &eng->teams[op->team_id];
 	struct dpa_item *it = &op->items[i];
 	uint32_t p = (team->my_rank + i) % team->size, world = team->peers[p].world_rank;
-	const struct offload_sig *theirs = dpa_sig_gated(hal, op->team_id, op->seq, p);
+	const struct offload_sig *theirs = dpa_sig_gated(eng, hal, op->team_id, op->seq, p);
 	struct offload_sig eager;
 	int work;
 
@@ -226,7 +230,7 @@ int dpa_sig_step(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 	if (theirs) {
 		if (!dpa_sig_judge(op, theirs, world))
 			__atomic_store_n(&op->gate_fail, 1, __ATOMIC_SEQ_CST);
-	} else if (dpa_sig_eager(hal, op->team_id, op->seq, p, &eager)) {
+	} else if (dpa_sig_eager(eng, hal, op->team_id, op->seq, p, &eager)) {
 		/* p runs an eager op here: its slot header is its signature, and ours differs
 		 * (we are gated), so the gate fails; it sees ours and fails too. */
 		if (!dpa_sig_judge(op, &eager, world))

@@ -16,11 +16,11 @@ int dpa_sig_step(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
  * OFFLOAD_ERR_MISMATCH naming it and what differs (the first failure wins) and 0. */
 int dpa_sig_judge(struct dpa_op *op, const struct offload_sig *theirs, uint32_t world);
 /* Team peer p's signature of op seq as the gate posts it, if it arrived; else NULL. */
-const struct offload_sig *dpa_sig_gated(struct dpa_hal *hal, uint32_t team_id, uint32_t seq,
-				       uint32_t p);
+const struct offload_sig *dpa_sig_gated(struct dpa_engine *eng, struct dpa_hal *hal,
+				       uint32_t team_id, uint32_t seq, uint32_t p);
 /* ... or as an eager op carries it (its slot header): 1 and a copy in *out if there. */
-int dpa_sig_eager(struct dpa_hal *hal, uint32_t team_id, uint32_t seq, uint32_t p,
-		  struct offload_sig *out);
+int dpa_sig_eager(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t team_id, uint32_t seq,
+		  uint32_t p, struct offload_sig *out);
 /* Item i's peer p has sent nothing for this op: 1 if the op fails for it (p runs an
  * agreement instead, once settled: OFFLOAD_ERR_MISMATCH; p is gone), 0 to wait on. */
 int dpa_sig_absent(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal, uint32_t i,

@@ -27,7 +27,8 @@ static int team_idle(struct dpa_engine *eng, uint32_t t)
 int32_t dpa_team_destroy(struct dpa_engine *eng, struct dpa_hal *hal, const struct offload_cmd *cmd)
 {
 	uint32_t t = cmd->team;
-	struct offload_ctrl_team *ctrl;
+	uint8_t *ctrl;
+	uint32_t n, eager_srcs;
 
 	if (t >= OFFLOAD_MAX_TEAMS || !eng->teams[t].active || cmd->count || cmd->flags ||
 	    cmd->src_addr || cmd->dst_addr || cmd->aux_addr)
@@ -37,18 +38,25 @@ int32_t dpa_team_destroy(struct dpa_engine *eng, struct dpa_hal *hal, const stru
 	 * may still be reading (the slot's release notifies intake). */
 	if (!team_idle(eng, t))
 		return DPA_TEAM_DESTROY_LATER;
-	ctrl = dpa_my_ctrl(hal, t);
+	/* What the team's members could have written of our block: its first
+	 * offload_ctrl_team_bytes(n) bytes (the layout is the team size's). */
+	n = eng->teams[t].size;
+	ctrl = dpa_hal_window_ptr(hal, DPA_HAL_WIN_CTRL, dpa_ctrl_team_off(eng, t),
+				  offload_ctrl_team_bytes(n));
 	if (!ctrl)
 		return OFFLOAD_ERR_INTERNAL;
 	dpa_hal_mcast_leave(hal, t);
-	*ctrl = (struct offload_ctrl_team){ 0 };
+	for (uint64_t i = 0; i < offload_ctrl_team_bytes(n); i++)
+		ctrl[i] = 0;
 	/* Our eager receive slots of the team: a stale header must not meet a new team's
 	 * op of the same sequence number. Only their headers matter (the data is read only
 	 * under a header that matches). */
-	for (uint32_t src = 0; src < OFFLOAD_MAX_RANKS; src++)
+	eager_srcs = n < OFFLOAD_EAGER_MAX_TEAM ? n : OFFLOAD_EAGER_MAX_TEAM;
+	for (uint32_t src = 0; src < eager_srcs; src++)
 		for (uint32_t k = 0; k < OFFLOAD_EAGER_SLOTS; k++) {
 			struct offload_eager_slot *e =
-				dpa_hal_window_ptr(hal, DPA_HAL_WIN_CTRL, dpa_ctrl_eager_off(t, src, k),
+				dpa_hal_window_ptr(hal, DPA_HAL_WIN_CTRL,
+						   dpa_ctrl_eager_off(eng, t, src, k),
 						   sizeof(struct offload_sig));
 			if (e)
 				e->sig = (struct offload_sig){ 0 };

@@ -130,12 +130,20 @@ typedef struct dpo_context_attr {
 	uint32_t size;
 	uint32_t num_threads;         /* DPA progress threads of this rank */
 	uint32_t resv;
+	/* Ranks below 64 only (all of them in a context of at most 64 ranks); every rank:
+	 * dpo_context_failed_ranks() and dpo_context_closed_ranks(). */
 	uint64_t failed_ranks;        /* bit r: rank r was seen dead */
 	uint64_t closed_ranks;        /* bit r: rank r destroyed its context */
 	const char *backend;          /* "emulator" or "flexio" */
 	const char *job;
 } dpo_context_attr_t;
 dpo_status_t dpo_context_get_attr(dpo_context_h context, dpo_context_attr_t *attr);
+/* The ranks seen dead (failed) or that destroyed their context (closed), ascending: their
+ * number in *count, the first max of them in ranks (a context's size is enough). */
+dpo_status_t dpo_context_failed_ranks(dpo_context_h context, uint32_t *ranks, uint32_t max,
+				      uint32_t *count);
+dpo_status_t dpo_context_closed_ranks(dpo_context_h context, uint32_t *ranks, uint32_t max,
+				      uint32_t *count);
 
 /* The DPA's counters, per progress thread (= struct offload_thread_stats). */
 typedef struct dpo_thread_stats {

@@ -33,8 +33,7 @@ static inline int host_params_known(const struct host_ctx_params *p)
  * a device that places them itself (fw_memory) sizes its memory by them. */
 static inline uint64_t host_ring_len(const struct host_ctx_params *p)
 {
-	return sizeof(struct offload_ring_hdr) + p->ring_entries * sizeof(struct offload_cmd) +
-	       2ull * p->ring_entries * sizeof(struct offload_cqe);
+	return offload_ring_bytes(p->ring_entries, 2u * p->ring_entries, p->size);
 }
 
 static inline uint64_t host_stats_len(const struct host_ctx_params *p)

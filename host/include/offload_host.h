@@ -132,10 +132,14 @@ void host_abandon(struct host_ctx *ctx, uint32_t tag);
  * and its team fails every later op). 0 if the op was in flight, -ENOENT if it had
  * completed already, or a post/wait error. Wait on tag afterwards as usual. */
 int host_cancel(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns);
-/* World ranks known dead, one bit each (see offload_ring_hdr.failed_ranks); it includes
- * every rank a completion named as dead (OFFLOAD_ERR_PEER) or unreachable once reaped. */
+/* World ranks known dead (the ring header's failed set); it includes every rank a
+ * completion named as dead (OFFLOAD_ERR_PEER) or unreachable once reaped. The number of
+ * them, the first max (ascending) in ranks; -ESHUTDOWN. */
+int host_failed_list(struct host_ctx *ctx, uint32_t *ranks, uint32_t max);
+/* World ranks that closed their context cleanly (the ring header's closed set), alike. */
+int host_closed_list(struct host_ctx *ctx, uint32_t *ranks, uint32_t max);
+/* The same sets' ranks below 64, one bit each (a job of at most 64 ranks: all of them). */
 uint64_t host_failed_ranks(struct host_ctx *ctx);
-/* World ranks that closed their context cleanly (offload_ring_hdr.closed_ranks). */
 uint64_t host_closed_ranks(struct host_ctx *ctx);
 
 /* A key for [addr, addr+len): the covering ctx.empty() allocation's (owned = 0) or a new

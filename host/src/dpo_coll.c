@@ -199,14 +199,15 @@ static dpo_status_t init_alltoallv(struct dpo_coll_req *r, const dpo_coll_args_t
 		r->bounce_dst = rsum ? malloc(rsum) : NULL;
 		r->bounce_dst_len = rsum;
 	}
-	r->vargs = aligned_alloc(64, (sizeof(*r->vargs) + 63) & ~(size_t)63);
+	r->vargs = aligned_alloc(64, (offload_a2av_args_bytes(n) + 63) & ~(size_t)63);
 	if ((ssum && !r->src_packed && !r->bounce_src) || (rsum && !r->dst_packed && !r->bounce_dst) ||
 	    !r->vargs)
 		return dpo_fail(DPO_ERR_NO_MEMORY, "all-to-all-v: out of memory");
-	memset(r->vargs, 0, sizeof(*r->vargs));
+	memset(r->vargs, 0, offload_a2av_args_bytes(n));
+	r->vargs->nranks = n;
 	for (uint32_t i = 0; i < n; i++) {
-		r->vargs->send_bytes[i] = r->sbytes[i];
-		r->vargs->expect_bytes[i] = r->rbytes[i];
+		offload_a2av_send(r->vargs)[i] = r->sbytes[i];
+		offload_a2av_expect(r->vargs)[i] = r->rbytes[i];
 	}
 	r->op.opcode = OFFLOAD_OP_ALLTOALLV;
 	r->op.flags = OFFLOAD_CMD_F_EXPECT;  /* a sender that sends otherwise fails the op */
@@ -216,7 +217,7 @@ static dpo_status_t init_alltoallv(struct dpo_coll_req *r, const dpo_coll_args_t
 	r->op.dst_addr = (uint64_t)(uintptr_t)(r->bounce_dst ? r->bounce_dst : r->user_dst);
 	r->op.dst_len = rsum;
 	r->op.aux_addr = (uint64_t)(uintptr_t)r->vargs;
-	r->op.aux_len = sizeof(*r->vargs);
+	r->op.aux_len = offload_a2av_args_bytes(n);
 	r->poll_bytes = ssum > rsum ? ssum : rsum;
 	return DPO_OK;
 }
@@ -424,7 +425,7 @@ DPO_API dpo_status_t dpo_collective_post(dpo_coll_req_h r)
 	if (r->bounce_src)
 		gather_src(r);
 	if (r->vargs)
-		memset(r->vargs->recv_bytes, 0, sizeof(r->vargs->recv_bytes));
+		memset(offload_a2av_recv(r->vargs), 0, 8ull * r->vargs->nranks);
 	rc = host_post(r->team->ctx->host, &r->op, (int64_t)(r->post_timeout * 1e9), &r->tag);
 	if (rc)
 		return dpo_from_errno(rc, "posting the collective");

@@ -423,11 +423,11 @@ DPO_API dpo_status_t dpo_context_create(const dpo_context_params_t *params, dpo_
 	if (!(params->mask & DPO_CONTEXT_PARAM_FIELD_OOB))
 		return dpo_fail(DPO_ERR_INVALID_PARAM, "dpo_context_create: set "
 				"DPO_CONTEXT_PARAM_FIELD_OOB and an OOB (n_oob_eps = 1 for one rank)");
-	if (!params->oob.n_oob_eps || params->oob.n_oob_eps > OFFLOAD_MAX_RANKS ||
+	if (!params->oob.n_oob_eps || params->oob.n_oob_eps > OFFLOAD_RANKS_LIMIT ||
 	    params->oob.oob_ep >= params->oob.n_oob_eps)
 		return dpo_fail(DPO_ERR_INVALID_PARAM, "dpo_context_create: oob_ep %u of n_oob_eps "
 				"%u: need 1..%u ranks and oob_ep < n_oob_eps", params->oob.oob_ep,
-				params->oob.n_oob_eps, OFFLOAD_MAX_RANKS);
+				params->oob.n_oob_eps, OFFLOAD_RANKS_LIMIT);
 	if (params->oob.n_oob_eps > 1 && (!params->oob.allgather || !params->oob.req_test))
 		return dpo_fail(DPO_ERR_INVALID_PARAM, "dpo_context_create: the OOB needs allgather "
 				"and req_test callbacks");
@@ -486,6 +486,33 @@ DPO_API dpo_status_t dpo_context_get_attr(dpo_context_h ctx, dpo_context_attr_t 
 	attr->backend = ctx->backend;
 	attr->job = ctx->job;
 	return DPO_OK;
+}
+
+static dpo_status_t rank_list(dpo_context_h ctx, int closed, uint32_t *ranks, uint32_t max,
+			      uint32_t *count, const char *what)
+{
+	int n;
+
+	dpo_clear_error();
+	if (!ctx || !count || (max && !ranks))
+		return dpo_fail(DPO_ERR_INVALID_PARAM, "%s: NULL argument", what);
+	n = closed ? host_closed_list(ctx->host, ranks, max) : host_failed_list(ctx->host, ranks, max);
+	if (n < 0)
+		return dpo_from_errno(n, what);
+	*count = (uint32_t)n;
+	return DPO_OK;
+}
+
+DPO_API dpo_status_t dpo_context_failed_ranks(dpo_context_h ctx, uint32_t *ranks, uint32_t max,
+					      uint32_t *count)
+{
+	return rank_list(ctx, 0, ranks, max, count, "dpo_context_failed_ranks");
+}
+
+DPO_API dpo_status_t dpo_context_closed_ranks(dpo_context_h ctx, uint32_t *ranks, uint32_t max,
+					      uint32_t *count)
+{
+	return rank_list(ctx, 1, ranks, max, count, "dpo_context_closed_ranks");
 }
 
 DPO_API dpo_status_t dpo_context_stats(dpo_context_h ctx, dpo_thread_stats_t *per_thread,

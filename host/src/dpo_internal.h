@@ -83,7 +83,7 @@ struct dpo_team {
 	void *send_rec, *recv_recs;
 	uint32_t has_map;
 	uint32_t *map;                   /* ep_map given: the expected context ranks */
-	uint32_t ctx_ranks[OFFLOAD_MAX_RANKS];
+	uint32_t *ctx_ranks;             /* [size] */
 };
 
 /* dpo_status.c */

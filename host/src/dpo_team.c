@@ -59,10 +59,37 @@ static void release_local(struct dpo_context *ctx, uint32_t slot)
 	pthread_mutex_unlock(&ctx->lock);
 }
 
+/* Mark rank r in a bitmap of ranks; 1 if it was marked already. */
+static int seen_before(uint64_t *seen, uint32_t r)
+{
+	uint64_t bit = 1ull << (r % 64);
+	int was = !!(seen[r / 64] & bit);
+
+	seen[r / 64] |= bit;
+	return was;
+}
+
+static dpo_status_t check_map(struct dpo_context *ctx, const dpo_team_params_t *p,
+			      uint64_t *seen)
+{
+	const dpo_ep_map_t *m = &p->ep_map;
+
+	for (uint32_t i = 0; i < m->ep_num; i++)
+		if (m->map[i] >= ctx->size || seen_before(seen, m->map[i]))
+			return dpo_fail(DPO_ERR_INVALID_PARAM, "dpo_team_create_post: team ranks must "
+					"be distinct context ranks below %u (map[%u] = %u)", ctx->size,
+					i, m->map[i]);
+	if (m->map[p->oob.oob_ep] != ctx->rank)
+		return dpo_fail(DPO_ERR_INVALID_PARAM, "dpo_team_create_post: map[oob_ep %u] = %u "
+				"is not this rank (%u)", p->oob.oob_ep, m->map[p->oob.oob_ep], ctx->rank);
+	return DPO_OK;
+}
+
 static dpo_status_t check_params(struct dpo_context *ctx, const dpo_team_params_t *p)
 {
 	const dpo_ep_map_t *m = &p->ep_map;
-	uint64_t seen = 0;
+	uint64_t *seen;
+	dpo_status_t st;
 
 	if (!(p->mask & DPO_TEAM_PARAM_FIELD_OOB) || !p->oob.allgather || !p->oob.req_test)
 		return dpo_fail(DPO_ERR_INVALID_PARAM, "dpo_team_create_post: the team needs an OOB "
@@ -85,17 +112,12 @@ static dpo_status_t check_params(struct dpo_context *ctx, const dpo_team_params_
 	if (m->type != DPO_EP_MAP_ARRAY || !m->map)
 		return dpo_fail(DPO_ERR_INVALID_PARAM, "dpo_team_create_post: ep_map type must be "
 				"DPO_EP_MAP_FULL or DPO_EP_MAP_ARRAY with a map");
-	for (uint32_t i = 0; i < m->ep_num; i++) {
-		if (m->map[i] >= ctx->size || seen >> m->map[i] & 1)
-			return dpo_fail(DPO_ERR_INVALID_PARAM, "dpo_team_create_post: team ranks must "
-					"be distinct context ranks below %u (map[%u] = %u)", ctx->size,
-					i, m->map[i]);
-		seen |= 1ull << m->map[i];
-	}
-	if (m->map[p->oob.oob_ep] != ctx->rank)
-		return dpo_fail(DPO_ERR_INVALID_PARAM, "dpo_team_create_post: map[oob_ep %u] = %u "
-				"is not this rank (%u)", p->oob.oob_ep, m->map[p->oob.oob_ep], ctx->rank);
-	return DPO_OK;
+	seen = calloc(offload_rank_words(ctx->size), sizeof(*seen));
+	if (!seen)
+		return dpo_fail(DPO_ERR_NO_MEMORY, "dpo_team_create_post: out of memory");
+	st = check_map(ctx, p, seen);
+	free(seen);
+	return st;
 }
 
 DPO_API dpo_status_t dpo_team_create_post(dpo_context_h ctx, const dpo_team_params_t *params,
@@ -122,14 +144,15 @@ DPO_API dpo_status_t dpo_team_create_post(dpo_context_h ctx, const dpo_team_para
 	t->slot = NO_SLOT;
 	t->send_rec = calloc(1, sizeof(struct team_rec));
 	t->recv_recs = calloc(t->size, sizeof(struct team_rec));
+	t->ctx_ranks = calloc(t->size, sizeof(uint32_t));
 	if (params->mask & DPO_TEAM_PARAM_FIELD_EP_MAP && params->ep_map.type == DPO_EP_MAP_ARRAY) {
 		t->has_map = 1;
 		t->map = malloc(t->size * sizeof(uint32_t));
 		if (t->map)
 			memcpy(t->map, params->ep_map.map, t->size * sizeof(uint32_t));
 	}
-	if (!t->send_rec || !t->recv_recs || (t->has_map && !t->map)) {
-		free(t->send_rec), free(t->recv_recs), free(t->map), free(t);
+	if (!t->send_rec || !t->recv_recs || !t->ctx_ranks || (t->has_map && !t->map)) {
+		free(t->send_rec), free(t->recv_recs), free(t->map), free(t->ctx_ranks), free(t);
 		return dpo_fail(DPO_ERR_NO_MEMORY, "dpo_team_create_post: out of memory");
 	}
 	me = t->send_rec;
@@ -160,22 +183,28 @@ DPO_API dpo_status_t dpo_team_create_post(dpo_context_h ctx, const dpo_team_para
 static dpo_status_t decide(struct dpo_team *t, const struct team_rec *r)
 {
 	struct dpo_context *ctx = t->ctx;
-	uint64_t seen = 0;
+	uint64_t *seen = calloc(offload_rank_words(ctx->size), sizeof(*seen));
 	uint32_t common = (1u << OFFLOAD_MAX_TEAMS) - 1;
 
+	if (!seen)
+		return dpo_fail(DPO_ERR_NO_MEMORY, "team creation: out of memory");
 	for (uint32_t i = 0; i < t->size; i++) {
-		if (r[i].ctx_rank >= ctx->size || seen >> r[i].ctx_rank & 1)
+		if (r[i].ctx_rank >= ctx->size || seen_before(seen, r[i].ctx_rank)) {
+			free(seen);
 			return dpo_fail(DPO_ERR_INVALID_PARAM, "team creation: the members' OOB "
 					"gathered context rank %u twice or out of range: each "
 					"member must pass its own oob_ep", r[i].ctx_rank);
-		if (t->has_map && t->map[i] != r[i].ctx_rank)
+		}
+		if (t->has_map && t->map[i] != r[i].ctx_rank) {
+			free(seen);
 			return dpo_fail(DPO_ERR_INVALID_PARAM, "team creation: ep_map says team rank "
 					"%u is context rank %u, but rank %u answered", i, t->map[i],
 					r[i].ctx_rank);
-		seen |= 1ull << r[i].ctx_rank;
+		}
 		common &= r[i].free_mask;
 		t->ctx_ranks[i] = r[i].ctx_rank;
 	}
+	free(seen);
 	if (ctx->slots) {
 		t->slot = r[0].slot;
 	} else {
@@ -318,6 +347,7 @@ DPO_API dpo_status_t dpo_team_destroy(dpo_team_h t)
 	free(t->send_rec);
 	free(t->recv_recs);
 	free(t->map);
+	free(t->ctx_ranks);
 	free(t);
 	return DPO_OK;
 }

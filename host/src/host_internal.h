@@ -145,4 +145,11 @@ int host_mr_get_op(struct host_ctx *ctx, struct host_op *op, struct host_op_mr m
 void host_mr_put(struct host_ctx *ctx, const struct host_op_mr mr[HOST_OP_BUFS]);
 void host_mr_put_locked(struct host_ctx *ctx, const struct host_op_mr mr[HOST_OP_BUFS]);
 
+/* The ring header's failed (closed = 0) or closed set: offload_rank_words(size) words. */
+static inline uint64_t *host_rank_set(struct host_ctx *ctx, int closed)
+{
+	return (uint64_t *)((uint8_t *)ctx->ring +
+			    (closed ? ctx->ring->closed_off : ctx->ring->failed_off));
+}
+
 #endif /* HOST_INTERNAL_H */

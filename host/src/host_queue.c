@@ -28,13 +28,12 @@ void host_reap_locked(struct host_ctx *ctx)
 		struct host_tag *t = &ctx->tags[c->tag % HOST_TAGS];
 
 		/* An op that failed because a peer died or became unreachable names it: from now
-		 * on failed_ranks lists it too, whatever told the firmware first (the watch, or the
-		 * peer's memory refusing a write), so a caller that reads failed_ranks after the
+		 * on the failed set lists it too, whatever told the firmware first (the watch, or
+		 * the peer's memory refusing a write), so a caller that reads the set after the
 		 * error finds the rank it names, and every later op of its teams fails at intake. */
 		if ((c->status == OFFLOAD_ERR_PEER || c->status == OFFLOAD_ERR_LINK_DOWN) &&
-		    c->detail < OFFLOAD_MAX_RANKS && c->detail != ctx->rank)
-			__atomic_fetch_or(&ctx->ring->failed_ranks, 1ull << c->detail,
-					  __ATOMIC_SEQ_CST);
+		    c->detail < ctx->size && c->detail != ctx->rank)
+			offload_rankset_add(host_rank_set(ctx, 0), &ctx->ring->failed_gen, c->detail);
 		if (t->tag == c->tag && (t->state == TAG_PENDING || t->state == TAG_ABANDONED)) {
 			host_mr_put_locked(ctx, t->mr);
 			t->done = (struct host_completion){ .status = c->status, .detail = c->detail,
@@ -303,9 +302,9 @@ static int team_create_in(struct host_ctx *ctx, uint32_t team_id, uint32_t nmemb
 	uint32_t tag, me = nmembers;
 	int rc;
 
-	if (team_id >= OFFLOAD_MAX_TEAMS || nmembers == 0 || nmembers > OFFLOAD_MAX_RANKS)
+	if (team_id >= OFFLOAD_MAX_TEAMS || nmembers == 0 || nmembers > ctx->size)
 		return -EINVAL;
-	desc = calloc(1, sizeof(*desc));
+	desc = calloc(1, offload_team_desc_bytes(nmembers));
 	if (!desc)
 		return -ENOMEM;
 	desc->team_id = team_id;
@@ -322,7 +321,7 @@ static int team_create_in(struct host_ctx *ctx, uint32_t team_id, uint32_t nmemb
 		goto out;
 	desc->my_rank = me;
 	op.aux_addr = (uint64_t)(uintptr_t)desc;
-	op.aux_len = sizeof(*desc);
+	op.aux_len = offload_team_desc_bytes(nmembers);
 	rc = host_post(ctx, &op, timeout_ns, &tag);
 	if (rc)
 		goto out;

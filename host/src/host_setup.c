@@ -90,6 +90,7 @@ static int map_rings(struct host_ctx *ctx, const struct host_ctx_params *p)
 	ctx->ring = ctx->ring_mem;
 	ctx->ring->sq_entries = ctx->sq_entries;
 	ctx->ring->cq_entries = ctx->cq_entries;
+	offload_ring_set_ranks(ctx->ring, ctx->sq_entries, ctx->cq_entries, p->size);
 	ctx->sq = (struct offload_cmd *)(ctx->ring + 1);
 	ctx->cq = (struct offload_cqe *)(ctx->sq + entries);
 	return 0;
@@ -189,15 +190,61 @@ void host_ctx_close(struct host_ctx *ctx)
 	free(ctx);
 }
 
+/* Ranks of the ring's set: the count, the first max of them in out. */
+static uint32_t set_list(struct host_ctx *ctx, int closed, uint32_t *out, uint32_t max)
+{
+	const uint64_t *set = host_rank_set(ctx, closed);
+	uint32_t n = 0;
+
+	/* Pairs with offload_rankset_add()'s gen increment: bits before it are visible. */
+	(void)__atomic_load_n(closed ? &ctx->ring->closed_gen : &ctx->ring->failed_gen,
+			      __ATOMIC_ACQUIRE);
+	for (uint32_t w = 0; w < offload_rank_words(ctx->size); w++)
+		for (uint64_t m = __atomic_load_n(&set[w], __ATOMIC_ACQUIRE); m; m &= m - 1) {
+			if (n < max && out)
+				out[n] = w * 64 + (uint32_t)__builtin_ctzll(m);
+			n++;
+		}
+	return n;
+}
+
+/* The ranks below 64 of a set, a bit each (the u64 form older callers read). */
+static uint64_t set_mask(struct host_ctx *ctx, int closed)
+{
+	return __atomic_load_n(&host_rank_set(ctx, closed)[0], __ATOMIC_ACQUIRE);
+}
+
 uint64_t host_failed_ranks(struct host_ctx *ctx)
 {
 	uint64_t mask;
 
 	if (enter(ctx))
 		return 0;
-	mask = __atomic_load_n(&ctx->ring->failed_ranks, __ATOMIC_ACQUIRE);
+	mask = set_mask(ctx, 0);
 	leave(ctx);
 	return mask;
+}
+
+int host_failed_list(struct host_ctx *ctx, uint32_t *ranks, uint32_t max)
+{
+	uint32_t n;
+
+	if (enter(ctx))
+		return -ESHUTDOWN;
+	n = set_list(ctx, 0, ranks, max);
+	leave(ctx);
+	return (int)n;
+}
+
+int host_closed_list(struct host_ctx *ctx, uint32_t *ranks, uint32_t max)
+{
+	uint32_t n;
+
+	if (enter(ctx))
+		return -ESHUTDOWN;
+	n = set_list(ctx, 1, ranks, max);
+	leave(ctx);
+	return (int)n;
 }
 
 static int mcast_faults_in(struct host_ctx *ctx, uint32_t loss_ppm, uint32_t reorder_ppm)
@@ -215,7 +262,7 @@ uint64_t host_closed_ranks(struct host_ctx *ctx)
 
 	if (enter(ctx))
 		return 0;
-	mask = __atomic_load_n(&ctx->ring->closed_ranks, __ATOMIC_ACQUIRE);
+	mask = set_mask(ctx, 1);
 	leave(ctx);
 	return mask;
 }

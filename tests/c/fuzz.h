@@ -89,7 +89,9 @@ struct fz_header {
 	uint16_t passes;      /* at most 256 + passes % 4096 progress rounds */
 	uint8_t timeout;
 	uint8_t misc;         /* bit 0: a host thread sleeps on the ring (cq_waiters = 1);
-			       * bits 1-2: rails = 1 + (misc >> 1) % 4 */
+			       * bits 1-2: rails = 1 + (misc >> 1) % 4;
+			       * bit 3: a team pool of world + 1 members (the world team and
+			       * one of one rank fit: a larger TEAM_CREATE is NO_SPACE) */
 };
 
 /* What happens between progress rounds, at round at_pass (or earlier, once the engine
@@ -100,7 +102,10 @@ enum fz_poke_kind {
 	FZ_POKE_DONE = 2,     /* done[team][slot][src] += a (a peer's signal) */
 	FZ_POKE_CTRL = 3,     /* 8 bytes a at (c % sizeof ctrl) & ~7 in our control region */
 	FZ_POKE_AUX = 4,      /* 8 bytes a at (c % FZ_AUX_LEN) & ~7 in the aux window */
-	FZ_POKE_HOST = 5,     /* 8 bytes a at 8 + (c % 7) * 8 of the ring's first line (host's) */
+	/* c % 8 == 0: the world ranks of a's bits join the ring's failed set (as the host's
+	 * watch adds them); else 8 bytes a at 8 * (c % 8) of the ring's first line (host's,
+	 * its rank sets' gens and offsets too) */
+	FZ_POKE_HOST = 5,
 	FZ_POKE_DEAD = 6,     /* world rank src % W (not us) dies: its RDMA fails from now */
 	FZ_POKE_RAIL = 7,     /* rail c % rails to world rank src % W goes down (d & 1: to all) */
 	/* A completion the firmware never asked for on thread c % threads: the last wr_id it
@@ -115,7 +120,7 @@ struct fz_poke {
 	uint8_t kind;
 	uint8_t team;         /* % OFFLOAD_MAX_TEAMS */
 	uint8_t slot;         /* % OFFLOAD_OP_WINDOW */
-	uint8_t src;          /* % OFFLOAD_MAX_RANKS */
+	uint8_t src;          /* % the world size */
 	uint16_t at_pass;
 	uint16_t seq;
 	uint32_t c;

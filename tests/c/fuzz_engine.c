@@ -82,6 +82,7 @@ struct fz_run {
 	struct fz_world *w;
 	void *state;
 	struct offload_ring_hdr *ring;
+	uint32_t failed_off;   /* the ring's failed set, as the host placed it */
 	struct offload_cmd *sq;
 	struct offload_cqe *cq;
 	/* What the host posts, in order (the world's TEAM_CREATE first, unless FZ_F_NO_WORLD). */
@@ -98,7 +99,8 @@ struct fz_run {
 	uint8_t poked[FZ_MAX_POKES];
 	/* TEAM_CREATE descriptors as posted: if the aux bytes change later (the firmware
 	 * writes all-to-all-v results into aux too), the liveness check cannot know the teams. */
-	struct offload_team_desc desc_at_post[FZ_MAX_CMDS + 1];
+	/* A TEAM_CREATE's descriptor as posted: its header and up to FZ_MAX_WORLD peers. */
+	uint8_t desc_at_post[FZ_MAX_CMDS + 1][16 + 16 * FZ_MAX_WORLD];
 	uint8_t desc_valid[FZ_MAX_CMDS + 1];
 };
 
@@ -220,10 +222,10 @@ static int host_post(struct fz_run *r)
 
 		if (c->opcode == OFFLOAD_OP_TEAM_CREATE) {
 			const void *d = dpa_hal_aux_ptr(&r->w->hals[0], c->aux_key, c->aux_addr,
-							sizeof(struct offload_team_desc));
+							sizeof(r->desc_at_post[0]));
 
 			if (d) {  /* the input may misalign it: copy bytes */
-				memcpy(&r->desc_at_post[r->posted], d, sizeof(struct offload_team_desc));
+				memcpy(r->desc_at_post[r->posted], d, sizeof(r->desc_at_post[0]));
 				r->desc_valid[r->posted] = 1;
 			}
 		}
@@ -243,28 +245,34 @@ static int host_post(struct fz_run *r)
 static void apply_poke(struct fz_run *r, const struct fz_poke *p)
 {
 	struct fz_world *w = r->w;
-	struct offload_ctrl *ctrl = fz_region_ptr(w, w->me, FZ_CTRL);
-	struct offload_ctrl_team *t = &ctrl->teams[p->team % OFFLOAD_MAX_TEAMS];
-	uint32_t slot = p->slot % OFFLOAD_OP_WINDOW, src = p->src % OFFLOAD_MAX_RANKS;
+	uint8_t *ctrl = fz_region_ptr(w, w->me, FZ_CTRL);
+	/* Words of the team block as a team of the world's size lays them out (a smaller
+	 * team's are elsewhere: the poke lands where no member would write, as a hostile
+	 * peer's may). */
+	uint8_t *t = ctrl + offload_ctrl_team_off(w->size, p->team % OFFLOAD_MAX_TEAMS);
+	uint32_t slot = p->slot % OFFLOAD_OP_WINDOW, src = p->src % w->size, n = w->size;
+	struct offload_ready *ready = (void *)(t + offload_ctrl_ready_in(n, slot, src));
+	struct offload_count *count = (void *)(t + offload_ctrl_count_in(n, slot, src));
+	uint64_t *done = (void *)(t + offload_ctrl_done_in(n, slot, src));
 	uint8_t *raw;
 
 	switch (p->kind % FZ_POKE_KINDS) {
 	case FZ_POKE_READY:
-		t->ready[slot][src].addr = p->a;
-		t->ready[slot][src].len = p->b;
-		t->ready[slot][src].key = p->c;
-		t->ready[slot][src].flags = p->d;
-		__atomic_store_n(&t->ready[slot][src].seq, p->seq, __ATOMIC_RELEASE);
+		ready->addr = p->a;
+		ready->len = p->b;
+		ready->key = p->c;
+		ready->flags = p->d;
+		__atomic_store_n(&ready->seq, p->seq, __ATOMIC_RELEASE);
 		break;
 	case FZ_POKE_COUNT:
-		t->counts[slot][src].bytes = p->a;
-		__atomic_store_n(&t->counts[slot][src].seq, p->seq, __ATOMIC_RELEASE);
+		count->bytes = p->a;
+		__atomic_store_n(&count->seq, p->seq, __ATOMIC_RELEASE);
 		break;
 	case FZ_POKE_DONE:
-		__atomic_fetch_add(&t->done[slot][src], p->a, __ATOMIC_ACQ_REL);
+		__atomic_fetch_add(done, p->a, __ATOMIC_ACQ_REL);
 		break;
 	case FZ_POKE_CTRL:
-		raw = (uint8_t *)ctrl + ((p->c % sizeof(*ctrl)) & ~7u);
+		raw = ctrl + ((p->c % offload_ctrl_bytes(w->size)) & ~7u);
 		__atomic_store_n((uint64_t *)(void *)raw, p->a, __ATOMIC_RELEASE);
 		break;
 	case FZ_POKE_AUX:
@@ -272,9 +280,16 @@ static void apply_poke(struct fz_run *r, const struct fz_poke *p)
 		__atomic_store_n((uint64_t *)(void *)raw, p->a, __ATOMIC_RELEASE);
 		break;
 	case FZ_POKE_HOST:
-		/* Any word of the host's first line but sq_tail (e.g. failed_ranks). */
-		raw = (uint8_t *)r->ring + 8 + (p->c % 7) * 8;
-		__atomic_store_n((uint64_t *)(void *)raw, p->a, __ATOMIC_RELEASE);
+		if (p->c % 8 == 0) {  /* ranks into the failed set, as the host's watch puts them */
+			for (uint32_t q = 0; q < w->size && q < 64; q++)
+				if (p->a >> q & 1)
+					offload_rankset_add((uint64_t *)(void *)((uint8_t *)r->ring +
+										 r->failed_off),
+							    &r->ring->failed_gen, q);
+		} else {  /* any word of the host's first line but sq_tail */
+			raw = (uint8_t *)r->ring + (p->c % 8) * 8;
+			__atomic_store_n((uint64_t *)(void *)raw, p->a, __ATOMIC_RELEASE);
+		}
 		memcpy(r->line0, r->ring, 64);
 		break;
 	case FZ_POKE_DEAD:
@@ -326,10 +341,10 @@ static int apply_pokes(struct fz_run *r, uint32_t pass, int force)
 static void setup_world_team(struct fz_run *r)
 {
 	struct fz_world *w = r->w;
-	struct offload_team_desc *d =
-		(struct offload_team_desc *)(w->aux.mem + FZ_AUX_LEN - sizeof(*d));
+	uint64_t len = offload_team_desc_bytes(w->size);
+	struct offload_team_desc *d = (struct offload_team_desc *)(w->aux.mem + FZ_AUX_LEN - len);
 
-	memset(d, 0, sizeof(*d));
+	memset(d, 0, len);
 	d->team_id = OFFLOAD_WORLD_TEAM;
 	d->size = w->size;
 	d->my_rank = w->me;
@@ -337,7 +352,7 @@ static void setup_world_team(struct fz_run *r)
 		d->peers[i] = (struct offload_peer){ .ctrl_addr = fz_addr(i, FZ_CTRL),
 			.ctrl_key = fz_key(i, FZ_CTRL), .world_rank = i };
 	r->queue[0] = (struct offload_cmd){ .opcode = OFFLOAD_OP_TEAM_CREATE,
-		.tag = FZ_TAG_SETUP, .aux_addr = FZ_AUX_BASE + FZ_AUX_LEN - sizeof(*d),
+		.tag = FZ_TAG_SETUP, .aux_addr = FZ_AUX_BASE + FZ_AUX_LEN - len,
 		.aux_key = FZ_AUX_KEY };
 	r->setup = 1;
 }
@@ -359,14 +374,15 @@ static int must_answer(const struct fz_run *r, uint32_t upto, uint8_t *need)
 
 	for (uint32_t i = 0; i < upto; i++) {
 		const struct offload_cmd *c = &r->queue[i];
-		const struct offload_team_desc *d = &r->desc_at_post[i];
+		const struct offload_team_desc *d =
+			(const struct offload_team_desc *)(const void *)r->desc_at_post[i];
 
 		need[i] = 1;
 		if (c->opcode == OFFLOAD_OP_TEAM_CREATE && r->done[i] && r->status[i] == OFFLOAD_OK) {
 			const void *now = dpa_hal_aux_ptr(&r->w->hals[0], c->aux_key, c->aux_addr,
-							  sizeof(struct offload_team_desc));
+							  sizeof(r->desc_at_post[0]));
 
-			if (!r->desc_valid[i] || !now || memcmp(d, now, sizeof(*d)) ||
+			if (!r->desc_valid[i] || !now || memcmp(d, now, sizeof(r->desc_at_post[0])) ||
 			    d->team_id >= OFFLOAD_MAX_TEAMS)
 				return -1;
 			kind[d->team_id] = d->size == 1 && d->peers[0].world_rank == me &&
@@ -479,8 +495,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	if (!w) {
 		w = fz_world_new();
 		/* Exactly the engine's size: a sanitizer sees any write past it. */
-		if (posix_memalign(&state, 64, dpa_engine_state_size()))
-			abort();
+		/* Sized per input below: exactly the engine's, so a sanitizer sees any write past. */
 	}
 	fz_decode(data, size, &in);
 	fz_world_reset(w, &in);
@@ -495,6 +510,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 	r.ring->sq_tail = r.ring->sq_head = r.ring->cq_tail = r.ring->cq_head = r.start;
 	r.ring->sq_entries = in.sq_entries;
 	r.ring->cq_entries = in.cq_entries;
+	offload_ring_set_ranks(r.ring, in.sq_entries, in.cq_entries, in.world);
+	r.failed_off = r.ring->failed_off;
 	r.sq_head = r.cq_tail = r.start;
 	/* A host thread asleep on the ring half of the time: the engine then wakes it. */
 	r.cq_waiters = r.ring->cq_waiters = in.h.misc & 1;
@@ -519,10 +536,15 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
 		.abi_version = OFFLOAD_ABI_VERSION, .world_rank = in.me, .world_size = in.world,
 		.num_threads = in.threads, .sq_entries = in.sq_entries, .cq_entries = in.cq_entries,
 		.chunk_size = in.chunk_size, .chunks_per_pass = in.chunks_per_pass,
+		.team_pool_ranks = in.h.misc & 8 ? in.world + 1 : 0,
 #if OFFLOAD_ABI_VERSION >= 5
 		.op_timeout_ms = in.op_timeout_ms,
 #endif
 	};
+	free(state);
+	if (posix_memalign(&state, 64, dpa_engine_state_size(&params)))
+		abort();
+	r.state = state;
 	rc = dpa_engine_init(state, &params);
 	if (rc)
 		fz_fail("dpa_engine_init refused valid parameters: %d", rc);

@@ -32,7 +32,7 @@ static const uint32_t fz_access[FZ_KINDS] = {
 };
 
 static const uint64_t fz_len[FZ_KINDS] = {
-	[FZ_CTRL] = sizeof(struct offload_ctrl),
+	[FZ_CTRL] = 0,  /* offload_ctrl_bytes(world): set per input (fz_world_reset) */
 	[FZ_SRC] = FZ_SRC_LEN,
 	[FZ_DST] = FZ_DST_LEN,
 };
@@ -88,8 +88,7 @@ static void buf_check(const struct fz_buf *b, const char *name, uint32_t rank, c
 struct fz_world *fz_world_new(void)
 {
 	struct fz_world *w = calloc(1, sizeof(*w));
-	uint64_t ring_max = sizeof(struct offload_ring_hdr) + 64 * sizeof(struct offload_cmd) +
-			    64 * sizeof(struct offload_cqe);
+	uint64_t ring_max = offload_ring_bytes(64, 64, FZ_MAX_WORLD);
 
 	if (!w) {
 		fputs("fuzz: out of memory\n", stderr);
@@ -102,9 +101,11 @@ struct fz_world *fz_world_new(void)
 		for (uint32_t k = 0; k < FZ_KINDS; k++) {
 			struct fz_region *reg = &w->regions[r][k];
 
+			uint64_t len = k == FZ_CTRL ? offload_ctrl_bytes(FZ_MAX_WORLD) : fz_len[k];
+
 			*reg = (struct fz_region){ .rank = r, .kind = k, .key = fz_key(r, k),
-				.access = fz_access[k], .addr = fz_addr(r, k), .buf = buf_new(fz_len[k]) };
-			buf_reset(&reg->buf, fz_len[k], k == FZ_SRC ? FZ_SRC_BYTE : 0);
+				.access = fz_access[k], .addr = fz_addr(r, k), .buf = buf_new(len) };
+			buf_reset(&reg->buf, len, k == FZ_SRC ? FZ_SRC_BYTE : 0);
 		}
 	}
 	for (uint32_t t = 0; t < FZ_MAX_THREADS; t++)
@@ -120,9 +121,7 @@ void fz_world_reset(struct fz_world *w, const struct fz_input *in)
 	w->dead = in->h.dead & ~(1u << in->me) & ((1u << in->world) - 1);
 	w->num_rails = in->rails;
 	memset(w->rail_down, 0, sizeof(w->rail_down));
-	w->ring_len = sizeof(struct offload_ring_hdr) +
-		      (uint64_t)in->sq_entries * sizeof(struct offload_cmd) +
-		      (uint64_t)in->cq_entries * sizeof(struct offload_cqe);
+	w->ring_len = offload_ring_bytes(in->sq_entries, in->cq_entries, in->world);
 	buf_reset(&w->ring, w->ring_len, 0);
 	buf_reset(&w->stats, in->threads * sizeof(struct offload_thread_stats), 0);
 	buf_reset(&w->aux, FZ_AUX_LEN, 0);
@@ -130,7 +129,7 @@ void fz_world_reset(struct fz_world *w, const struct fz_input *in)
 	/* Control words must start at zero: a stale seq from the last input would pair. dst
 	 * contents don't matter; src is checked, never rewritten. */
 	for (uint32_t r = 0; r < in->world; r++)
-		buf_reset(&w->regions[r][FZ_CTRL].buf, fz_len[FZ_CTRL], 0);
+		buf_reset(&w->regions[r][FZ_CTRL].buf, offload_ctrl_bytes(in->world), 0);
 	for (uint32_t t = 0; t < FZ_MAX_THREADS; t++) {
 		memset(w->hals[t].rail, 0, sizeof(w->hals[t].rail));
 		w->hals[t].cq.head = w->hals[t].cq.tail = 0;
@@ -463,8 +462,8 @@ int dpa_hal_mcast_send(struct dpa_hal *hal, uint32_t group, uint64_t laddr, uint
 int dpa_hal_mcast_post(struct dpa_hal *hal, uint32_t group, uint32_t seq8,
 		       const struct dpa_hal_mcast_region *regions, uint32_t n)
 {
-	(void)hal, (void)seq8, (void)regions;
-	if (group >= OFFLOAD_MAX_TEAMS || n > DPA_HAL_MCAST_MAX_REGIONS)
+	(void)seq8, (void)regions;
+	if (group >= OFFLOAD_MAX_TEAMS || n > hal->w->size)
 		fz_fail("dpa_hal_mcast_post(group %u, %u regions)", group, n);
 	return 0;
 }

@@ -45,7 +45,7 @@ static const uint64_t interesting64[] = {
 
 static uint64_t pick_addr(uint32_t world)
 {
-	static const uint64_t len[FZ_KINDS] = { sizeof(struct offload_ctrl), FZ_SRC_LEN, FZ_DST_LEN };
+	const uint64_t len[FZ_KINDS] = { offload_ctrl_bytes(world), FZ_SRC_LEN, FZ_DST_LEN };
 	uint32_t k = fz_below(FZ_KINDS + 1);
 	uint64_t base, span;
 
@@ -222,7 +222,8 @@ static void mutate_aux(struct fz_bytes *in, const struct layout *l)
 	uint64_t v = pick_value(l->world);
 
 	/* Near a structure the seeds placed: a field of a descriptor or of the args. */
-	off = base + (fz_below(3) ? fz_below(64) * 8 : fz_below(sizeof(struct offload_alltoallv_args)));
+	off = base + (fz_below(3) ? fz_below(64) * 8 :
+		      fz_below((uint32_t)offload_a2av_args_bytes(FZ_MAX_WORLD)));
 	if (fz_below(3) == 0)
 		v = fz_below(70);
 	while (l->aux + off + 8 > in->len && in->len + 8 <= FZ_MAX_INPUT)

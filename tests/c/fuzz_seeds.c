@@ -65,12 +65,16 @@ static void b_poke(struct builder *b, struct fz_poke p)
 static void b_desc(struct builder *b, uint32_t off, uint32_t team, uint32_t size, uint32_t my_rank,
 		   const uint32_t *world_ranks)
 {
-	struct offload_team_desc d = { .team_id = team, .size = size, .my_rank = my_rank };
+	uint8_t raw[16 + 16 * FZ_MAX_WORLD] = { 0 };
+	struct offload_team_desc *d = (struct offload_team_desc *)(void *)raw;
 
+	d->team_id = team;
+	d->size = size;
+	d->my_rank = my_rank;
 	for (uint32_t i = 0; i < size; i++)
-		d.peers[i] = (struct offload_peer){ .ctrl_addr = fz_addr(world_ranks[i], FZ_CTRL),
+		d->peers[i] = (struct offload_peer){ .ctrl_addr = fz_addr(world_ranks[i], FZ_CTRL),
 			.ctrl_key = fz_key(world_ranks[i], FZ_CTRL), .world_rank = world_ranks[i] };
-	b_aux(b, off, &d, sizeof(d));
+	b_aux(b, off, d, offload_team_desc_bytes(size));
 }
 
 static void b_a2a(struct builder *b, uint16_t team, uint32_t me, uint32_t n, uint64_t count)
@@ -91,16 +95,17 @@ static void b_a2a(struct builder *b, uint16_t team, uint32_t me, uint32_t n, uin
 static struct offload_cmd *b_a2av(struct builder *b, uint16_t team, uint32_t me, uint32_t n,
 				  uint32_t off, const uint64_t *send, uint64_t dst_len)
 {
-	struct offload_alltoallv_args args;
+	uint64_t raw[8 + 3 * FZ_MAX_WORLD] = { 0 };
+	struct offload_alltoallv_args *args = (struct offload_alltoallv_args *)(void *)raw;
 	struct offload_cmd *c = b_cmd(b, OFFLOAD_OP_ALLTOALLV, team);
 	uint64_t total = 0;
 
-	memset(&args, 0, sizeof(args));
+	args->nranks = n;
 	for (uint32_t p = 0; p < n; p++) {
-		args.send_bytes[p] = send[p];
+		offload_a2av_send(args)[p] = send[p];
 		total += send[p];
 	}
-	b_aux(b, off, &args, sizeof(args));
+	b_aux(b, off, args, offload_a2av_args_bytes(n));
 	c->src_addr = fz_addr(me, FZ_SRC);
 	c->src_key = fz_key(me, FZ_SRC);
 	c->count = total;
@@ -200,7 +205,7 @@ static void seeds_single(void)
 	b_aux(&b, AUX_ROWS, (const uint32_t[]){ 3, 1, 4, 1, 5 }, 5 * sizeof(uint32_t));
 	one = 640;
 	b_a2av(&b, 0, 0, 1, AUX_ARGS2, &one, 640)->flags = OFFLOAD_CMD_F_EXPECT;
-	b_args(&b, AUX_ARGS2)->expect_bytes[0] = 640;
+	offload_a2av_expect(b_args(&b, AUX_ARGS2))[0] = 640;
 	add_seed(&b, "rows and expect");
 
 	/* Placed rows (MoE combine): 3 rows of 64 bytes land at rows 7 0 3 of our own table;
@@ -234,6 +239,18 @@ static void seeds_single(void)
 	b_a2a(&b, 0, 0, 1, 100);
 	b_cmd(&b, OFFLOAD_OP_BARRIER, 1);
 	add_seed(&b, "team create");
+
+	/* A team pool of world + 1 members (bit 3): the world team of 2 fits, a second team of
+	 * 2 is NO_SPACE (nothing of it exists after), one of 1 fits in what is left. */
+	b_init(&b, 2, 0, 1);
+	b.h.misc = 8;
+	b_desc(&b, AUX_DESC, 4, 2, 0, (const uint32_t[]){ 0, 1 });
+	b_desc(&b, AUX_DESC2, 5, 1, 0, &me0);
+	b_cmd(&b, OFFLOAD_OP_TEAM_CREATE, 0)->aux_addr = FZ_AUX_BASE + AUX_DESC;
+	b_cmd(&b, OFFLOAD_OP_BARRIER, 4);
+	b_cmd(&b, OFFLOAD_OP_TEAM_CREATE, 0)->aux_addr = FZ_AUX_BASE + AUX_DESC2;
+	b_a2a(&b, 5, 0, 1, 512);
+	add_seed(&b, "team pool full");
 
 	/* Many small ops through a small ring whose indices wrap. */
 	b_init(&b, 1, 0, 3);
@@ -362,7 +379,7 @@ static void seeds_multi(void)
 	b_cmd(&b, OFFLOAD_OP_NOP, 0);
 	add_seed(&b, "4 ranks, pending");
 
-	/* A dead peer, and the host's failed_ranks word. */
+	/* A dead peer, and the host's failed set. */
 	n = 3;
 	me = 0;
 	b_init(&b, n, me, 2);

@@ -174,10 +174,12 @@ static void check_block(struct rank *r, const uint32_t *got, uint32_t owner, uin
 static void test_multicast(struct rank *r)
 {
 	const uint32_t sizes[] = { 0, 1, 1023, 1025, r->big };
-	uint32_t iter = 500;
+	/* -scale: one size, whose all-gather spans more chunks than ranks (4 KiB MTU). */
+	uint32_t iter = 500, nsizes = r->sh->scale ? 1 : sizeof(sizes) / sizeof(sizes[0]);
+	uint32_t first = r->sh->scale ? 3 : 0;
 
 	host_set_mcast_faults(r->ctx, 20000, 0);
-	for (uint32_t k = 0; k < sizeof(sizes) / sizeof(sizes[0]); k++) {
+	for (uint32_t k = first; k < first + nsizes; k++) {
 		for (int shared = 0; shared < 2; shared++, iter += 2) {
 			uint32_t cnt = sizes[k], root = (k + (uint32_t)shared) % r->n;
 			uint64_t bytes = (uint64_t)cnt * 4;
@@ -310,6 +312,21 @@ static int rank_main(uint32_t me, uint32_t n, const char *job, uint32_t threads,
 		rc = host_team_create(r.ctx, THREAD_TEAM, n, world, WAIT_NS);
 	if (rc) {
 		fail(&r, "host_team_create = %d", rc);
+	} else if (sh->scale) {
+		struct a2a a;
+
+		/* Many ranks: each collective once, small (every rank of the job is a process
+		 * on the same cores). */
+		test_barrier(&r, 0);
+		if (!a2a_post(&r, &a, 1, 1, 0, OFFLOAD_WORLD_TEAM, world))
+			a2a_finish(&r, &a);
+		if (!a2a_post(&r, &a, 300, 2, 3, OFFLOAD_WORLD_TEAM, world))
+			a2a_finish(&r, &a);
+		if (!a2a_post(&r, &a, 33, 77, 0, 1, reversed))
+			a2a_finish(&r, &a);
+		test_alltoallv_scale(&r);
+		test_multicast(&r);
+		test_barrier(&r, BARRIER_ROUNDS);
 	} else {
 		struct a2a a;
 
@@ -364,7 +381,7 @@ int main(int argc, char **argv)
 {
 	uint32_t n = 2, threads = 2, rails = 1, big = 256 * 1024;
 	uint64_t rail0_bytes = UINT64_MAX;
-	uint32_t staged = 0, threads_only = 0;
+	uint32_t staged = 0, threads_only = 0, scale = 0;
 	double timeout = 60, deadline, failed_at = 0;
 	pid_t pids[MAX_N];
 	int done[MAX_N] = { 0 }, left, bad = 0;
@@ -388,9 +405,11 @@ int main(int argc, char **argv)
 			staged = 1;
 		else if (!strcmp(argv[i], "-threads-only"))
 			threads_only = 1;
+		else if (!strcmp(argv[i], "-scale"))
+			scale = 1;
 		else {
 			fprintf(stderr, "usage: %s [-n N] [-threads T] [-rails R] [-rail0_down_after BYTES] "
-				"[-timeout S] [-big ELEMS] [-staged] [-threads-only]\n", argv[0]);
+				"[-timeout S] [-big ELEMS] [-staged] [-threads-only] [-scale]\n", argv[0]);
 			return 2;
 		}
 	}
@@ -410,6 +429,7 @@ int main(int argc, char **argv)
 	sh->mcast_staged = staged;
 	sh->job_key = ((uint64_t)getpid() << 32 | (uint64_t)time(NULL)) | 1;  /* never 0 */
 	sh->threads_only = threads_only;
+	sh->scale = scale;
 	printf("multirank: job %s, %u ranks, %u DPA threads and %u rails each, largest all-to-all "
 	       "%u elements per peer%s\n", job, n, threads, rails, big,
 	       rail0_bytes != UINT64_MAX ? ", rail 0 fails" : "");

@@ -8,7 +8,7 @@
 #include "offload_abi.h"
 #include "offload_host.h"
 
-#define MAX_N          16u
+#define MAX_N          128u   /* past 64: jobs beyond 64-bit rank masks (-scale) */
 #define GUARD_ELEMS    64u
 #define GUARD_VAL      0xEEEEEEEEu
 #define WAIT_NS        (30ll * 1000000000ll)
@@ -19,6 +19,7 @@ struct shared {
 	uint32_t arrived[2 * BARRIER_ROUNDS];
 	uint32_t mcast_staged;  /* -staged: multicast received into staging slots (UD) */
 	uint32_t threads_only;  /* -threads-only: no cooperative progress */
+	uint32_t scale;         /* -scale: a short set of ops for jobs of many ranks */
 	uint64_t job_key;
 };
 
@@ -64,6 +65,7 @@ int a2a_post(struct rank *r, struct a2a *a, uint32_t cnt, uint32_t iter, int sha
 void a2a_finish(struct rank *r, struct a2a *a);
 void test_alltoall(struct rank *r, const uint32_t *world);
 void test_alltoallv(struct rank *r);
+void test_alltoallv_scale(struct rank *r);
 void test_overlap(struct rank *r);
 void test_threads(struct rank *r, const uint32_t *world);
 

@@ -118,17 +118,18 @@ static void test_alltoallv_one(struct rank *r, uint32_t team, uint32_t iter, enu
 	char what[80];
 
 	snprintf(what, sizeof(what), "%s team %u round %u", names[mode], team, iter);
-	args = aligned_alloc(64, (sizeof(*args) + 63) & ~(size_t)63);
+	args = aligned_alloc(64, (offload_a2av_args_bytes(r->n) + 63) & ~(size_t)63);
 	if (!args) {
 		fail(r, "out of memory");
 		return;
 	}
-	memset(args, 0, sizeof(*args));
+	memset(args, 0, offload_a2av_args_bytes(r->n));
+	args->nranks = r->n;
 	for (uint32_t p = 0; p < r->n; p++) {
 		uint32_t out = vcount(r->me, p, iter), in = vcount(p, r->me, iter);
 
-		args->send_bytes[p] = (uint64_t)out * 4;
-		args->expect_bytes[p] = (uint64_t)in * 4;
+		offload_a2av_send(args)[p] = (uint64_t)out * 4;
+		offload_a2av_expect(args)[p] = (uint64_t)in * 4;
 		sends += out;
 		recvs += in;
 		for (uint32_t q = 0; q < r->n; q++)
@@ -147,7 +148,7 @@ static void test_alltoallv_one(struct rank *r, uint32_t team, uint32_t iter, enu
 		.flags = mode == V_EXPECT ? OFFLOAD_CMD_F_EXPECT : mode == V_SLOTS ? OFFLOAD_CMD_F_SLOTS : 0,
 		.src_addr = (uintptr_t)src.p, .src_len = sends * 4, .count = sends * 4,
 		.dst_addr = (uintptr_t)dst.p, .dst_len = dst.elems * 4, .aux_addr = (uintptr_t)args,
-		.aux_len = sizeof(*args) };
+		.aux_len = offload_a2av_args_bytes(r->n) };
 	if (post(r, &op, &tag, what) || wait_ok(r, tag, &c, what))
 		goto out;
 	if (mode != V_SLOTS && c.result0 != recvs * 4)
@@ -158,9 +159,9 @@ static void test_alltoallv_one(struct rank *r, uint32_t team, uint32_t iter, enu
 		uint32_t in = vcount(s, r->me, iter);
 		uint64_t base = mode == V_SLOTS ? s * slot : off;
 
-		if (args->recv_bytes[s] != (uint64_t)in * 4)
+		if (offload_a2av_recv(args)[s] != (uint64_t)in * 4)
 			fail(r, "%s: recv_bytes[%u] = %llu, want %u", what, s,
-			     (unsigned long long)args->recv_bytes[s], in * 4);
+			     (unsigned long long)offload_a2av_recv(args)[s], in * 4);
 		for (uint32_t i = 0; i < in; i++) {
 			if (dst.p[base + i] != val(s, r->me, i, 100 + iter)) {
 				fail(r, "%s: from rank %u element %u: got %#x, want %#x", what, s, i,
@@ -190,6 +191,14 @@ void test_alltoallv(struct rank *r)
 	test_alltoallv_one(r, OFFLOAD_WORLD_TEAM, 5, V_EXPECT);
 	test_alltoallv_one(r, OFFLOAD_WORLD_TEAM, 6, V_SLOTS);
 	test_alltoallv_one(r, OFFLOAD_WORLD_TEAM, 7, V_SLOTS);
+}
+
+/* -scale: each mode once, with no large block (many ranks share two cores). */
+void test_alltoallv_scale(struct rank *r)
+{
+	test_alltoallv_one(r, OFFLOAD_WORLD_TEAM, 1, V_PLAIN);
+	test_alltoallv_one(r, OFFLOAD_WORLD_TEAM, 5, V_EXPECT);
+	test_alltoallv_one(r, OFFLOAD_WORLD_TEAM, 6, V_SLOTS);
 }
 
 /* A command the Python layer refuses, forged here: src and dst overlap in one job-shared

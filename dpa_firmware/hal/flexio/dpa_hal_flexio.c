@@ -94,7 +94,7 @@ static void hal_init(struct dpa_hal *hal, struct offload_flexio_thread_ctx *ctx)
 			qp_init(&hal->qps[r][p], &row[p]);
 		qp_init(&hal->twins[r], &row[ctx->world_size]);
 	}
-	for (uint32_t p = 0; p < OFFLOAD_MAX_RANKS; p++)
+	for (uint32_t p = 0; p < OFFLOAD_FLEXIO_MAX_RANKS; p++)
 		hal->rail_of[p] = 0;
 	hal->soft_head = hal->soft_tail = 0;
 	hal->magic = DPA_FLEXIO_HAL_MAGIC;
@@ -286,7 +286,7 @@ __dpa_global__ void dpa_offload_event_handler(uint64_t thread_arg)
 	uint32_t idle = 0;
 
 	if (ctx->magic != OFFLOAD_FLEXIO_CTX_MAGIC || ctx->version != OFFLOAD_FLEXIO_CTX_VERSION ||
-	    ctx->world_size > OFFLOAD_MAX_RANKS || ctx->num_threads > OFFLOAD_MAX_THREADS ||
+	    ctx->world_size > OFFLOAD_FLEXIO_MAX_RANKS || ctx->num_threads > OFFLOAD_MAX_THREADS ||
 	    ctx->thread_index >= ctx->num_threads || ctx->num_rails > OFFLOAD_FLEXIO_MAX_RAILS)
 		flexio_dev_error(DPA_FLEXIO_ERR_BAD_CTX);
 	hal = dptr(ctx->hal_daddr);
@@ -333,11 +333,18 @@ __dpa_global__ void dpa_offload_event_handler(uint64_t thread_arg)
 flexio_dev_rpc_handler_t dpa_offload_query_rpc;
 __dpa_rpc__ uint64_t dpa_offload_query_rpc(uint64_t what)
 {
-	switch (what) {
+	switch (what & 0xffu) {
 	case OFFLOAD_FLEXIO_QUERY_ABI:
 		return OFFLOAD_ABI_VERSION;
-	case OFFLOAD_FLEXIO_QUERY_STATE_SIZE:
-		return dpa_engine_state_size();
+	case OFFLOAD_FLEXIO_QUERY_STATE_SIZE: {  /* for the params the query carries */
+		struct dpa_engine_params p = {
+			.world_size = OFFLOAD_FLEXIO_QUERY_WORLD(what),
+			.num_threads = OFFLOAD_FLEXIO_QUERY_THREADS(what),
+			.team_pool_ranks = OFFLOAD_FLEXIO_QUERY_POOL(what),
+		};
+
+		return dpa_engine_state_size(&p);
+	}
 	case OFFLOAD_FLEXIO_QUERY_HAL_BYTES:
 		return sizeof(struct dpa_hal);
 	default:

@@ -29,19 +29,25 @@ static void cqe_fill(struct dpa_hal_cqe *c, uint64_t wr_id, int32_t status, uint
 /*
  * A QP whose peer closed its context breaks like one whose peer died (the closer's QPs are
  * gone: retries run out, the rest is flushed), but the peer said it was closing first (the
- * host puts it in the ring's closed_ranks on its notice): what failed for that reason
+ * host puts it in the ring's closed set on its notice): what failed for that reason
  * reports OFFLOAD_ERR_PEER_CLOSED, not a link down to fail over from or a death.
  */
 static int32_t peer_status(struct dpa_hal *hal, const struct dpa_flexio_qp *qp, int32_t status)
 {
 	const struct offload_ring_hdr *ring;
+	const uint64_t *closed;
 
-	if (status != OFFLOAD_ERR_LINK_DOWN || qp->peer >= OFFLOAD_MAX_RANKS ||
+	if (status != OFFLOAD_ERR_LINK_DOWN || qp->peer >= OFFLOAD_FLEXIO_MAX_RANKS ||
 	    qp->peer == hal->world_rank)
 		return status;
 	ring = dpa_hal_window_ptr(hal, DPA_HAL_WIN_RING, 0, sizeof(*ring));
-	return ring && (off_load_acquire(&ring->closed_ranks) >> qp->peer & 1) ?
-	       OFFLOAD_ERR_PEER_CLOSED : status;
+	if (!ring)
+		return status;
+	/* Pairs with the host's gen increment after the bit (offload_rankset_add). */
+	(void)off_load_acquire(&ring->closed_gen);
+	closed = dpa_hal_window_ptr(hal, DPA_HAL_WIN_RING, ring->closed_off,
+				    8ull * offload_rank_words(qp->peer + 1));
+	return closed && offload_rankset_has(closed, qp->peer) ? OFFLOAD_ERR_PEER_CLOSED : status;
 }
 
 int dpa_flexio_soft_complete(struct dpa_hal *hal, const struct dpa_flexio_qp *qp, uint64_t wr_id,
@@ -123,12 +129,13 @@ static int32_t status_of(uint32_t syndrome)
 	}
 }
 
-/* The QP of a CQE: user_index names a peer QP (rail * OFFLOAD_MAX_RANKS + world rank) and the
+/* The QP of a CQE: user_index names a peer QP (rail * OFFLOAD_FLEXIO_MAX_RANKS + world rank)
+ * and the
  * QP number confirms; the loopback, the self twins and a search are the fallback. */
 static struct dpa_flexio_qp *qp_of(struct dpa_hal *hal, struct flexio_dev_cqe64 *cqe)
 {
 	uint32_t uidx = flexio_dev_cqe_get_user_index(cqe), qpn = flexio_dev_cqe_get_qpn(cqe);
-	uint32_t rail = uidx / OFFLOAD_MAX_RANKS, peer = uidx % OFFLOAD_MAX_RANKS;
+	uint32_t rail = uidx / OFFLOAD_FLEXIO_MAX_RANKS, peer = uidx % OFFLOAD_FLEXIO_MAX_RANKS;
 
 	if (rail < hal->num_rails && peer < hal->world_size && hal->qps[rail][peer].qpn == qpn)
 		return &hal->qps[rail][peer];

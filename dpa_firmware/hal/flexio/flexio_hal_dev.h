@@ -119,8 +119,8 @@ struct dpa_hal {
 	struct dpa_flexio_cq cq;
 	struct dpa_flexio_cq wake_cq;
 	struct dpa_flexio_qp host_qp;
-	uint8_t rail_of[OFFLOAD_MAX_RANKS];   /* the rail each peer's work goes out on */
-	struct dpa_flexio_qp qps[OFFLOAD_FLEXIO_MAX_RAILS][OFFLOAD_MAX_RANKS];
+	uint8_t rail_of[OFFLOAD_FLEXIO_MAX_RANKS];   /* the rail each peer's work goes out on */
+	struct dpa_flexio_qp qps[OFFLOAD_FLEXIO_MAX_RAILS][OFFLOAD_FLEXIO_MAX_RANKS];
 	struct dpa_flexio_qp twins[OFFLOAD_FLEXIO_MAX_RAILS];  /* receive what we send to self */
 	uint32_t soft_head;     /* completions made up here: posts to a broken QP, flushes */
 	uint32_t soft_tail;

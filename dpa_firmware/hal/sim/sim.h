@@ -173,7 +173,8 @@ struct dpa_hal {
 
 struct sim_mc_rx {           /* one member's receive side of one group */
 	uint32_t joined, seq8, nregions, pending;
-	struct dpa_hal_mcast_region regions[DPA_HAL_MCAST_MAX_REGIONS];
+	struct dpa_hal_mcast_region *regions;  /* [cap], grown by a post that needs more */
+	uint32_t cap;
 	struct dpa_hal_mcast_cqe *cq;   /* [mcast_rq_depth] */
 	uint32_t cq_head, cq_tail, since_wake;
 };
@@ -190,7 +191,7 @@ struct sim_rank {
 	uint8_t *ring;               /* struct offload_ring_hdr, SQ, CQ */
 	uint64_t ring_len;
 	struct offload_thread_stats *stats;
-	uint8_t *ctrl;               /* struct offload_ctrl, MAP_NORESERVE */
+	uint8_t *ctrl;               /* offload_ctrl_bytes(world size), MAP_NORESERVE */
 	uint32_t ctrl_key;
 	struct sim_mr_table mrs;
 	struct dpa_hal *thr;         /* [nthreads] */

@@ -185,7 +185,7 @@ static const char *const ev_names[] = {
 int sim_world_init(struct sim_world *w, uint32_t size, uint32_t nthreads, uint32_t rails,
 		   const struct dpa_engine_params *params, uint64_t seed)
 {
-	uint64_t state_bytes = (dpa_engine_state_size() + 63) & ~63ull;
+	uint64_t ctrl_bytes = offload_ctrl_bytes(size), state_bytes;
 
 	for (uint32_t s = 0; s < SIM_RNG_STREAMS; s++)
 		sim_rng_seed(&w->rng[s], seed, s + 1);
@@ -218,22 +218,25 @@ int sim_world_init(struct sim_world *w, uint32_t size, uint32_t nthreads, uint32
 		r->rank = i;
 		r->alive = 1;
 		r->nthreads = nthreads;
+		p.world_rank = i;
+		p.world_size = size;
+		p.num_threads = nthreads;
+		state_bytes = (dpa_engine_state_size(&p) + 63) & ~63ull;
+		if (state_bytes == 63)
+			return -2;
 		r->state = aligned_alloc(64, state_bytes);
 		r->thr = calloc(nthreads, sizeof(*r->thr));
 		r->port = calloc(rails, sizeof(*r->port));
 		r->last_arrive = calloc((uint64_t)size * rails, 8);
-		r->ctrl = mmap(NULL, sizeof(struct offload_ctrl), PROT_READ | PROT_WRITE,
+		r->ctrl = mmap(NULL, ctrl_bytes, PROT_READ | PROT_WRITE,
 			       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 		if (r->ctrl == MAP_FAILED)
 			r->ctrl = NULL;
 		if (!r->state || !r->thr || !r->port || !r->last_arrive || !r->ctrl)
 			return -1;
-		p.world_rank = i;
-		p.world_size = size;
-		p.num_threads = nthreads;
 		if (dpa_engine_init(r->state, &p))
 			return -2;
-		r->ctrl_key = sim_mr_reg(w, r, (uint64_t)(uintptr_t)r->ctrl, sizeof(struct offload_ctrl),
+		r->ctrl_key = sim_mr_reg(w, r, (uint64_t)(uintptr_t)r->ctrl, ctrl_bytes,
 					 OFFLOAD_ACCESS_LOCAL_READ | OFFLOAD_ACCESS_LOCAL_WRITE |
 					 OFFLOAD_ACCESS_REMOTE_READ | OFFLOAD_ACCESS_REMOTE_WRITE |
 					 OFFLOAD_ACCESS_REMOTE_ATOMIC, 0);
@@ -272,15 +275,17 @@ void sim_world_free(struct sim_world *w)
 			free(r->thr[t].last_cqe);
 			free(r->thr[t].cq);
 		}
-		for (uint32_t g = 0; g < OFFLOAD_MAX_TEAMS; g++)
+		for (uint32_t g = 0; g < OFFLOAD_MAX_TEAMS; g++) {
 			free(r->mc[g].cq);
+			free(r->mc[g].regions);
+		}
 		free(r->thr);
 		free(r->port);
 		free(r->last_arrive);
 		free(r->state);
 		free(r->mrs.mr);
 		if (r->ctrl)
-			munmap(r->ctrl, sizeof(struct offload_ctrl));
+			munmap(r->ctrl, offload_ctrl_bytes(w->size));
 	}
 	free(w->ranks);
 	free(w->fab.up_busy);

@@ -42,7 +42,7 @@ void *dpa_hal_window_ptr(struct dpa_hal *hal, enum dpa_hal_window win, uint64_t 
 		return in_window(r->stats, (uint64_t)r->nthreads * sizeof(*r->stats), offset, len);
 	case DPA_HAL_WIN_CTRL:
 		sim_cost(hal, SIM_PS(m->dpa_check_ns));
-		return in_window(r->ctrl, sizeof(struct offload_ctrl), offset, len);
+		return in_window(r->ctrl, offload_ctrl_bytes(hal->w->size), offset, len);
 	}
 	return NULL;
 }

@@ -185,7 +185,7 @@ int dpa_hal_mcast_post(struct dpa_hal *hal, uint32_t group, uint32_t seq8,
 {
 	struct sim_mc_rx *rx;
 
-	if (group >= OFFLOAD_MAX_TEAMS || n > DPA_HAL_MCAST_MAX_REGIONS || (n && !regions))
+	if (group >= OFFLOAD_MAX_TEAMS || n > hal->w->size || (n && !regions))
 		return DPA_HAL_EINVAL;
 	for (uint32_t i = 0; i < n; i++)
 		if (regions[i].len && !sim_mr_check(hal->r, regions[i].key, regions[i].addr,
@@ -193,6 +193,14 @@ int dpa_hal_mcast_post(struct dpa_hal *hal, uint32_t group, uint32_t seq8,
 			return DPA_HAL_EINVAL;
 	rx = &hal->r->mc[group];
 	sim_cost(hal, SIM_PS(hal->w->model.dpa_post_ns));
+	if (n > rx->cap) {  /* a team's members at most: grown once per group */
+		struct dpa_hal_mcast_region *more = realloc(rx->regions, n * sizeof(*regions));
+
+		if (!more)
+			return DPA_HAL_EINVAL;
+		rx->regions = more;
+		rx->cap = n;
+	}
 	join(hal->w, rx);
 	if (n)
 		memcpy(rx->regions, regions, n * sizeof(*regions));

@@ -14,8 +14,8 @@
  *  - per DPA thread: an event handler, its CQ and wake CQ, an RC QP per (rail, world rank)
  *    (a pair for this rank itself), and a loopback QP pair with the host: the host SENDs a
  *    doorbell on it, the DPA SENDs back when a host thread sleeps on the completion ring;
- *  - this rank's control region (struct offload_ctrl), in the arena, registered for remote
- *    write and atomics on its own, published with the QP numbers through attr->allgather.
+ *  - this rank's control region (offload_ctrl_bytes(world size)), in the arena, registered
+ *    for remote write and atomics on its own, published with the QP numbers through attr->allgather.
  *
  * Locking: cq_lock guards the host CQ and posting on the host QPs (doorbells may come from
  * any thread); pump_lock lets one waiter at a time sleep on the completion channel; mr_lock
@@ -109,7 +109,8 @@ int fx_check_image(struct fx_device *d)
 		       OFFLOAD_ABI_VERSION);
 		return -EPROTO;
 	}
-	d->state_size = fx_query(d, OFFLOAD_FLEXIO_QUERY_STATE_SIZE);
+	d->state_size = fx_query(d, OFFLOAD_FLEXIO_QUERY_STATE(d->attr.size, d->attr.num_threads,
+							       d->attr.engine.team_pool_ranks));
 	d->uar = flexio_process_get_uar(d->proc);
 	if (!d->state_size || !d->uar) {
 		fx_log("the DPA image does not say how large its engine state is");
@@ -157,7 +158,7 @@ static int fx_open_arena(struct fx_device *d)
 	if (!host_ring_len(&d->attr) || !host_stats_len(&d->attr))
 		return -EINVAL;
 	d->stats_off = fx_pages(host_ring_len(&d->attr));
-	d->ctrl_len = fx_pages(sizeof(struct offload_ctrl));
+	d->ctrl_len = fx_pages(offload_ctrl_bytes(d->attr.size));
 	d->arena_len = d->stats_off + fx_pages(host_stats_len(&d->attr)) + d->ctrl_len;
 	d->arena = mmap(NULL, d->arena_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS,
 			-1, 0);
@@ -208,11 +209,11 @@ static int fx_open(const struct host_ctx_params *attr, struct host_device **out)
 {
 	struct fx_device *d;
 	uint32_t *qpns = NULL;
-	int rc, one = 1, all[OFFLOAD_MAX_RANKS];
+	int rc, one = 1, all[OFFLOAD_FLEXIO_MAX_RANKS];
 
 	if (!host_params_known(attr))
 		return -EPROTONOSUPPORT;
-	if (attr->size == 0 || attr->size > OFFLOAD_MAX_RANKS || attr->rank >= attr->size ||
+	if (attr->size == 0 || attr->size > OFFLOAD_FLEXIO_MAX_RANKS || attr->rank >= attr->size ||
 	    attr->num_threads == 0 || attr->num_threads > OFFLOAD_MAX_THREADS)
 		return -EINVAL;
 	if (!attr->allgather) {
@@ -273,7 +274,7 @@ static int fx_start(struct host_device *hd, const struct dpa_engine_params *para
 	struct fx_device *d = to_fx(hd);
 	flexio_uintptr_t state = 0, params_d = 0;
 	uint64_t ret = 0;
-	int rc, one = 1, all[OFFLOAD_MAX_RANKS];
+	int rc, one = 1, all[OFFLOAD_FLEXIO_MAX_RANKS];
 
 	/* The DPA reaches the ring and stats only inside the arena (fw_memory). */
 	if ((uint8_t *)win->ring != d->arena || (uint8_t *)win->stats != d->arena + d->stats_off ||

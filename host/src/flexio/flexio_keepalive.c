@@ -6,13 +6,13 @@
  * every rail with an 8-byte RDMA READ of its control words every FX_KEEPALIVE_MS, on host
  * QPs of its own (timeout 67 ms, 7 retries: a dead peer is known within ~0.6 s more). A
  * peer whose probes fail on every rail is dead: its bit goes into the ring header's
- * failed_ranks, where the firmware aborts every op of a team it belongs to (naming it),
+ * failed set, where the firmware aborts every op of a team it belongs to (naming it),
  * and every DPA thread is rung to see it. A QP whose probe failed stays in error, so a
  * rail once lost to a peer stays lost, as the firmware's rails do.
  *
  * A rank that closes its context cleanly says so first: a zero-length SEND to every peer on
  * the keepalive QPs (each has one receive posted for it). A peer that receives it puts the
- * rank into the ring header's closed_ranks (the firmware fails ops waiting for it with
+ * rank into the ring header's closed set (the firmware fails ops waiting for it with
  * OFFLOAD_ERR_PEER_CLOSED) and stops probing it, so it is closed, not failed.
  */
 #define _GNU_SOURCE
@@ -103,12 +103,20 @@ int fx_keepalive_connect(struct fx_device *d)
 	return rc;
 }
 
+/* The ring header's failed (closed = 0) or closed set, in the arena. */
+static uint64_t *ring_set(struct fx_device *d, int closed)
+{
+	struct offload_ring_hdr *ring = (struct offload_ring_hdr *)d->arena;
+
+	return (uint64_t *)(d->arena + (closed ? ring->closed_off : ring->failed_off));
+}
+
 static void mark_dead(struct fx_device *d, uint32_t peer)
 {
 	struct offload_ring_hdr *ring = (struct offload_ring_hdr *)d->arena;
 
 	fx_log("rank %u does not answer on any rail: it is failed", peer);
-	__atomic_fetch_or(&ring->failed_ranks, 1ull << peer, __ATOMIC_SEQ_CST);
+	offload_rankset_add(ring_set(d, 0), &ring->failed_gen, peer);
 	for (uint32_t t = 0; t < d->attr.num_threads; t++)
 		fx_ring(d, t);
 }
@@ -117,17 +125,17 @@ static void mark_closed(struct fx_device *d, uint32_t peer)
 {
 	struct offload_ring_hdr *ring = (struct offload_ring_hdr *)d->arena;
 
-	__atomic_fetch_or(&ring->closed_ranks, 1ull << peer, __ATOMIC_SEQ_CST);
+	offload_rankset_add(ring_set(d, 1), &ring->closed_gen, peer);
 	for (uint32_t t = 0; t < d->attr.num_threads; t++)
 		fx_ring(d, t);
 }
 
+/* Failed or closed ranks, a bit each (a FlexIO job has at most OFFLOAD_FLEXIO_MAX_RANKS,
+ * 64: one word). */
 static uint64_t gone(struct fx_device *d)
 {
-	struct offload_ring_hdr *ring = (struct offload_ring_hdr *)d->arena;
-
-	return __atomic_load_n(&ring->failed_ranks, __ATOMIC_ACQUIRE) |
-	       __atomic_load_n(&ring->closed_ranks, __ATOMIC_ACQUIRE);
+	return __atomic_load_n(&ring_set(d, 0)[0], __ATOMIC_ACQUIRE) |
+	       __atomic_load_n(&ring_set(d, 1)[0], __ATOMIC_ACQUIRE);
 }
 
 /* Completions of the keepalive QPs. Told apart by wr_id: an error completion's opcode is

@@ -274,7 +274,7 @@ void fx_ring(struct fx_device *d, uint32_t index)
 
 static uint32_t fx_uidx(uint32_t rail, uint32_t peer)
 {
-	return rail * OFFLOAD_MAX_RANKS + peer;
+	return rail * OFFLOAD_FLEXIO_MAX_RANKS + peer;
 }
 
 int fx_thread_create(struct fx_device *d, uint32_t index)
@@ -355,7 +355,7 @@ int fx_thread_publish(struct fx_device *d, uint32_t index, flexio_uintptr_t stat
 	ctx.win[OFFLOAD_FLEXIO_WIN_STATS] = (struct offload_flexio_window){
 		.haddr = (uintptr_t)win->stats, .len = win->stats_len };
 	ctx.win[OFFLOAD_FLEXIO_WIN_CTRL] = (struct offload_flexio_window){
-		.haddr = (uintptr_t)d->ctrl, .len = sizeof(struct offload_ctrl) };
+		.haddr = (uintptr_t)d->ctrl, .len = offload_ctrl_bytes(d->attr.size) };
 	for (uint32_t i = 0; i < d->attr.num_threads; i++)
 		ctx.wake_cqn[i] = d->threads[i].wake.desc.cqn;
 	if (fx_fail(flexio_copy_from_host(d->proc, qps, (size_t)n * sizeof(*qps), &qps_d),

@@ -89,6 +89,14 @@ static void on_post(struct sim_world *w, struct sim_rank *r, uint32_t aux)
 	try_post(w->driver, r);
 }
 
+void sim_drv_doom(struct sim_drv *d, uint32_t rank)
+{
+	if (!d->hosts[rank].doomed) {
+		d->hosts[rank].doomed = 1;
+		d->ndoomed++;
+	}
+}
+
 static void on_fault(struct sim_world *w, uint32_t idx)
 {
 	struct sim_drv *d = w->driver;
@@ -97,7 +105,7 @@ static void on_fault(struct sim_world *w, uint32_t idx)
 	switch (f->kind) {
 	case SIM_F_DEATH:
 		w->ranks[f->rank].alive = 0;
-		d->failed_now |= 1ull << f->rank;
+		d->hosts[f->rank].failed = 1;
 		for (uint32_t i = 0; i < w->size; i++)  /* survivors' hosts notice later */
 			if (i != f->rank)
 				sim_schedule(w, w->now + SIM_PS(w->model.fault_detect_ns), SIM_EV_FAULT, i, 0,
@@ -110,8 +118,8 @@ static void on_fault(struct sim_world *w, uint32_t idx)
 		for (uint32_t k = 0; k < w->rails; k++)
 			all &= w->ranks[f->rank].port[k].down;
 		if (all) {  /* unreachable: every host marks it failed, as the emulator's fabric */
-			d->failed_now |= 1ull << f->rank;
-			d->doomed |= 1ull << f->rank;
+			d->hosts[f->rank].failed = 1;
+			sim_drv_doom(d, f->rank);
 		}
 		if (all)
 			for (uint32_t i = 0; i < w->size; i++)
@@ -141,7 +149,10 @@ static void on_fault_event(struct sim_world *w, uint32_t idx)
 		if (!r->alive)
 			return;
 		/* the dead and the unreachable (every rail down), never a rank that lost one rail */
-		__atomic_fetch_or(&h->hdr->failed_ranks, d->failed_now, __ATOMIC_RELEASE);
+		for (uint32_t k = 0; k < d->nfaults; k++)  /* only faults fail ranks */
+			if (d->hosts[d->faults[k].rank].failed)
+				offload_rankset_add((uint64_t *)(r->ring + h->hdr->failed_off),
+						    &h->hdr->failed_gen, d->faults[k].rank);
 		sim_wake_all(w, r, w->now);
 	}
 }
@@ -179,6 +190,10 @@ int sim_drv_init(struct sim_drv *d, const struct sim_job *job, const struct sim_
 		.op_timeout_ms = job->op_timeout_ms, .link_mbps = (uint32_t)(model->link_gbps * 125),
 		.mcast_roots = job->mcast_roots, .eager_max = job->eager_max,
 		.a2a_window = job->a2a_window,
+		/* The world and at most one sub-team (the explorer's) at once: the firmware's
+		 * team arena sized for that, not its default of 4 x world size members, keeps a
+		 * 1024-rank job's state at ~2 MB a rank. */
+		.team_pool_ranks = 2 * job->n,
 	};
 	int rc;
 
@@ -191,7 +206,7 @@ int sim_drv_init(struct sim_drv *d, const struct sim_job *job, const struct sim_
 	d->w.on_host = on_host;
 	d->w.on_post = on_post;
 	d->w.on_fault = on_fault_event;
-	if (job->n == 0 || job->n > OFFLOAD_MAX_RANKS || job->threads == 0 || job->rails == 0 ||
+	if (job->n == 0 || job->n > SIM_MAX_RANKS || job->threads == 0 || job->rails == 0 ||
 	    job->rails > 8)
 		return -1;
 	rc = sim_world_init(&d->w, job->n, job->threads, job->rails, &p, job->seed);
@@ -203,8 +218,7 @@ int sim_drv_init(struct sim_drv *d, const struct sim_job *job, const struct sim_
 	for (uint32_t i = 0; i < job->n; i++) {
 		struct sim_rank *r = &d->w.ranks[i];
 		struct sim_host *h = &d->hosts[i];
-		uint64_t len = sizeof(struct offload_ring_hdr) + RING_ENTRIES * sizeof(struct offload_cmd) +
-			       2 * RING_ENTRIES * sizeof(struct offload_cqe);
+		uint64_t len = offload_ring_bytes(RING_ENTRIES, 2 * RING_ENTRIES, job->n);
 
 		r->host = h;
 		r->ring = aligned_alloc(64, len);
@@ -220,6 +234,7 @@ int sim_drv_init(struct sim_drv *d, const struct sim_job *job, const struct sim_
 		h->cq_entries = 2 * RING_ENTRIES;
 		h->hdr->sq_entries = RING_ENTRIES;
 		h->hdr->cq_entries = 2 * RING_ENTRIES;
+		offload_ring_set_ranks(h->hdr, RING_ENTRIES, 2 * RING_ENTRIES, job->n);
 		h->hdr->cq_waiters = 1;  /* the host waits: the firmware notifies every completion */
 	}
 	return 0;
@@ -294,7 +309,7 @@ int sim_drv_run(struct sim_drv *d)
 	struct sim_world *w = &d->w;
 	uint32_t stalls = 0, seen = d->completions;
 
-	w->strict_late = !d->doomed && !d->nfaults;
+	w->strict_late = !d->ndoomed && !d->nfaults;
 	d->done_upto = 0;
 	for (uint32_t i = 0; i < d->job.n; i++) {
 		struct sim_host *h = &d->hosts[i];

@@ -132,9 +132,9 @@ static int parse_run(int argc, char **argv, struct run_args *a)
 			return -1;
 		}
 	}
-	if (a->job.n < 1 || a->job.n > OFFLOAD_MAX_RANKS) {
+	if (a->job.n < 1 || a->job.n > SIM_MAX_RANKS) {
 		fprintf(stderr, "dpa-sim: n=%u: this build's jobs hold 1..%u ranks\n", a->job.n,
-			OFFLOAD_MAX_RANKS);
+			SIM_MAX_RANKS);
 		return -1;
 	}
 	if (a->root >= a->job.n) {
@@ -269,11 +269,11 @@ static int cmd_check(int argc, char **argv)
 			return 2;
 		}
 	sim_model_defaults(&model);
-	for (unsigned n = lo; n <= hi && n <= OFFLOAD_MAX_RANKS; n++) {
+	for (unsigned n = lo; n <= hi && n <= SIM_MAX_RANKS; n++) {
 		struct sim_job job = { .n = n, .threads = threads, .rails = 1, .window = 2, .seed = n,
 				       .chunk_size = 4096, .chunks_per_pass = 4, .mcast_roots = 2 };
 		struct sim_drv *d = calloc(1, sizeof(*d));
-		uint32_t world[OFFLOAD_MAX_RANKS];
+		uint32_t world[SIM_MAX_RANKS];
 		const struct sim_opdesc ops[] = {
 			{ .opcode = OFFLOAD_OP_BARRIER },
 			{ .opcode = OFFLOAD_OP_ALLTOALL, .size = 1 },

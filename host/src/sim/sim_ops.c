@@ -63,7 +63,7 @@ static void moe_counts(uint64_t seed, uint32_t op, uint32_t n, uint64_t tokens, 
 		sim_rng_seed(&g, seed ^ ((uint64_t)op << 32), 1000u + s);
 		for (uint64_t t = 0; t < tokens; t++) {
 			uint32_t experts[SIM_MOE_TOPK], k = 0;
-			uint64_t ranks_hi[(OFFLOAD_MAX_RANKS + 63) / 64] = { 0 };
+			uint64_t ranks_hi[(SIM_MAX_RANKS + 63) / 64] = { 0 };
 
 			while (k < SIM_MOE_TOPK) {
 				double u = (double)(sim_rng_next(&g) >> 11) / 9007199254740992.0 * sum;
@@ -221,11 +221,11 @@ int sim_op_build(struct sim_drv *d, struct sim_rank *r, uint32_t k, struct offlo
 	case OFFLOAD_OP_TEAM_CREATE: {
 		struct offload_team_desc *desc;
 
-		in->aux = buf_new(d, r, in, sizeof(*desc), AUX_ACCESS, 1, &c->aux_key);
+		in->aux = buf_new(d, r, in, offload_team_desc_bytes(n), AUX_ACCESS, 1, &c->aux_key);
 		if (!in->aux)
 			return -1;
 		desc = (struct offload_team_desc *)in->aux;
-		memset(desc, 0, sizeof(*desc));
+		memset(desc, 0, offload_team_desc_bytes(n));
 		desc->team_id = op->team;
 		desc->size = n;
 		desc->my_rank = me;
@@ -256,16 +256,17 @@ int sim_op_build(struct sim_drv *d, struct sim_rank *r, uint32_t k, struct offlo
 		struct offload_alltoallv_args *a;
 		uint64_t sends = 0, recvs = 0, off = 0;
 
-		in->aux = buf_new(d, r, in, sizeof(*a), AUX_ACCESS, 1, &c->aux_key);
+		in->aux = buf_new(d, r, in, offload_a2av_args_bytes(n), AUX_ACCESS, 1, &c->aux_key);
 		if (!in->aux)
 			return -1;
 		a = (struct offload_alltoallv_args *)in->aux;
-		memset(a, 0, sizeof(*a));
+		memset(a, 0, offload_a2av_args_bytes(n));
+		a->nranks = n;
 		for (uint32_t p = 0; p < n; p++) {
-			a->send_bytes[p] = sim_vcount(d, k, r->rank, t->members[p], m, op->vmode);
-			a->expect_bytes[p] = sim_vcount(d, k, t->members[p], r->rank, m, op->vmode);
-			sends += a->send_bytes[p];
-			recvs += a->expect_bytes[p];
+			offload_a2av_send(a)[p] = sim_vcount(d, k, r->rank, t->members[p], m, op->vmode);
+			offload_a2av_expect(a)[p] = sim_vcount(d, k, t->members[p], r->rank, m, op->vmode);
+			sends += offload_a2av_send(a)[p];
+			recvs += offload_a2av_expect(a)[p];
 		}
 		if (op->vmode == SIM_V_EXPECT)
 			c->flags = OFFLOAD_CMD_F_EXPECT;
@@ -282,7 +283,7 @@ int sim_op_build(struct sim_drv *d, struct sim_rank *r, uint32_t k, struct offlo
 			return -1;
 		if (real(d))
 			for (uint32_t p = 0; p < n; p++)
-				for (uint64_t i = 0; i < a->send_bytes[p]; i++)
+				for (uint64_t i = 0; i < offload_a2av_send(a)[p]; i++)
 					in->src[off++] = pat(r->rank, t->members[p], i, k);
 		if (real(d) && op->vmode == SIM_V_SLOTS)
 			memset(in->dst, 0, recvs);
@@ -368,10 +369,10 @@ void sim_op_check(struct sim_drv *d, struct sim_rank *r, uint32_t k, const struc
 	if (c->status != OFFLOAD_OK) {
 		d->failed_ops++;
 		/* A named failure is right only where a fault may cause it. */
-		uint64_t doomed_team = 0;
+		uint32_t doomed_team = 0;
 
 		for (uint32_t i = 0; i < n; i++)
-			doomed_team |= d->doomed & (1ull << t->members[i]);
+			doomed_team |= d->hosts[t->members[i]].doomed;
 		if (!doomed_team || (c->status != OFFLOAD_ERR_PEER && c->status != OFFLOAD_ERR_PEER_OP &&
 				     c->status != OFFLOAD_ERR_LINK_DOWN && c->status != OFFLOAD_ERR_TIMEOUT))
 			sim_drv_fail(d, "rank %u op %u (opcode %u team %u): status %d detail %u, want OK",
@@ -394,15 +395,15 @@ void sim_op_check(struct sim_drv *d, struct sim_rank *r, uint32_t k, const struc
 				}
 		break;
 	case OFFLOAD_OP_ALLTOALLV: {
-		const struct offload_alltoallv_args *a = (const void *)in->aux;
+		struct offload_alltoallv_args *a = (void *)in->aux;
 
 		for (uint32_t s = 0; s < n; s++) {
 			uint64_t want = sim_vcount(d, k, t->members[s], r->rank, m, op->vmode);
 			uint64_t base = op->vmode == SIM_V_SLOTS ? s * m : off;
 
-			if (a->recv_bytes[s] != want) {
+			if (offload_a2av_recv(a)[s] != want) {
 				sim_drv_fail(d, "rank %u op %u all-to-all-v: recv_bytes[%u] %llu want %llu", r->rank, k,
-				     s, (unsigned long long)a->recv_bytes[s], (unsigned long long)want);
+				     s, (unsigned long long)offload_a2av_recv(a)[s], (unsigned long long)want);
 				return;
 			}
 			for (uint64_t i = 0; i < want; i++)
