@@ -6,9 +6,11 @@ build_defs.py."""
 import os
 import shutil
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from setuptools import setup
+from setuptools.command.build_clib import build_clib
 from setuptools.command.build_ext import build_ext
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -29,6 +31,31 @@ Cflags: -I${includedir}
 """
 
 
+def compile_on_every_core(compiler, sources: list[str], **kwargs) -> list[str]:
+    """compiler.compile() with one share of the sources per core (the same compiler object
+    from several threads, as build_ext --parallel does): the core is compiled three times
+    (the static library, the shared one, the simulator) and CI has 2 cores."""
+    jobs = max(1, min(os.cpu_count() or 1, len(sources)))
+    shares = [sources[i::jobs] for i in range(jobs)]
+    with ThreadPoolExecutor(jobs) as pool:
+        done = list(pool.map(lambda share: compiler.compile(share, **kwargs), shares))
+    by_source = {src: obj for share, objs in zip(shares, done) for src, obj in zip(share, objs)}
+    return [by_source[src] for src in sources]
+
+
+class BuildCLibraryOnEveryCore(build_clib):
+    """build_clib, its compile step spread over the cores."""
+
+    def build_libraries(self, libraries) -> None:
+        for name, info in libraries:
+            objects = compile_on_every_core(
+                self.compiler, list(info["sources"]), output_dir=self.build_temp,
+                include_dirs=info.get("include_dirs"), extra_postargs=info.get("cflags"),
+                debug=self.debug)
+            self.compiler.create_static_lib(objects, name, output_dir=self.build_clib,
+                                            debug=self.debug)
+
+
 class BuildWithCLibrary(build_ext):
     """build_ext, then libdpaoffload.so + include/dpa_offload.h + pkgconfig/dpa-offload.pc
     next to the extension (the package directory, so that an installed or editable
@@ -38,8 +65,8 @@ class BuildWithCLibrary(build_ext):
         super().run()
         pkg = os.path.join("offload_lib") if self.inplace else os.path.join(self.build_lib, "offload_lib")
         os.makedirs(pkg, exist_ok=True)
-        objects = self.compiler.compile(
-            CORE_SOURCES, output_dir=os.path.join(self.build_temp, "shared"),
+        objects = compile_on_every_core(
+            self.compiler, CORE_SOURCES, output_dir=os.path.join(self.build_temp, "shared"),
             include_dirs=INCLUDES, extra_postargs=[*STRICT, "-fPIC", "-fvisibility=hidden"])
         target = os.path.join(pkg, "libdpaoffload.so")
         self.compiler.link_shared_object(
@@ -54,8 +81,8 @@ class BuildWithCLibrary(build_ext):
             f.write(PC_TEMPLATE)
         # the simulator (dpa-offload sim): its own executable, so that its copy of the
         # firmware and its dpa_hal_* never meet the emulator's in one process
-        sim_objects = self.compiler.compile(
-            sources("sim"), output_dir=os.path.join(self.build_temp, "sim"),
+        sim_objects = compile_on_every_core(
+            self.compiler, sources("sim"), output_dir=os.path.join(self.build_temp, "sim"),
             include_dirs=INCLUDES + SIM_INCLUDES, extra_postargs=STRICT)
         self.compiler.link_executable(sim_objects, "dpa-sim", output_dir=pkg)
         # the MPI library's sources: built on demand against the MPI found at run time
@@ -66,4 +93,4 @@ class BuildWithCLibrary(build_ext):
 
 
 setup(libraries=[library()], cffi_modules=["offload_lib/_build.py:ffibuilder"],
-      cmdclass={"build_ext": BuildWithCLibrary})
+      cmdclass={"build_clib": BuildCLibraryOnEveryCore, "build_ext": BuildWithCLibrary})

@@ -47,8 +47,9 @@ def build_mutant(name: str, work: Path) -> Path:
     sources = [str(src / Path(s).name) if s in firmware else s for s in target.sources]
     mutant = build_defs.Target(sources, [*target.flags, f"-I{src}"])
     out = work / "dpa-sim"
-    cmd = mutant.command("gcc", out)
-    subprocess.run(cmd, check=True, cwd=ROOT, capture_output=True)
+    built = mutant.build("gcc", out)
+    if built.returncode:
+        raise SystemExit(f"mutant {name} did not build:\n{built.stderr}")
     return out
 
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import build_defs
 from offload_lib import mpi_lib
 
 HERE = Path(__file__).resolve().parent
@@ -94,14 +95,8 @@ def test_docs_example_compiles_and_runs(tmp_path):
 @pytest.mark.timeout(600)
 def test_c_program_under_address_and_ub_sanitizers(tmp_path):
     """The C API's own code (dpo_*.c) with the core, built with ASan + UBSan (leaks too)."""
-    sources = sorted(str(p) for d in ("dpa_firmware/src", "emulator", "host/src")
-                     for p in (ROOT / d).glob("*.c"))
     exe = tmp_path / "capi_asan"
-    res = subprocess.run([CC, "-std=gnu11", "-O1", "-g", "-fsanitize=address,undefined",
-                          "-fno-omit-frame-pointer", f"-I{ROOT / 'dpa_firmware' / 'include'}",
-                          f"-I{ROOT / 'host' / 'include'}", f"-I{HERE / 'c'}", *sources,
-                          str(HERE / "c" / "capi.c"), "-lpthread", "-lrt", "-ldl", "-lm",
-                          "-o", str(exe)], capture_output=True, text=True, timeout=500)
+    res = build_defs.targets()["capi_asan"].build(CC, exe)
     if res.returncode != 0 and "sanitizer" in res.stderr and "cannot find" in res.stderr:
         pytest.skip("no sanitizer runtime: " + res.stderr[-200:])
     assert res.returncode == 0, res.stderr[-3000:]

@@ -79,9 +79,8 @@ def _build(tmp: Path, target: str) -> Path:
     if reason:
         pytest.skip(reason)
     exe = tmp / target
-    cmd = spec.command(CC, exe)
-    result = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
-    assert result.returncode == 0, f"build failed:\n{' '.join(cmd)}\n{result.stderr}"
+    result = spec.build(CC, exe)
+    assert result.returncode == 0, f"build failed:\n{' '.join(result.args)}\n{result.stderr}"
     return exe
 
 
