@@ -113,7 +113,8 @@ def test_trace_is_chrome_json(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["alltoall", "-n", "4097"], "1..4096 ranks"),
+    (["alltoall", "-n", "4097"], "jobs hold 1..4096 ranks"),
+    (["alltoall", "-n", "0"], "at least 1 rank"),
     (["allreduce", "-n", "4", "--size", "1M", "--payload", "phantom"], "phantom payload cannot"),
     (["alltoall", "-n", "8", "--size", "4"], "less than one byte per rank"),
     (["gather"], "want one of"),
