@@ -91,8 +91,12 @@ void emu_ring(struct emu_device *dev, uint32_t bits, const uint32_t *ranks, uint
  * thread of a rank with no op in flight (its next post or doorbell looks at everything).
  * With a pass's hal, the bell rings at the end of the pass, once for all it woke.
  */
-static void wake(struct emu_device *dev, uint32_t rank, int force, struct dpa_hal *pass)
+enum wake_kind { WAKE_EVENT, WAKE_KICK, WAKE_DOORBELL };
+
+/* 1: it woke a sleeper (or left that to the end of the pass). */
+static int wake(struct emu_device *dev, uint32_t rank, enum wake_kind kind, struct dpa_hal *pass)
 {
+	int force = kind != WAKE_EVENT;
 	struct emu_rank *r = &dev->ranks[rank];
 	uint32_t ev = off_fetch_add(&r->event, 1) + 1, armed = 1, bits;
 
@@ -105,26 +109,29 @@ static void wake(struct emu_device *dev, uint32_t rank, int force, struct dpa_ha
 		if (!off_read_once(&r->armed) ||
 		    (!force && (int32_t)(ev - off_read_once(&r->wake_event)) < 0) ||
 		    !off_cas(&r->armed, &armed, 0))
-			return;
+			return 0;
 		off_fetch_sub(&dev->hdr->asleep, 1);
 		bits = emu_bell_bits(rank, EMU_WAKE_HOST);
 	} else {
-		uint64_t taken;
+		uint64_t taken, asleep = off_read_once(&r->sleepers);
 
-		if (!off_read_once(&r->sleepers) ||
-		    (!force && off_read_once(&r->load) == DPA_ENGINE_IDLE) ||
+		/* A doorbell finding every sleeper napping leaves them be: each looks at the
+		 * event again within its nap (a sleeper sets its napping bit first). */
+		if (!asleep || (!force && off_read_once(&r->load) == DPA_ENGINE_IDLE) ||
+		    (kind == WAKE_DOORBELL && !(asleep & ~off_read_once(&r->napping))) ||
 		    !(taken = __atomic_exchange_n(&r->sleepers, 0, __ATOMIC_ACQ_REL)))
-			return;
+			return 0;
 		off_fetch_sub(&dev->hdr->asleep, (uint32_t)__builtin_popcountll(taken));
 		bits = emu_bell_bits(rank, EMU_WAKE_DPA);
 	}
 	if (!pass) {
 		emu_ring(dev, bits, &rank, 1);
-		return;
+		return 1;
 	}
 	pass->wake_bits |= bits;
 	if (pass->nwake < EMU_WAKE_LIST)
 		pass->wake_ranks[pass->nwake++] = rank;
+	return 1;
 }
 
 void emu_flush_wakes(struct dpa_hal *pass)
@@ -138,12 +145,19 @@ void emu_flush_wakes(struct dpa_hal *pass)
 
 void emu_wake_rank(struct emu_device *dev, uint32_t rank, struct dpa_hal *pass)
 {
-	wake(dev, rank, 0, pass);
+	wake(dev, rank, WAKE_EVENT, pass);
 }
 
 void emu_kick_rank(struct emu_device *dev, uint32_t rank)
 {
-	wake(dev, rank, 1, NULL);
+	wake(dev, rank, WAKE_KICK, NULL);
+}
+
+void emu_doorbell_rank(struct emu_device *dev, uint32_t rank)
+{
+	off_fetch_add(&dev->doorbells, 1);
+	if (wake(dev, rank, WAKE_DOORBELL, NULL))
+		off_fetch_add(&dev->doorbell_wakes, 1);
 }
 
 int emu_wait_word(struct emu_device *dev, uint32_t *word, uint32_t seen, int64_t timeout_ns)

@@ -274,7 +274,7 @@ static void emu_doorbell(struct host_device *hd)
 {
 	struct emu_device *dev = to_emu(hd);
 
-	emu_kick_rank(dev, dev->attr.rank);
+	emu_doorbell_rank(dev, dev->attr.rank);
 }
 
 static int emu_peer_ctrl(struct host_device *hd, uint32_t rank, struct offload_peer *out)

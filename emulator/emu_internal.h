@@ -108,7 +108,11 @@ struct emu_rank {
 	uint32_t resv1;
 	uint64_t wake_ns;     /* when the last futex wake of this rank was issued */
 	uint64_t waking_ns;   /* a sleeper of this rank was woken then and has not run yet */
-	uint32_t resv2[4];
+	/* Progress threads of `sleepers` only napping (idle poll after bulk work, a bit per
+	 * thread): they look at the queue again within a nap, so a doorbell need not wake
+	 * them (io_uring SQPOLL's NEED_WAKEUP, inverted). Set before the sleepers bit. */
+	uint64_t napping;
+	uint32_t resv2[2];
 };
 
 struct emu_mr {
@@ -218,6 +222,8 @@ struct dpa_hal {
 	uint32_t busy;        /* lock: a pass runs on this thread's queues (its progress thread's,
 			       * or a host thread's: see emu_progress.c) */
 	uint32_t wake_bits;   /* wake-ups this pass owes (futex bitset on the job's bell) */
+	uint64_t bulk_ns;     /* its progress thread's last pass that worked on a bulk op ... */
+	uint64_t work_ns;     /* ... and the last that did any work (emu_progress.c: idle poll) */
 	/* ... and to which ranks (the first EMU_WAKE_LIST: they only time their wake-up) */
 	uint32_t wake_ranks[EMU_WAKE_LIST];
 	uint32_t nwake;
@@ -270,6 +276,8 @@ struct emu_device {
 	uint64_t wake_cost_ns;        /* measured futex wake-up latency (moving average) */
 	uint64_t host_ops;            /* ops completed by passes host threads ran */
 	uint64_t host_passes;
+	uint64_t doorbells;           /* emu_doorbell_rank() calls on our rank ... */
+	uint64_t doorbell_wakes;      /* ... that woke a sleeping progress thread */
 	uint32_t rail_faults;         /* a rail of this rank is set to fail */
 	uint32_t unreachable_gen_seen;/* the job's unreachable set merged into the ring's failed */
 	uint32_t closed_gen_seen;     /* ... its closed set, into the ring's closed */
@@ -445,11 +453,14 @@ void emu_flush_wakes(struct dpa_hal *pass);
 #define EMU_FLUSH_BEFORE (64u * 1024u)  /* copies at least this long flush first */
 /* The same, unconditionally: doorbells, sibling notifications, failures, stop. */
 void emu_kick_rank(struct emu_device *dev, uint32_t rank);
+/* The host's doorbell: a kick that spares progress threads in their idle poll the wake-up
+ * (they see the command within a nap). */
+void emu_doorbell_rank(struct emu_device *dev, uint32_t rank);
 int emu_threads_start(struct emu_device *dev);
 void emu_threads_stop(struct emu_device *dev);
 int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t timeout_ns,
 	      uint32_t flags);
-void emu_drive_stats(struct host_device *hd, uint64_t *ops, uint64_t *passes);
+void emu_drive_stats(struct host_device *hd, struct host_drive_stats *out);
 /* host_device_ops.wake_waiters: host_ctx_shutdown() wants every host thread out of the
  * device (drivers, sleepers on the completion ring `word`); called until they left. */
 void emu_wake_waiters(struct host_device *hd, uint32_t *word);

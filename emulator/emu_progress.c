@@ -45,6 +45,8 @@
 #define EMU_WAKE_COST_INIT 20000ull     /* ns, until a wake-up has been measured */
 #define EMU_DRIVE_ROUNDS 64             /* passes a post or a test() runs at most */
 #define EMU_WAKING_NS 3000ull           /* a woken thread normally runs within this */
+#define EMU_NAP_AFTER_NS 2000000ull     /* an idle poll naps from this much idle time on... */
+#define EMU_NAP_MAX_NS 1000000ull       /* ... at most this long */
 
 static struct emu_rank *self_rank(struct emu_device *dev)
 {
@@ -136,12 +138,15 @@ static void sleep_on_event(struct emu_device *dev, uint32_t snap, uint32_t bits,
 	}
 }
 
-/* Progress thread `thread`'s sleep (any event wakes it). */
-static void thread_sleep(struct emu_device *dev, uint32_t thread, uint32_t snap, int64_t ns)
+/* Progress thread `thread`'s sleep (any event wakes it; a doorbell not while it naps). */
+static void thread_sleep(struct emu_device *dev, uint32_t thread, uint32_t snap, int64_t ns,
+			 int nap)
 {
 	struct emu_rank *r = self_rank(dev);
 	uint64_t bit = 1ull << thread;
 
+	if (nap)  /* before the sleepers bit: a doorbell that sees that one sees this */
+		__atomic_fetch_or(&r->napping, bit, __ATOMIC_SEQ_CST);
 	off_fetch_add(&dev->hdr->asleep, 1);
 	__atomic_fetch_or(&r->sleepers, bit, __ATOMIC_SEQ_CST);
 	off_fence();
@@ -150,6 +155,32 @@ static void thread_sleep(struct emu_device *dev, uint32_t thread, uint32_t snap,
 	 * there, and we take ourselves out. */
 	if (__atomic_fetch_and(&r->sleepers, ~bit, __ATOMIC_SEQ_CST) & bit)
 		off_fetch_sub(&dev->hdr->asleep, 1);
+	if (nap)
+		__atomic_fetch_and(&r->napping, ~bit, __ATOMIC_SEQ_CST);
+}
+
+/*
+ * The idle poll (io_uring's SQPOLL idle, with naps instead of a spin: the cores are
+ * shared). For idle_poll_us after it last worked on a bulk op (what the host leaves to
+ * it where the ranks outnumber the cores), a progress thread that has been idle for
+ * EMU_NAP_AFTER_NS sleeps in naps of an eighth of its idle time (at most EMU_NAP_MAX_NS)
+ * and looks at its event word after each; the host's doorbell does not wake it meanwhile
+ * (emu_bell.c), so a post costs the poster no system call and no inter-processor
+ * interrupt, as a doorbell write on a card costs the host nothing more. A command waits
+ * at most a nap: an eighth of the time the thread had been idle, 1 ms at most. Before
+ * EMU_NAP_AFTER_NS the thread sleeps as outside the poll, woken by the doorbell: ops
+ * posted back to back start at once, and no nap's timer interrupts the ranks still at
+ * work (naps from the first 50 us of idle time cost n=8's bulk all-to-all ~5%).
+ * Peers' writes wake it at once either way. The poll's nap length, 0 outside the poll.
+ */
+static uint64_t idle_nap_ns(const struct emu_device *dev, const struct dpa_hal *hal,
+			    uint64_t now)
+{
+	uint64_t bulk = hal->bulk_ns, nap = (now - hal->work_ns) / 8;
+
+	if (!bulk || now - bulk >= (uint64_t)dev->attr.idle_poll_us * 1000u)
+		return 0;
+	return nap > EMU_NAP_MAX_NS ? EMU_NAP_MAX_NS : nap ? nap : 1;
 }
 
 /* The driver's sleep: peers' writes wake it once `need` of them came in (kicks at once). */
@@ -203,6 +234,11 @@ static int run_pass(struct emu_device *dev, struct dpa_hal *hal, int host)
 	/* Published for every rank's waits (job_bulk()) and wakers (wake()). */
 	if (off_read_once(&self->load) != (uint32_t)load)
 		off_write_once(&self->load, (uint32_t)load);
+	if (!host && work) {  /* this progress thread's idle poll (idle_nap_ns) */
+		hal->work_ns = emu_now_ns();
+		if (load == DPA_ENGINE_BULK)
+			hal->bulk_ns = hal->work_ns;
+	}
 	if (host) {  /* read racily by emu_drive_stats() */
 		off_write_once(&dev->host_passes, off_read_once(&dev->host_passes) + 1);
 		off_write_once(&dev->host_ops, off_read_once(&dev->host_ops) +
@@ -211,28 +247,47 @@ static int run_pass(struct emu_device *dev, struct dpa_hal *hal, int host)
 	return work;
 }
 
-/* A progress thread whose pass found nothing: spin (if allowed), then sleep until an
- * event, its firmware timer or, at the latest, the next slice. */
-static void thread_idle(struct emu_device *dev, struct dpa_hal *hal, uint32_t snap, int spin)
+/* Has something come in that a sleeping or spinning progress thread must look at? */
+static int thread_called(struct emu_device *dev, uint32_t snap, uint64_t timer, uint64_t now)
 {
 	struct emu_rank *r = self_rank(dev);
+
+	return off_load_acquire(&r->event) != snap || off_read_once(&dev->stop) ||
+	       (timer && now >= timer);
+}
+
+/* A progress thread whose pass found nothing (or a host thread drives: spin 0): spin (if
+ * allowed; never while a host drives), nap through its idle poll, then sleep until an
+ * event, its firmware timer or, at the latest, the next slice. A driver wakes a sleeper
+ * if it leaves work behind; a napper keeps its idle poll through a host's small ops. */
+static void thread_idle(struct emu_device *dev, struct dpa_hal *hal, uint32_t snap, int spin)
+{
 	uint64_t now = emu_now_ns(), timer = dpa_engine_wake_at(dev->fw_state, hal->index, now);
 	uint64_t spin_end = now + (spin ? spin_budget_ns(dev) : 0);
-	int64_t ns = EMU_SLEEP_SLICE_NS;
 
 	if (timer && timer <= now)
 		return;  /* a firmware timeout expired: no event will say so */
 	while (now < spin_end && cores_to_spare(dev) && !woken_waiting(dev, now)) {
-		if (off_load_acquire(&r->event) != snap || off_read_once(&dev->stop) ||
-		    off_read_once(&r->driving) || (timer && now >= timer))
+		if (thread_called(dev, snap, timer, now) || off_read_once(&self_rank(dev)->driving))
 			return;
 		for (int i = 0; i < 64; i++)
 			off_cpu_relax();
 		now = emu_now_ns();
 	}
-	if (timer && timer - now < (uint64_t)ns)
-		ns = (int64_t)(timer - now);
-	thread_sleep(dev, hal->index, snap, ns);
+	for (;;) {
+		uint64_t poll = idle_nap_ns(dev, hal, now), idle = now - hal->work_ns;
+		int nap = poll && idle >= EMU_NAP_AFTER_NS;
+		/* In the poll but not napping yet: a plain sleep until the naps start. */
+		int64_t ns = nap ? (int64_t)poll : poll ? (int64_t)(EMU_NAP_AFTER_NS - idle) :
+			     EMU_SLEEP_SLICE_NS;
+
+		if (timer && timer - now < (uint64_t)ns)
+			ns = (int64_t)(timer - now);
+		thread_sleep(dev, hal->index, snap, ns, nap);
+		now = emu_now_ns();
+		if (!poll || thread_called(dev, snap, timer, now))
+			return;
+	}
 }
 
 static void *progress_thread(void *arg)
@@ -383,7 +438,7 @@ int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t tim
 	struct emu_device *dev = to_emu(hd);
 	struct emu_rank *r = self_rank(dev);
 	uint64_t deadline = emu_now_ns() + (uint64_t)(timeout_ns > 0 ? timeout_ns : 0);
-	int rc = -EBUSY, quiet = 0, rounds = 0, all;
+	int rc = -EBUSY, quiet = 0, rounds = 0, bulk = 0, all;
 	uint32_t snap = 0;
 
 	if (!dev->nthreads_started || !may_drive(dev, flags) || !off_trylock(&dev->drive_lock))
@@ -400,8 +455,10 @@ int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t tim
 		int work = drive_round(dev, &all);
 
 		quiet = !work && all;
-		if (!may_drive(dev, flags & ~HOST_DRIVE_BULK_CMD))
-			break;  /* bulk work stays with the progress threads */
+		if (!may_drive(dev, flags & ~HOST_DRIVE_BULK_CMD)) {
+			bulk = 1;  /* bulk work stays with the progress threads */
+			break;
+		}
 		if (!word) {  /* a post or a test(): until nothing is left to do */
 			if (quiet)
 				rc = 0;
@@ -429,8 +486,10 @@ int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t tim
 	 * either sees driving clear, or we see it asleep. It needs waking only if we leave
 	 * work behind that no later event would announce. */
 	off_fence();
-	if (off_read_once(&r->sleepers) &&
-	    (!quiet || off_load_acquire(&r->event) != snap || work_waiting(dev)))
+	if (bulk)  /* handed over as a post would: a thread in its idle poll sees it */
+		emu_doorbell_rank(dev, dev->attr.rank);
+	else if (off_read_once(&r->sleepers) &&
+		 (!quiet || off_load_acquire(&r->event) != snap || work_waiting(dev)))
 		emu_kick_rank(dev, dev->attr.rank);
 	off_unlock(&dev->drive_lock);
 	return rc;
@@ -447,10 +506,12 @@ void emu_wake_waiters(struct host_device *hd, uint32_t *word)
 	emu_wake_word(dev, word);                /* waiters on the completion ring */
 }
 
-void emu_drive_stats(struct host_device *hd, uint64_t *ops, uint64_t *passes)
+void emu_drive_stats(struct host_device *hd, struct host_drive_stats *out)
 {
 	struct emu_device *dev = to_emu(hd);
 
-	*ops = off_read_once(&dev->host_ops);
-	*passes = off_read_once(&dev->host_passes);
+	out->ops = off_read_once(&dev->host_ops);
+	out->passes = off_read_once(&dev->host_passes);
+	out->doorbells = off_read_once(&dev->doorbells);
+	out->doorbell_wakes = off_read_once(&dev->doorbell_wakes);
 }

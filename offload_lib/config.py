@@ -296,6 +296,13 @@ TUNABLES: tuple[Tunable, ...] = (
             "small op) spins before it sleeps on a futex, and never longer than a wake-up "
             "was measured to cost (0..100000); skipped where the ranks outnumber the cores",
             _int_range(0, 100_000)),
+    Tunable("idle_poll_us", int, 50_000,
+            "emulator: microseconds a progress thread keeps looking at its queue in naps "
+            "(from 2 ms of idle time on, an eighth of it, at most 1 ms) after bulk work, "
+            "before it sleeps until woken: a post meanwhile costs the posting thread no "
+            "wake-up system call, as a doorbell write on a card (0..1000000; 0: sleep at "
+            "once, every doorbell wakes)",
+            _int_range(0, 1_000_000)),
     Tunable("progress", str, "cooperative",
             "emulator: 'cooperative' lets a host thread that posts, tests or waits for a "
             "small op (at most 1 MiB per rank) run its rank's firmware itself, so a small "
@@ -372,6 +379,7 @@ class Config:
     mcast_seed: int = _default("mcast_seed")
     bootstrap_timeout: float = _default("bootstrap_timeout")
     spin_us: int = _default("spin_us")
+    idle_poll_us: int = _default("idle_poll_us")
     progress: str = _default("progress")
     eager_max: int = _default("eager_max")
 

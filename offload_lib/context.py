@@ -177,6 +177,7 @@ class Context:
         # The emulator spins only while every awake thread of the job has a core; a host
         # thread that waits on the completion ring (threads mode) spins as long, then sleeps.
         params.spin_us = config.spin_us
+        params.idle_poll_us = config.idle_poll_us
         self._poll_ns = config.spin_us * 1000
         engine.eager_max = config.eager_max
         params.ring_entries = config.ring_entries
@@ -546,8 +547,8 @@ class Context:
             for t in range(n)
         ]
         totals = {f: sum(t[f] for t in per_thread) for f in _STAT_FIELDS}
-        host = ffi.new("uint64_t[2]")
-        lib.host_drive_stats(self._ptr, host, host + 1)
+        host = ffi.new("struct host_drive_stats *")
+        lib.host_drive_stats(self._ptr, host)
         mr = ffi.new("uint64_t[2]")
         cached = ffi.new("uint32_t *")
         lib.host_mr_cache_stats(self._ptr, mr, mr + 1, cached)
@@ -564,8 +565,12 @@ class Context:
             # cooperative progress: what host threads did of the above (ops whose completion
             # a host thread's pass wrote, and the passes it ran)
             "progress": self.progress,
-            "host_ops": int(host[0]),
-            "host_passes": int(host[1]),
+            "host_ops": int(host.ops),
+            "host_passes": int(host.passes),
+            # work handed to the progress threads, and how much of it had to wake one
+            # (the rest found it in its idle poll: idle_poll_us)
+            "doorbells": int(host.doorbells),
+            "doorbell_wakes": int(host.doorbell_wakes),
             # memory registrations made (host_post's and persistent requests'), op buffers
             # the registration cache already held, and the registrations it holds now
             "registrations": int(mr[0]),

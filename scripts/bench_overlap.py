@@ -9,16 +9,41 @@ table gives, per rank, the median calling-thread CPU time (``time.thread_time``)
 post() and of the test() that found the op done, their sum, and how many test() calls that
 took; every iteration's result is checked. time.thread_time is a system call whose own cost
 is inside both intervals.
+
+Every other iteration times, at the same two points, a C call that does nothing
+(``host_num_threads``) instead of post() and test(), which still run untimed: the floor
+that any call from Python pays there (after 20 ms of other work its code and data are out
+of the caches and TLBs: several microseconds in this VM). The "other work" runs on the
+calling thread: BLAS is held to one thread (``--blas-threads``) unless asked otherwise,
+since a multithreaded BLAS in each of four ranks on two cores keeps spinning threads
+competing with the rank's own.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import sys
 import time
 
-import numpy as np
 
-import offload_lib as ol
-from offload_lib.config import parse_size
+def _blas_threads() -> str:
+    """--blas-threads, read before numpy loads BLAS (which reads the environment once)."""
+    for i, a in enumerate(sys.argv):
+        if a == "--blas-threads" and i + 1 < len(sys.argv):
+            return sys.argv[i + 1]
+        if a.startswith("--blas-threads="):
+            return a.split("=", 1)[1]
+    return "1"
+
+
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ[_var] = _blas_threads()
+
+import numpy as np  # noqa: E402
+
+import offload_lib as ol  # noqa: E402
+from offload_lib._native import lib  # noqa: E402
+from offload_lib.config import parse_size  # noqa: E402
 
 
 def main() -> int:
@@ -27,6 +52,8 @@ def main() -> int:
     ap.add_argument("--work-ms", type=float, default=20.0, help="work between post and test")
     ap.add_argument("--iters", type=int, default=50)
     ap.add_argument("--buffers", choices=("numpy", "shared"), default="numpy")
+    ap.add_argument("--blas-threads", default="1",
+                    help="BLAS threads per rank for the work (1: it runs on the calling thread)")
     args = ap.parse_args()
     with ol.init() as ctx:
         n, me, team = ctx.size, ctx.rank, ctx.world
@@ -38,28 +65,46 @@ def main() -> int:
         want = np.repeat(np.arange(n, dtype=np.float32) * 100 + me, count)
         work = np.random.default_rng(me).random((256, 256))
         p = team.alltoall_init(src, dst)
-        post_cpu, test_cpu, tests = [], [], []
-        for it in range(args.iters + 5):
+        post_cpu, test_cpu, tests, floor_post, floor_test = [], [], [], [], []
+        handle = ctx._handle()
+        for it in range(2 * (args.iters + 5)):
+            floor = it % 2 == 1  # time a no-op C call at the same points instead
             dst[:] = -1
             team.barrier().wait()
             c0 = time.thread_time()
-            p.post()
-            c1 = time.thread_time()
+            if floor:
+                lib.host_num_threads(handle)
+                c1 = time.thread_time()
+                p.post()
+            else:
+                p.post()
+                c1 = time.thread_time()
             end = time.perf_counter() + args.work_ms / 1e3
             while time.perf_counter() < end:
                 work @ work
             k = 0
-            while True:
+            if floor:
                 c2 = time.thread_time()
-                done = p.test()
+                lib.host_num_threads(handle)
                 c3 = time.thread_time()
+            while True:
+                if not floor:
+                    c2 = time.thread_time()
+                done = p.test()
+                if not floor:
+                    c3 = time.thread_time()
                 k += 1
                 if done:
                     break
                 time.sleep(0.001)
             if not np.array_equal(dst, want):
                 raise SystemExit(f"rank {me}: WRONG RESULT in iteration {it}")
-            if it >= 5:
+            if it < 10:
+                continue
+            if floor:
+                floor_post.append(c1 - c0)
+                floor_test.append(c3 - c2)
+            else:
                 post_cpu.append(c1 - c0)
                 test_cpu.append(c3 - c2)
                 tests.append(k)
@@ -68,7 +113,8 @@ def main() -> int:
         print(f"rank {me}/{n} {args.size} per peer {args.buffers}: post {np.median(post_cpu) * us:.1f} us, "
               f"test (done) {np.median(test_cpu) * us:.1f} us, together "
               f"{np.median(np.add(post_cpu, test_cpu)) * us:.1f} us; test() calls per op: median "
-              f"{int(np.median(tests))}, max {max(tests)}", flush=True)
+              f"{int(np.median(tests))}, max {max(tests)}; a no-op C call at the same points: "
+              f"{np.median(floor_post) * us:.1f} + {np.median(floor_test) * us:.1f} us", flush=True)
     return 0
 
 

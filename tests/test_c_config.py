@@ -11,7 +11,8 @@ from offload_lib.errors import ConfigError
 
 C_KEYS = ["backend", "dpa_threads", "chunk_size", "ring_entries", "post_timeout", "op_timeout",
           "rails", "mtu", "mcast_roots", "mcast_rq_depth", "mcast_placement", "link_rate",
-          "mcast_loss", "mcast_reorder", "mcast_seed", "bootstrap_timeout", "spin_us", "progress", "eager_max"]
+          "mcast_loss", "mcast_reorder", "mcast_seed", "bootstrap_timeout", "spin_us", "idle_poll_us", "progress",
+          "eager_max"]
 
 
 @pytest.fixture
@@ -52,7 +53,7 @@ def test_every_c_key_is_a_python_tunable_with_the_same_default(c):
     ("chunk_size", "65M"), ("rails", "0"), ("rails", "9"), ("mcast_loss", "1.5"),
     ("post_timeout", "0"), ("op_timeout", "-1"), ("dpa_threads", "0"), ("dpa_threads", "65"),
     ("backend", "gpu"), ("mcast_placement", "both"), ("spin_us", "x"), ("progress", "auto"),
-    ("eager_max", "16K"),
+    ("eager_max", "16K"), ("idle_poll_us", "1000001"),
 ])
 def test_bad_values_are_refused_by_both(c, key, value):
     lib, cfg = c

@@ -31,6 +31,7 @@ DEFAULTS = {
     "mcast_seed": 1,
     "bootstrap_timeout": 60.0,
     "spin_us": 20,
+    "idle_poll_us": 50000,
     "progress": "cooperative",
     "eager_max": 8192,
 }
@@ -136,6 +137,7 @@ BAD_VALUES = [
     ("op_timeout", -1), ("op_timeout", 86401), ("op_timeout", "inf"), ("op_timeout", "never"),
     ("bootstrap_timeout", 0.0), ("bootstrap_timeout", "nan"), ("bootstrap_timeout", False),
     ("spin_us", -1), ("spin_us", 100_001), ("spin_us", "1e3"),
+    ("idle_poll_us", -1), ("idle_poll_us", 1_000_001), ("idle_poll_us", "50ms"),
     ("progress", "threads-only"), ("progress", 1),
     ("eager_max", "16K"), ("eager_max", -1), ("eager_max", "lots"),
 ]

@@ -63,8 +63,8 @@ struct host_device_ops {
 	 * HOST_DRIVE_*. NULL: the firmware does not run on the host (hardware). */
 	int (*drive)(struct host_device *dev, uint32_t *word, uint32_t seen, int64_t timeout_ns,
 		     uint32_t flags);
-	/* Ops completed, and passes run, by host threads driving (drive != NULL). */
-	void (*drive_stats)(struct host_device *dev, uint64_t *ops, uint64_t *passes);
+	/* Ops completed and passes run by host threads driving (drive != NULL), doorbells. */
+	void (*drive_stats)(struct host_device *dev, struct host_drive_stats *out);
 	int (*free_shared)(struct host_device *dev, void *addr, uint64_t len);
 	/* Memory for the firmware's ring and stats windows (attr ring_len, stats_len), zeroed,
 	 * owned by the device until close: a card reaches them through one registration. NULL:

@@ -19,7 +19,7 @@ struct host_ctx;
 /* The layout of struct host_ctx_params this library reads (as io_uring_params: one struct,
  * filled once by the caller and passed down by pointer to host setup and the backend,
  * which keeps it; nothing copies its fields one by one). Bumped when a field changes. */
-#define HOST_CTX_PARAMS_VERSION 1
+#define HOST_CTX_PARAMS_VERSION 2
 
 struct host_ctx_params {
 	uint32_t struct_size;       /* sizeof(struct host_ctx_params) of the caller's headers */
@@ -50,6 +50,8 @@ struct host_ctx_params {
 	uint64_t job_key;           /* the job's secret, the same on every rank, not 0 */
 	uint32_t coop;              /* cooperative progress: a host thread posting, testing or
 				     * waiting for a small op runs the emulated firmware itself */
+	uint32_t idle_poll_us;      /* emulator: a progress thread naps this long after bulk
+				     * work before a doorbell must wake it (emu_progress.c) */
 	/* The firmware's settings (dpa_engine.h): the caller sets chunk_size, op_timeout_ms,
 	 * link_mbps, mcast_roots and eager_max; host setup fills in the rest and starts the
 	 * firmware with it. */
@@ -173,9 +175,14 @@ int host_set_mcast_faults(struct host_ctx *ctx, uint32_t loss_ppm, uint32_t reor
 
 /* Copies per-thread firmware counters (16 uint64 per thread); returns the thread count. */
 int host_stats(struct host_ctx *ctx, uint64_t *out, uint32_t max_threads);
-/* Cooperative progress: ops completed, and firmware passes run, by this rank's host
- * threads (zero where the firmware does not run on the host). */
-void host_drive_stats(struct host_ctx *ctx, uint64_t *ops, uint64_t *passes);
+/* Who ran this rank's firmware (zero where the firmware does not run on the host). */
+struct host_drive_stats {
+	uint64_t ops;             /* cooperative progress: ops completed by host threads' passes */
+	uint64_t passes;          /* ... and the passes they ran */
+	uint64_t doorbells;       /* work handed to the progress threads (posts, bulk hand-overs) */
+	uint64_t doorbell_wakes;  /* ... that had to wake one (none was in its idle poll) */
+};
+void host_drive_stats(struct host_ctx *ctx, struct host_drive_stats *out);
 /* cffi:end */
 
 #endif /* OFFLOAD_HOST_H */

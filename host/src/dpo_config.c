@@ -46,6 +46,7 @@ static const struct key keys[] = {
 	{ "mcast_seed", K_U64, F(mcast_seed), 0, 9223372036854775807.0, 0 },
 	{ "bootstrap_timeout", K_F64, F(bootstrap_timeout), 0, 1e300, 1 },
 	{ "spin_us", K_U32, F(spin_us), 0, 100000, 0 },
+	{ "idle_poll_us", K_U32, F(idle_poll_us), 0, 1000000, 0 },
 	{ "progress", K_PROGRESS, F(coop), 0, 0, 0 },
 	{ "eager_max", K_SIZE, F(eager_max), 0, 8192, 0 },
 };
@@ -67,6 +68,7 @@ void dpo_config_defaults(struct dpo_config *c)
 	c->mcast_seed = 1;
 	c->bootstrap_timeout = 60.0;
 	c->spin_us = 20;
+	c->idle_poll_us = 50000;
 	c->coop = 1;
 	c->eager_max = 8192;
 }

@@ -251,6 +251,7 @@ static void fill_params(struct host_ctx_params *p, const struct dpo_context *ctx
 	p->engine.chunk_size = c->chunk_size;
 	/* the emulator itself stops spinning where the ranks outnumber the cores */
 	p->spin_us = c->spin_us;
+	p->idle_poll_us = c->idle_poll_us;
 	p->coop = !strcmp(ctx->backend, "emulator") && c->coop;
 	p->engine.eager_max = (uint32_t)c->eager_max;
 	p->bootstrap_timeout_ns = (int64_t)(c->bootstrap_timeout * 1e9);

@@ -32,6 +32,7 @@ struct dpo_config {
 	uint64_t mcast_seed;
 	double bootstrap_timeout;
 	uint32_t spin_us;
+	uint32_t idle_poll_us;
 	uint32_t coop;                /* progress: cooperative (1) or threads (0) */
 	uint64_t eager_max;
 };

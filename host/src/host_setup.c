@@ -278,13 +278,13 @@ int host_set_mcast_faults(struct host_ctx *ctx, uint32_t loss_ppm, uint32_t reor
 	return rc;
 }
 
-void host_drive_stats(struct host_ctx *ctx, uint64_t *ops, uint64_t *passes)
+void host_drive_stats(struct host_ctx *ctx, struct host_drive_stats *out)
 {
-	*ops = *passes = 0;
+	*out = (struct host_drive_stats){ 0 };
 	if (enter(ctx))
 		return;
 	if (ctx->ops->drive_stats)
-		ctx->ops->drive_stats(ctx->dev, ops, passes);
+		ctx->ops->drive_stats(ctx->dev, out);
 	leave(ctx);
 }
 

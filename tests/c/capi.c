@@ -478,6 +478,11 @@ static int rank_main(uint32_t rank, uint32_t n, struct oob_board **boards)
 	}
 	dpo_context_get_attr(ctx, &attr);
 	CHECK(attr.rank == rank && attr.size == n && !strcmp(attr.backend, "emulator"), "attr");
+	/* The rank lists (any job size): none failed or closed yet; a list needs its array. */
+	CHECK(dpo_context_failed_ranks(ctx, map, OOB_MAX, &nt) == DPO_OK && nt == 0, "failed list");
+	CHECK(dpo_context_closed_ranks(ctx, NULL, 0, &nt) == DPO_OK && nt == 0, "closed list");
+	CHECK(dpo_context_failed_ranks(ctx, NULL, 1, &nt) == DPO_ERR_INVALID_PARAM, "no array");
+	nt = 0;
 	w = make_team(ctx, &world, NULL);
 	for (uint32_t i = rank % 2; i < n; i += 2)
 		map[nt++] = i;
