@@ -122,6 +122,8 @@ def run_one(coll: str, n: int, size: int, model: dict[str, int], *, seed: int = 
     }
     if coll == "allgather":
         res["row"]["ring_mb"] = (n - 1) / n * size / 1e6
+        eff = {**sim_model.defaults(), **model}
+        res["row"]["ring_us"] = sim_model.ring_allgather_closed_form_s(eff, n, size // n) * 1e6
     return res
 
 
@@ -160,28 +162,68 @@ def _sweep_ns(text: str) -> list[int]:
     return out
 
 
-def _plot(path: str, coll: str, rows: Sequence[dict[str, Any]]) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:  # checked before the run; here only if it broke meanwhile
-        raise InvalidArgument("--plot needs matplotlib (pip install matplotlib)") from None
+def _human(nbytes: float) -> str:
+    for unit, shift in (("GiB", 30), ("MiB", 20), ("KiB", 10)):
+        if nbytes >= 1 << shift and int(nbytes) % (1 << shift) == 0:
+            return f"{int(nbytes) >> shift} {unit}"
+    return f"{int(nbytes)} B"
+
+
+def build_figure(coll: str, rows: Sequence[dict[str, Any]]) -> Any:
+    """The sweep's figure: predicted time against ranks; for the multicast all-gather also
+    a ring's closed-form time (where the curves cross is where multicast starts to win)
+    and the bytes each rank injects, multicast S/n against a ring's (n-1)/n x S."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, LogLocator
+
     ns = [r["n"] for r in rows]
-    fig, axes = plt.subplots(1, 2 if coll == "allgather" else 1, figsize=(10 if coll == "allgather" else 6, 4))
-    ax = axes[0] if coll == "allgather" else axes
+    plain = FuncFormatter(lambda v, _: f"{v:g}")
+    gather = coll == "allgather"
+    fig, axes = plt.subplots(1, 2 if gather else 1, figsize=(11 if gather else 6, 4.2))
+    ax = axes[0] if gather else axes
     ax.loglog(ns, [r["time_us"] for r in rows], "o-", label=f"{coll} (simulated)")
+    if gather:
+        ax.loglog(ns, [r["ring_us"] for r in rows], "s--", label="ring all-gather (closed form)")
+        wins = [r["n"] for r in rows if r["time_us"] < r["ring_us"]]
+        if wins:
+            ax.axvspan(min(wins), max(wins), color="tab:green", alpha=0.12,
+                       label=f"multicast faster (n = {min(wins)}..{max(wins)})")
+    if rows and "closed_us" in rows[0]:
+        ax.loglog(ns, [r["closed_us"] for r in rows], "s--", label="closed form")
+    ax.set_xscale("log", base=2)
     ax.set_xlabel("ranks")
     ax.set_ylabel("time (us)")
-    ax.legend()
-    if coll == "allgather":
+    ax.set_title(f"{coll}, size {_human(rows[0]['size'])} (nccl-tests' size)" if rows else coll)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=8)
+    if gather:
         axes[1].loglog(ns, [r["inj_mb"] for r in rows], "o-", label="multicast: injected per rank")
         axes[1].loglog(ns, [r["ring_mb"] for r in rows], "s--", label="ring: (n-1)/n x S per rank")
+        axes[1].set_xscale("log", base=2)
         axes[1].set_xlabel("ranks")
         axes[1].set_ylabel("MB injected per rank")
-        axes[1].legend()
+        axes[1].grid(True, which="both", alpha=0.3)
+        axes[1].legend(fontsize=8)
+    for a in fig.axes:
+        a.xaxis.set_major_formatter(plain)
+        a.yaxis.set_major_locator(LogLocator(base=10, subs=(1, 2, 5)))
+        a.yaxis.set_major_formatter(plain)
+        a.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: ""))
     fig.tight_layout()
-    fig.savefig(path)
+    return fig
+
+
+def _plot(path: str, coll: str, rows: Sequence[dict[str, Any]]) -> None:
+    try:
+        fig = build_figure(coll, rows)
+    except ImportError:  # checked before the run; here only if it broke meanwhile
+        raise InvalidArgument("--plot needs matplotlib (pip install 'dpa-offload[plot]')") from None
+    import matplotlib.pyplot as plt
+
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 def _cmd_collective(coll: str, argv: Sequence[str]) -> int:
@@ -198,6 +240,8 @@ def _cmd_collective(coll: str, argv: Sequence[str]) -> int:
     p.add_argument("--threads", type=int, default=16, help="DPA threads per rank (default 16)")
     p.add_argument("--chunk-size", default="1M")
     p.add_argument("--a2a-window", type=int, default=0)
+    p.add_argument("--mcast-roots", type=int, default=2, help="broadcast/all-gather: ranks that "
+                   "inject at once (config.py's mcast_roots, default 2)")
     p.add_argument("--topology", default="switch")
     p.add_argument("--payload", choices=("real", "phantom", "auto"), default="auto")
     p.add_argument("--iters", type=int, default=1)
@@ -215,16 +259,17 @@ def _cmd_collective(coll: str, argv: Sequence[str]) -> int:
     model.update(sim_model.load_overrides(a.model, known))
     ns = _sweep_ns(a.sweep) if a.sweep else [a.n]
     for n in ns:
-        if not 1 <= n <= 64:
-            raise InvalidArgument(f"-n {n}: this build's jobs hold 1..64 ranks (issue 20's "
-                                  "64-rank lift is not merged yet)")
+        if n < 1:  # the upper bound is dpa-sim's (SIM_MAX_RANKS), which names it
+            raise InvalidArgument(f"-n {n}: a job holds at least 1 rank")
+    if a.mcast_roots < 1:
+        raise InvalidArgument(f"--mcast-roots {a.mcast_roots}: want at least 1 rank injecting at once")
     if a.plot and not a.sweep:
         raise InvalidArgument("--plot draws a sweep: add --sweep n=LO..HI")
     if a.plot:
         try:
             import matplotlib  # noqa: F401
         except ImportError:
-            raise InvalidArgument("--plot needs matplotlib (pip install matplotlib), or drop --plot "
+            raise InvalidArgument("--plot needs matplotlib (pip install 'dpa-offload[plot]'), or drop --plot "
                                   "and plot the CSV yourself") from None
     rows = []
     for n in ns:
@@ -232,7 +277,7 @@ def _cmd_collective(coll: str, argv: Sequence[str]) -> int:
                       chunk=parse_size(a.chunk_size), a2a_window=a.a2a_window, payload=a.payload,
                       iters=a.iters, trace=a.trace if n == ns[-1] else None,
                       events=a.events if n == ns[-1] else None,
-                      extra=[f"tokens={a.tokens}"] if coll == "moe" else ())
+                      extra=[f"tokens={a.tokens}"] if coll == "moe" else [f"roots={a.mcast_roots}"])
         row = res["row"]
         if coll == "alltoall" and a.profile == "mechanics" and a.threads == 1 and a.a2a_window == 1:
             eff = {**known, **model}

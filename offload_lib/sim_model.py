@@ -140,6 +140,23 @@ def pairwise_closed_form_s(m: dict[str, int], n: int, block: int) -> float:
     return (start + self_block + (n - 1) * step + n * ctrl + end) / 1e9
 
 
+def ring_allgather_closed_form_s(m: dict[str, int], n: int, block: int) -> float:
+    """A ring all-gather of `block` bytes per rank on the same model (the firmware has none:
+    this is the comparison the multicast all-gather is judged against). n-1 steps; in each
+    a rank writes the block it holds to its successor and signals it, and the successor's
+    pass that sees the signal forwards the block. The signal follows the write on the same
+    queue pair without waiting for it (in order), so a step is one pass, two posts, one
+    WQE fetch, the block's and the signal's wire time, the fabric and the landing: an
+    optimistic ring (no contention, no completion polling). Every rank injects
+    (n-1) x block, against multicast's one."""
+    l1 = m["nic_tx_ns"] + 2 * m["link_cable_ns"] + m["switch_latency_ns"] + m["nic_rx_ns"]
+    step = (m["dpa_pass_ns"] + m["dpa_check_ns"] + 2 * m["dpa_post_ns"] + m["nic_wqe_ns"] +
+            m["pcie_rtt_ns"] + _wire_ns(m, block) + _wire_ns(m, 8) + l1 + m["pcie_oneway_ns"])
+    start = m["host_post_ns"] + m["pcie_oneway_ns"] + m["dpa_wake_ns"] + m["dpa_pass_ns"]
+    end = m["dpa_pass_ns"] + m["pcie_oneway_ns"] + m["host_notice_ns"]
+    return (start + (n - 1) * step + end) / 1e9
+
+
 def markdown_table(values: dict[str, int] | None = None) -> str:
     values = values or defaults()
     unit = units()

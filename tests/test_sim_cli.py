@@ -1,5 +1,5 @@
 """``dpa-offload sim``: the table, the model listing and its sources, YAML overrides, the
-sweep's CSV (and PNG where matplotlib is installed), the Chrome trace, and errors that say
+sweep's CSV and PNG (matplotlib: the test extra), the Chrome trace, and errors that say
 what to fix."""
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from offload_lib import cli, sim_model
+from offload_lib import cli, sim_cli, sim_model
 
 
 def _run(capsys, *argv: str) -> tuple[int, str, str]:
@@ -49,23 +49,43 @@ def test_yaml_override_changes_the_prediction(tmp_path, capsys):
 
 
 def test_sweep_writes_csv_and_plot(tmp_path, capsys):
-    path = tmp_path / "ag.csv"
-    try:
-        import matplotlib  # noqa: F401
-        plot = ["--plot", str(tmp_path / "ag.png")]
-    except ImportError:
-        plot = []
+    """The sweep's CSV has a row per n; the PNG is a PNG of the figure matplotlib drew from
+    those rows: the simulated time, a ring's closed-form time and both injected-bytes series,
+    each line holding the CSV's values, and pixels of the first line's colour in the image."""
+    import matplotlib.image
+    import numpy as np
+
+    path, png = tmp_path / "ag.csv", tmp_path / "ag.png"
     rc, out, _ = _run(capsys, "allgather", "--size", "64K", "--threads", "2", "--sweep", "n=4..16",
-                      "--csv", str(path), *plot)
-    assert rc == 0
+                      "--mcast-roots", "16", "--csv", str(path), "--plot", str(png))
+    assert rc == 0 and f"wrote {png}" in out
     rows = list(csv.DictReader(open(path)))
     assert [int(r["n"]) for r in rows] == [4, 8, 16]
     # multicast injects S/n per rank, a ring (n-1)/n x S
     for r in rows:
         n = int(r["n"])
         assert float(r["inj_mb"]) < float(r["ring_mb"]) / (n - 1) * 1.5
-    if plot:
-        assert (tmp_path / "ag.png").stat().st_size > 1000
+        assert float(r["ring_us"]) > 0
+    data = png.read_bytes()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n" and data[12:16] == b"IHDR"
+    width, height = int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    assert (width, height) == (1210, 462)  # figsize 11 x 4.2 at 110 dpi: the two-panel figure
+
+    typed = [{k: float(v) for k, v in r.items()} for r in rows]
+    for r in typed:
+        r["n"] = int(r["n"])
+    fig = sim_cli.build_figure("allgather", typed)
+    time_ax, bytes_ax = fig.axes
+    series = {line.get_label(): list(line.get_ydata()) for ax in fig.axes for line in ax.get_lines()}
+    assert len(time_ax.get_lines()) == 2 and len(bytes_ax.get_lines()) == 2
+    assert series["allgather (simulated)"] == [r["time_us"] for r in typed]
+    assert series["ring all-gather (closed form)"] == [r["ring_us"] for r in typed]
+    assert series["multicast: injected per rank"] == [r["inj_mb"] for r in typed]
+    assert series["ring: (n-1)/n x S per rank"] == [r["ring_mb"] for r in typed]
+    # the saved image has the simulated line drawn in it (matplotlib's first colour, C0)
+    img = matplotlib.image.imread(str(png))[:, :, :3]
+    c0 = np.array([0x1f, 0x77, 0xb4]) / 255
+    assert (np.abs(img - c0).max(axis=2) < 0.02).sum() > 200
 
 
 def test_plot_without_matplotlib_says_so(tmp_path, capsys, monkeypatch):
@@ -93,7 +113,8 @@ def test_trace_is_chrome_json(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, words", [
-    (["alltoall", "-n", "65"], "1..64 ranks"),
+    (["alltoall", "-n", "4097"], "jobs hold 1..4096 ranks"),
+    (["alltoall", "-n", "0"], "at least 1 rank"),
     (["allreduce", "-n", "4", "--size", "1M", "--payload", "phantom"], "phantom payload cannot"),
     (["alltoall", "-n", "8", "--size", "4"], "less than one byte per rank"),
     (["gather"], "want one of"),

@@ -41,6 +41,28 @@ static int a2a_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *
 	return (int)n;
 }
 
+/*
+ * A thread looks for one source's done signal per pass, its first item's whose signal is
+ * not in (the cursor), not every item's: sources send in pairwise order, so the signals
+ * come in about the order of the items, and a pass that finds the cursor's moves on to
+ * the next item's in the same pass (items are visited in order). A signal that came early
+ * waits in its word until the cursor reaches it, which delays nothing: the op completes
+ * on its last signal either way. At n ranks and T threads that is one control word read
+ * per pass instead of n / T.
+ */
+static int recv_due(struct dpa_op *op, uint32_t i, uint32_t nthreads)
+{
+	uint32_t me = i % nthreads, k;
+
+	if (me >= OFFLOAD_MAX_THREADS)
+		return 1;
+	k = op->alg.a2a_recv_from[me] > me ? op->alg.a2a_recv_from[me] : me;
+	while (k < op->nitems && (op->items[k].flags & (DPA_ITEM_RECVD | DPA_ITEM_FINISHED)))
+		k += nthreads;
+	op->alg.a2a_recv_from[me] = k;
+	return i <= k;
+}
+
 static int a2a_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal)
 {
 	const struct dpa_team *team = &eng->teams[op->team_id];
@@ -56,9 +78,34 @@ static int a2a_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, s
 
 	send.hold = lag && i >= lag &&
 		    !(op->items[i - lag].flags & (DPA_ITEM_SIGNALED | DPA_ITEM_FINISHED | DPA_ITEM_ABORTED));
+	send.recv_later = !recv_due(op, i, dpa_hal_num_threads(hal));
 	work = dpa_item_begin(eng, op, i, hal, publish);
 
 	return work < 0 ? 0 : work + dpa_exchange_step(eng, op, i, hal, &send);
+}
+
+/* Paced, a thread's items past the first one it has not sent (signaled) plus the window
+ * are on hold: once their readies are out (intake posts them, in pairwise order, as far as
+ * the queue takes them; the items post the rest) they only wait, for a ready or a done
+ * word that stays where it is until this op takes it (the next op of the slot needs this
+ * one complete), so a pass need not look at them until the window reaches them. Unpaced:
+ * every item moves at once. */
+static uint32_t a2a_horizon(const struct dpa_engine *eng, struct dpa_op *op, uint32_t first,
+			    uint32_t nthreads)
+{
+	uint32_t lag = eng->params.a2a_window * nthreads, i = first, me = first % nthreads, r;
+
+	if (!lag || me >= OFFLOAD_MAX_THREADS)
+		return op->nitems;
+	while (i < op->nitems &&
+	       (op->items[i].flags & (DPA_ITEM_SIGNALED | DPA_ITEM_FINISHED | DPA_ITEM_ABORTED)))
+		i += nthreads;
+	i = i >= op->nitems || op->nitems - i <= lag ? op->nitems : i + lag;
+	r = op->alg.a2a_ready_from[me] > first ? op->alg.a2a_ready_from[me] : first;
+	while (r < op->nitems && (op->items[r].flags & DPA_ITEM_READY_OUT))
+		r += nthreads;
+	op->alg.a2a_ready_from[me] = r;
+	return r < op->nitems && r >= i ? r + 1 : i;
 }
 
 /* Blocks within the rank's eager_max go eagerly (alltoall_eager.c) in teams of at most
@@ -76,4 +123,5 @@ const struct dpa_algo dpa_algo_alltoall_pairwise = {
 	.select = a2a_select,
 	.start = a2a_start,
 	.progress = a2a_progress,
+	.horizon = a2a_horizon,
 };

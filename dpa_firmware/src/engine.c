@@ -226,6 +226,8 @@ static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct 
 	team->next_seq++;
 	op->nitems = (uint32_t)n;
 	op->remaining = (uint32_t)n;
+	for (uint32_t t = 0; t < OFFLOAD_MAX_THREADS; t++)
+		op->scan_from[t] = 0;
 	/* Our signature to every member now, as far as the control log takes them (the
 	 * items post the rest); the gate opens once every member's agreed (signature.c).
 	 * An op whose signature travels with its data has no gate: its items judge. */
@@ -430,10 +432,31 @@ static int progress_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal
 
 	__atomic_fetch_add(&op->users, 1, __ATOMIC_SEQ_CST);
 	if (__atomic_load_n(&op->state, __ATOMIC_SEQ_CST) == DPA_OP_ACTIVE) {
+		uint32_t first = me, end = op->nitems;
+		int horizon;
+
 		if (!__atomic_load_n(&op->aborted, __ATOMIC_SEQ_CST))
 			check_abort(eng, op, hal, now);
-		for (uint32_t i = me; i < op->nitems; i += nthreads) {
+		/* Only this thread touches its stripe: skip the items it already finished,
+		 * and those past the algorithm's horizon (an aborted op visits them all). */
+		if (me < OFFLOAD_MAX_THREADS) {
+			if (op->scan_from[me] > me)
+				first = op->scan_from[me];
+			while (first < op->nitems && (op->items[first].flags & DPA_ITEM_FINISHED))
+				first += nthreads;
+			op->scan_from[me] = first;
+		}
+		horizon = op->algo->horizon && !__atomic_load_n(&op->aborted, __ATOMIC_SEQ_CST) &&
+			  !__atomic_load_n(&op->sig_pending, __ATOMIC_SEQ_CST);
+		if (horizon)
+			end = op->algo->horizon(eng, op, first, nthreads);
+		for (uint32_t i = first; i < op->nitems; i += nthreads) {
 			struct dpa_item *it = &op->items[i];
+
+			/* The items before may have moved it on in this pass. */
+			if (i >= end && (!horizon || i >= (end = op->algo->horizon(eng, op, first,
+										     nthreads))))
+				break;
 
 			if (it->flags & DPA_ITEM_FINISHED)
 				continue;

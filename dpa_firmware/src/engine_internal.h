@@ -125,6 +125,12 @@ struct dpa_algo {
 			       uint32_t owner, const struct dpa_hal_cqe *c);
 	/* Before the op's completion is written: give back what the op held, report. */
 	void (*finish)(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal);
+	/* Once the gate is open, the items of one thread (stripe me of nthreads, whose first
+	 * unfinished one is `first`) that can move at all are those below the returned
+	 * index; a pass visits no item past it (paced all-to-all: nothing past the blocks a
+	 * window ahead of the first one not yet sent). NULL: every item. */
+	uint32_t (*horizon)(const struct dpa_engine *eng, struct dpa_op *op, uint32_t first,
+			    uint32_t nthreads);
 };
 
 /* All-to-all-v layout of one op, by team rank: where each block comes from and goes. */
@@ -151,6 +157,7 @@ struct dpa_send {
 	uint32_t placed;       /* OFFLOAD_CMD_F_PLACE: the ready is the receiver's whole table */
 	uint32_t fixed;        /* all-to-all: the receiver's ready is marked FIXED */
 	uint32_t hold;         /* paced: take the ready, but post no data yet */
+	uint32_t recv_later;   /* do not look for the source's done signal in this pass */
 };
 
 struct dpa_op {
@@ -165,6 +172,9 @@ struct dpa_op {
 	uint32_t slot;
 	uint32_t team_id;
 	uint32_t nitems;
+	/* Per thread: its first item not finished yet (0: not known, start at the thread's
+	 * first). A pass starts there instead of rescanning the finished ones. */
+	uint32_t scan_from[OFFLOAD_MAX_THREADS];
 	uint32_t index;        /* position in the engine's op table, for wr_ids */
 	uint32_t bulk;         /* counted in inflight_bulk */
 	uint32_t refuse;       /* this rank's op failed: it moves no data and refuses peers' */
@@ -201,6 +211,12 @@ struct dpa_op {
 			uint32_t red_flags;   /* DPA_RED_* (the reducer sets, other items read) */
 			uint32_t red_pushed;  /* items whose phase 1 finished */
 			uint32_t red_next;    /* the reducer's progress in bytes of its block */
+		};
+		struct {  /* all-to-all: alltoall_pairwise.c */
+			/* per thread: its first item whose ready may not be out yet */
+			uint32_t a2a_ready_from[OFFLOAD_MAX_THREADS];
+			/* per thread: its first item whose source's done signal is not in */
+			uint32_t a2a_recv_from[OFFLOAD_MAX_THREADS];
 		};
 		struct {  /* all-to-all-v: alltoallv.c, alltoallv_slots.c */
 			uint32_t layout_done; /* v is complete (release-stored) */

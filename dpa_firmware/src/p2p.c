@@ -130,11 +130,13 @@ static int take_ready(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal 
 	uint64_t send_len = send->len;
 
 	struct offload_ready *r = dpa_my_ready(eng, hal, op->team_id, op->slot, dst);
-	uint32_t dst_world = eng->teams[op->team_id].peers[dst].world_rank;
+	uint32_t dst_world;
 
-	/* Pairs with the receiver's seq write, which follows the body on the same QP. */
+	/* Pairs with the receiver's seq write, which follows the body on the same QP. The
+	 * peer table is read only once the ready is in: a pass polls many readies. */
 	if (off_load_acquire(&r->seq) != op->seq)
 		return 0;
+	dst_world = eng->teams[op->team_id].peers[dst].world_rank;
 	it->raddr = r->addr;
 	it->rkey = r->key;
 	if (r->flags & OFFLOAD_READY_REFUSED)
@@ -203,9 +205,14 @@ static uint64_t post_rows(struct dpa_engine *eng, struct dpa_op *op, struct dpa_
 static int put_chunks(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 		      struct dpa_item *it, uint32_t i, uint32_t dst, const struct dpa_send *send)
 {
-	uint32_t peer = eng->teams[op->team_id].peers[dst].world_rank;
+	uint32_t peer;
 	int posted = 0;
 
+	/* Sent, waiting for its completions: the common case of a pass, decided before the
+	 * peer table is read. */
+	if (!(it->flags & DPA_ITEM_RESEND) && it->posted >= send->len)
+		return 0;
+	peer = eng->teams[op->team_id].peers[dst].world_rank;
 	if (it->flags & DPA_ITEM_RESEND) {
 		if (it->inflight)
 			return 0;  /* the failed rail flushes what it still holds first */
@@ -283,7 +290,8 @@ int dpa_exchange_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, str
 			work++;
 		}
 	}
-	if (!(it->flags & DPA_ITEM_RECVD) && (dpa_check_done(eng, op, hal, it, src) ||
+	if (!(it->flags & DPA_ITEM_RECVD) && !send->recv_later &&
+	    (dpa_check_done(eng, op, hal, it, src) ||
 					       dpa_peer_gone(eng, op, hal, team->peers[src].world_rank))) {
 		it->flags |= DPA_ITEM_RECVD;
 		work++;

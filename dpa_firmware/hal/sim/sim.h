@@ -107,9 +107,22 @@ struct sim_event {
 	void *ptr;         /* message, or NULL */
 };
 
+/* The heap orders 16-byte entries (time, a 32-bit draw of the sched stream, the event's
+ * slot in the pool), four children to a cache line; the events themselves stay put in
+ * the pool. A 1024-rank all-to-all holds millions of events at once: the heap's walks
+ * touch a line per level instead of three. Entries with equal time and draw go by slot
+ * (deterministic: slots are reused in LIFO order). */
+struct sim_hent {
+	uint64_t t;
+	uint32_t key, slot;
+};
+
 struct sim_heap {
-	struct sim_event *ev;
+	struct sim_hent *h;       /* entry k at h[k + 3]: children of k share a line */
 	uint64_t n, cap;
+	struct sim_event *pool;   /* [pool_cap] */
+	uint32_t *free;           /* free slots, a stack */
+	uint64_t pool_cap, nfree;
 };
 
 /* ---- memory registrations (by key, never by address: addresses vary with ASLR) ---- */

@@ -20,63 +20,103 @@
 
 #include "sim.h"
 
-static int ev_less(const struct sim_event *a, const struct sim_event *b)
+static inline int hent_less(const struct sim_hent *a, const struct sim_hent *b)
 {
 	if (a->t != b->t)
 		return a->t < b->t;
 	if (a->key != b->key)
 		return a->key < b->key;
-	return a->seq < b->seq;
+	return a->slot < b->slot;
 }
 
-static int heap_push(struct sim_heap *h, const struct sim_event *e)
+#define HEAP_OFF 3u  /* entry k at h[k + 3]: the four children of k start a 64-byte line */
+
+static int pool_grow(struct sim_heap *hp)
 {
-	uint64_t i;
+	uint64_t cap = hp->pool_cap ? hp->pool_cap * 2 : 1024;
+	struct sim_event *pool;
+	uint32_t *fr;
 
-	if (h->n == h->cap) {
-		uint64_t cap = h->cap ? h->cap * 2 : 1024;
-		struct sim_event *ev = realloc(h->ev, cap * sizeof(*ev));
-
-		if (!ev)
-			return -1;
-		h->ev = ev;
-		h->cap = cap;
-	}
-	i = h->n++;
-	while (i) {  /* 4-ary: parent of i is (i-1)/4 */
-		uint64_t p = (i - 1) / 4;
-
-		if (!ev_less(e, &h->ev[p]))
-			break;
-		h->ev[i] = h->ev[p];
-		i = p;
-	}
-	h->ev[i] = *e;
+	if (cap > UINT32_MAX)
+		return -1;
+	pool = realloc(hp->pool, cap * sizeof(*pool));
+	if (!pool)
+		return -1;
+	hp->pool = pool;
+	fr = realloc(hp->free, cap * sizeof(*fr));
+	if (!fr)
+		return -1;
+	hp->free = fr;
+	for (uint64_t i = cap; i-- > hp->pool_cap;)  /* lowest slot on top */
+		hp->free[hp->nfree++] = (uint32_t)i;
+	hp->pool_cap = cap;
 	return 0;
 }
 
-static void heap_pop(struct sim_heap *h, struct sim_event *out)
+static int heap_push(struct sim_heap *hp, const struct sim_event *e)
 {
-	struct sim_event last;
+	struct sim_hent ent;
+	uint64_t i;
+
+	if (!hp->nfree && pool_grow(hp))
+		return -1;
+	if (hp->n == hp->cap) {
+		uint64_t cap = hp->cap ? hp->cap * 2 : 1024;
+		struct sim_hent *h = aligned_alloc(64, (cap + HEAP_OFF + 1) * sizeof(*h));
+
+		if (!h)
+			return -1;
+		if (hp->h)
+			memcpy(h + HEAP_OFF, hp->h + HEAP_OFF, hp->n * sizeof(*h));
+		free(hp->h);
+		hp->h = h;
+		hp->cap = cap;
+	}
+	ent = (struct sim_hent){ .t = e->t, .key = (uint32_t)(e->key >> 32),
+				 .slot = hp->free[--hp->nfree] };
+	hp->pool[ent.slot] = *e;
+	i = hp->n++;
+	while (i) {  /* 4-ary: parent of i is (i-1)/4 */
+		uint64_t p = (i - 1) / 4;
+
+		if (!hent_less(&ent, &hp->h[p + HEAP_OFF]))
+			break;
+		hp->h[i + HEAP_OFF] = hp->h[p + HEAP_OFF];
+		i = p;
+	}
+	hp->h[i + HEAP_OFF] = ent;
+	return 0;
+}
+
+/* The earliest event's time (the heap is not empty). */
+static inline uint64_t heap_top_t(const struct sim_heap *hp)
+{
+	return hp->h[HEAP_OFF].t;
+}
+
+static void heap_pop(struct sim_heap *hp, struct sim_event *out)
+{
+	struct sim_hent *h = hp->h + HEAP_OFF, last;
 	uint64_t i = 0;
 
-	*out = h->ev[0];
-	last = h->ev[--h->n];
+	*out = hp->pool[h[0].slot];
+	hp->free[hp->nfree++] = h[0].slot;
+	last = h[--hp->n];
 	for (;;) {
 		uint64_t c = 4 * i + 1, best = c;
 
-		if (c >= h->n)
+		if (c >= hp->n)
 			break;
-		for (uint64_t k = c + 1; k < c + 4 && k < h->n; k++)
-			if (ev_less(&h->ev[k], &h->ev[best]))
+		for (uint64_t k = c + 1; k < c + 4 && k < hp->n; k++)
+			if (hent_less(&h[k], &h[best]))
 				best = k;
-		if (!ev_less(&h->ev[best], &last))
+		if (!hent_less(&h[best], &last))
 			break;
-		h->ev[i] = h->ev[best];
+		h[i] = h[best];
 		i = best;
 	}
-	if (h->n)
-		h->ev[i] = last;
+	if (hp->n)
+		h[i] = last;
 }
 
 void sim_schedule(struct sim_world *w, uint64_t t, uint32_t type, uint32_t rank, uint32_t thr,
@@ -90,30 +130,23 @@ void sim_schedule(struct sim_world *w, uint64_t t, uint32_t type, uint32_t rank,
 		sim_violation(w, "out of memory for events");
 }
 
-static void hash_bytes(struct sim_world *w, const char *s, size_t len)
+/* The stream's hash folds each event's fields as words (no formatting: the loop runs
+ * tens of millions of events at 1024 ranks); the text is written only when asked for. */
+static void hash_word(struct sim_world *w, uint64_t x)
 {
-	for (size_t i = 0; i < len; i++) {
-		w->hash ^= (uint8_t)s[i];
-		w->hash *= 0x100000001b3ull;
-	}
+	w->hash = (w->hash ^ x) * 0x100000001b3ull;
+	w->hash ^= w->hash >> 29;
 }
 
 void sim_log(struct sim_world *w, const char *fmt, ...)
 {
-	char line[256];
 	va_list ap;
-	int len;
 
-	va_start(ap, fmt);
-	len = vsnprintf(line, sizeof(line), fmt, ap);
-	va_end(ap);
-	if (len < 0)
+	if (!w->events)
 		return;
-	if ((size_t)len >= sizeof(line))
-		len = sizeof(line) - 1;
-	hash_bytes(w, line, (size_t)len);
-	if (w->events)
-		fwrite(line, 1, (size_t)len, w->events);
+	va_start(ap, fmt);
+	vfprintf(w->events, fmt, ap);
+	va_end(ap);
 }
 
 void sim_violation(struct sim_world *w, const char *fmt, ...)
@@ -219,11 +252,6 @@ int sim_world_init(struct sim_world *w, uint32_t size, uint32_t nthreads, uint32
 			if (!h->rail || !h->last_cqe || !h->cq)
 				return -1;
 		}
-		for (uint32_t g = 0; g < OFFLOAD_MAX_TEAMS; g++) {
-			r->mc[g].cq = calloc(w->model.mcast_rq_depth, sizeof(*r->mc[g].cq));
-			if (!r->mc[g].cq)
-				return -1;
-		}
 	}
 	return 0;
 }
@@ -231,12 +259,14 @@ int sim_world_init(struct sim_world *w, uint32_t size, uint32_t nthreads, uint32
 void sim_world_free(struct sim_world *w)
 {
 	for (uint64_t i = 0; i < w->heap.n; i++) {  /* messages still on the wire */
-		struct sim_msg *m = w->heap.ev[i].ptr;
+		struct sim_msg *m = w->heap.pool[w->heap.h[i + HEAP_OFF].slot].ptr;
 
 		if (m && (m->kind != SIM_MSG_MCAST || --m->refs == 0))
 			free(m);
 	}
-	free(w->heap.ev);
+	free(w->heap.h);
+	free(w->heap.pool);
+	free(w->heap.free);
 	for (uint32_t i = 0; w->ranks && i < w->size; i++) {
 		struct sim_rank *r = &w->ranks[i];
 
@@ -379,17 +409,24 @@ uint64_t sim_run(struct sim_world *w, int (*stop)(struct sim_world *w), uint64_t
 	struct sim_event e;
 
 	while (w->heap.n && !w->failed && !(stop && stop(w))) {
-		heap_pop(&w->heap, &e);
-		if (e.t > max_ps) {
-			heap_push(&w->heap, &e);
+		if (heap_top_t(&w->heap) > max_ps)
 			break;
-		}
+		heap_pop(&w->heap, &e);
 		w->now = e.t;
 		w->cnt.events++;
 		count++;
-		if (w->events || w->hash) {
+		{
 			struct sim_msg *m = e.ptr;
 
+			hash_word(w, e.t);
+			hash_word(w, e.seq);
+			hash_word(w, (uint64_t)e.type << 48 | (uint64_t)e.thr << 32 | e.rank);
+			hash_word(w, e.aux);
+			if (m) {
+				hash_word(w, (uint64_t)m->kind << 48 | (uint64_t)m->src << 24 | m->dst);
+				hash_word(w, m->len);
+				hash_word(w, m->wr_id);
+			}
 			if (m)
 				sim_log(w, "%llu.%03llu %llu %s r=%u th=%u a=%u k=%u %u>%u len=%llu wr=%llx\n",
 					(unsigned long long)(e.t / 1000), (unsigned long long)(e.t % 1000),

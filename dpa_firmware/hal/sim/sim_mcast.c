@@ -37,8 +37,17 @@ int dpa_hal_mcast_slot_free(struct dpa_hal *hal, uint32_t group, uint32_t slot)
 	return DPA_HAL_EINVAL;
 }
 
-static void join(struct sim_mc_rx *rx)
+/* The receive queue is allocated at the first join: most (rank, group) pairs of a large
+ * job never see multicast traffic. */
+static void join(struct sim_world *w, struct sim_mc_rx *rx)
 {
+	if (!rx->cq) {
+		rx->cq = calloc(w->model.mcast_rq_depth, sizeof(*rx->cq));
+		if (!rx->cq) {
+			sim_violation(w, "out of memory for a multicast receive queue");
+			return;
+		}
+	}
 	if (!rx->joined) {
 		rx->joined = 1;
 		rx->cq_head = rx->cq_tail = rx->pending = 0;
@@ -125,7 +134,7 @@ void sim_mc_arrive(struct sim_world *w, struct sim_rank *r, struct sim_msg *m)
 	uint64_t mtu = w->model.link_mtu, id = m->imm & 0xffffffu;
 	int placed = 0;
 
-	if (!r->alive || !rx->joined || !rx->nregions)
+	if (!r->alive || !rx->joined || !rx->nregions || !rx->cq)
 		goto drop;
 	if (w->mcast_loss_ppm && sim_rng_below(&w->rng[SIM_RNG_LOSS], 1000000) < w->mcast_loss_ppm)
 		goto drop;
@@ -192,7 +201,7 @@ int dpa_hal_mcast_post(struct dpa_hal *hal, uint32_t group, uint32_t seq8,
 		rx->regions = more;
 		rx->cap = n;
 	}
-	join(rx);
+	join(hal->w, rx);
 	if (n)
 		memcpy(rx->regions, regions, n * sizeof(*regions));
 	rx->nregions = n;
@@ -209,7 +218,7 @@ int dpa_hal_mcast_poll(struct dpa_hal *hal, uint32_t group, struct dpa_hal_mcast
 	if (group >= OFFLOAD_MAX_TEAMS)
 		return DPA_HAL_EINVAL;
 	rx = &hal->r->mc[group];
-	join(rx);
+	join(hal->w, rx);
 	while (n < max && rx->cq_head != rx->cq_tail) {
 		out[n++] = rx->cq[rx->cq_head % hal->w->model.mcast_rq_depth];
 		rx->cq_head++;

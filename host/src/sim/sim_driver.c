@@ -89,6 +89,14 @@ static void on_post(struct sim_world *w, struct sim_rank *r, uint32_t aux)
 	try_post(w->driver, r);
 }
 
+void sim_drv_doom(struct sim_drv *d, uint32_t rank)
+{
+	if (!d->hosts[rank].doomed) {
+		d->hosts[rank].doomed = 1;
+		d->ndoomed++;
+	}
+}
+
 static void on_fault(struct sim_world *w, uint32_t idx)
 {
 	struct sim_drv *d = w->driver;
@@ -97,7 +105,7 @@ static void on_fault(struct sim_world *w, uint32_t idx)
 	switch (f->kind) {
 	case SIM_F_DEATH:
 		w->ranks[f->rank].alive = 0;
-		d->failed_now |= 1ull << f->rank;
+		d->hosts[f->rank].failed = 1;
 		for (uint32_t i = 0; i < w->size; i++)  /* survivors' hosts notice later */
 			if (i != f->rank)
 				sim_schedule(w, w->now + SIM_PS(w->model.fault_detect_ns), SIM_EV_FAULT, i, 0,
@@ -110,8 +118,8 @@ static void on_fault(struct sim_world *w, uint32_t idx)
 		for (uint32_t k = 0; k < w->rails; k++)
 			all &= w->ranks[f->rank].port[k].down;
 		if (all) {  /* unreachable: every host marks it failed, as the emulator's fabric */
-			d->failed_now |= 1ull << f->rank;
-			d->doomed |= 1ull << f->rank;
+			d->hosts[f->rank].failed = 1;
+			sim_drv_doom(d, f->rank);
 		}
 		if (all)
 			for (uint32_t i = 0; i < w->size; i++)
@@ -141,9 +149,10 @@ static void on_fault_event(struct sim_world *w, uint32_t idx)
 		if (!r->alive)
 			return;
 		/* the dead and the unreachable (every rail down), never a rank that lost one rail */
-		for (uint64_t m = d->failed_now; m; m &= m - 1)
-			offload_rankset_add((uint64_t *)(r->ring + h->hdr->failed_off),
-					    &h->hdr->failed_gen, (uint32_t)__builtin_ctzll(m));
+		for (uint32_t k = 0; k < d->nfaults; k++)  /* only faults fail ranks */
+			if (d->hosts[d->faults[k].rank].failed)
+				offload_rankset_add((uint64_t *)(r->ring + h->hdr->failed_off),
+						    &h->hdr->failed_gen, d->faults[k].rank);
 		sim_wake_all(w, r, w->now);
 	}
 }
@@ -152,10 +161,12 @@ static int ops_done(struct sim_world *w)
 {
 	struct sim_drv *d = w->driver;
 
-	for (uint32_t i = 0; i < w->size; i++) {
-		struct sim_host *h = w->ranks[i].host;
+	/* Called after every event: a rank once done (or dead) stays so within a run, so
+	 * the scan resumes where it stopped instead of rescanning all ranks. */
+	for (; d->done_upto < w->size; d->done_upto++) {
+		struct sim_host *h = w->ranks[d->done_upto].host;
 
-		if (w->ranks[i].alive && h->finished < d->nops)
+		if (w->ranks[d->done_upto].alive && h->finished < d->nops)
 			return 0;
 	}
 	return 1;
@@ -179,6 +190,10 @@ int sim_drv_init(struct sim_drv *d, const struct sim_job *job, const struct sim_
 		.op_timeout_ms = job->op_timeout_ms, .link_mbps = (uint32_t)(model->link_gbps * 125),
 		.mcast_roots = job->mcast_roots, .eager_max = job->eager_max,
 		.a2a_window = job->a2a_window,
+		/* The world and at most one sub-team (the explorer's) at once: the firmware's
+		 * team arena sized for that, not its default of 4 x world size members, keeps a
+		 * 1024-rank job's state at ~2 MB a rank. */
+		.team_pool_ranks = 2 * job->n,
 	};
 	int rc;
 
@@ -294,7 +309,8 @@ int sim_drv_run(struct sim_drv *d)
 	struct sim_world *w = &d->w;
 	uint32_t stalls = 0, seen = d->completions;
 
-	w->strict_late = !d->doomed && !d->nfaults;
+	w->strict_late = !d->ndoomed && !d->nfaults;
+	d->done_upto = 0;
 	for (uint32_t i = 0; i < d->job.n; i++) {
 		struct sim_host *h = &d->hosts[i];
 

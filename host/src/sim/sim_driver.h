@@ -8,9 +8,9 @@
 #ifndef SIM_DRIVER_H
 #define SIM_DRIVER_H
 
-/* Ranks of a simulated job: the driver's fault bookkeeping (failed_now, doomed) holds 64-bit
- * rank masks. The firmware and the ABI take up to OFFLOAD_RANKS_LIMIT. */
-#define SIM_MAX_RANKS 64u
+/* Ranks of a simulated job (the ABI takes up to OFFLOAD_RANKS_LIMIT): tables of the world
+ * size are allocated per job, and 4096 ranks of default firmware state fit in a few GB. */
+#define SIM_MAX_RANKS 4096u
 
 #include "sim.h"
 
@@ -44,6 +44,9 @@ struct sim_host {
 	uint32_t sq_entries, cq_entries, cq_head, next_op, inflight, finished;
 	uint64_t skew_ps;
 	struct sim_inst *inst;   /* [nops] */
+	/* faults: failed (dead, or every rail down) so far; doomed: a fault may make ops of
+	 * this rank's teams fail */
+	uint8_t failed, doomed;
 };
 
 struct sim_job {
@@ -60,10 +63,10 @@ struct sim_drv {
 	struct sim_team teams[OFFLOAD_MAX_TEAMS];
 	struct sim_opdesc *ops;
 	uint32_t nops;
+	uint32_t done_upto;        /* ops_done(): ranks below it are done or dead */
 	struct sim_host *hosts;   /* [n] */
 	/* faults: ranks that died or lost every rail may make ops of their teams fail */
-	uint64_t doomed;          /* bit per world rank (64-rank ABI: the ring's failed word) */
-	uint64_t failed_now;      /* dead or unreachable so far */
+	uint32_t ndoomed;         /* ranks whose host is marked doomed */
 	uint32_t nfaults;
 	struct sim_fault { uint32_t kind, rank, rail; uint64_t at_ps; } faults[8];
 	uint32_t completions, rescues, failed_ops;
@@ -79,6 +82,8 @@ enum sim_fault_kind { SIM_F_DEATH = 1, SIM_F_RAIL = 2, SIM_F_MARK = 3 };
 int sim_drv_init(struct sim_drv *d, const struct sim_job *job, const struct sim_model *model);
 void sim_drv_free(struct sim_drv *d);
 int sim_drv_team(struct sim_drv *d, uint32_t id, uint32_t size, const uint32_t *members);
+/* A fault may make ops of rank's teams fail (a named error is then accepted there). */
+void sim_drv_doom(struct sim_drv *d, uint32_t rank);
 int sim_drv_add_op(struct sim_drv *d, const struct sim_opdesc *op);
 /* Post the script from now on (each rank after its skew) and run until every op is done
  * or a failure; 0, or -1 with d->err set (a wrong result, a hang, a violation). */

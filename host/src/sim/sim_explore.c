@@ -127,7 +127,7 @@ static int generate(struct sim_drv *d, uint64_t seed, FILE *describe)
 				       .at_ps = SIM_PS(pick(&g, 0, 300000)) };
 
 		d->faults[d->nfaults++] = f;
-		d->doomed |= 1ull << f.rank;
+		sim_drv_doom(d, f.rank);
 	}
 	if (faults && chance(&g, 25)) {  /* a slow thread: every cost of its passes x 2..1000 */
 		struct sim_rank *r = &d->w.ranks[pick(&g, 0, job.n - 1)];

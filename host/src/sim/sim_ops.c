@@ -369,10 +369,10 @@ void sim_op_check(struct sim_drv *d, struct sim_rank *r, uint32_t k, const struc
 	if (c->status != OFFLOAD_OK) {
 		d->failed_ops++;
 		/* A named failure is right only where a fault may cause it. */
-		uint64_t doomed_team = 0;
+		uint32_t doomed_team = 0;
 
 		for (uint32_t i = 0; i < n; i++)
-			doomed_team |= d->doomed & (1ull << t->members[i]);
+			doomed_team |= d->hosts[t->members[i]].doomed;
 		if (!doomed_team || (c->status != OFFLOAD_ERR_PEER && c->status != OFFLOAD_ERR_PEER_OP &&
 				     c->status != OFFLOAD_ERR_LINK_DOWN && c->status != OFFLOAD_ERR_TIMEOUT))
 			sim_drv_fail(d, "rank %u op %u (opcode %u team %u): status %d detail %u, want OK",
