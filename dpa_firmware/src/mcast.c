@@ -293,16 +293,20 @@ static int poll_arrivals(struct dpa_op *op, struct dpa_hal *hal, struct dpa_mcas
 /* The owner's op aborted and took its source back (OFFLOAD_READY_WITHDRAWN): what we read
  * from it since may be the owner's next data. Ours aborts too: the owner acknowledges
  * nothing any more, and the team's sequence is broken on its side. */
-static void withdrawn(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
-		      uint32_t owner, uint32_t owner_world)
+static void withdrawn_at(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+			 const struct offload_ready *r, uint32_t owner_world)
 {
-	const struct offload_ready *r = dpa_my_ready(eng, hal, op->team_id, op->slot, owner);
-
 	if (off_load_acquire(&r->seq) != op->seq ||
 	    !(off_read_once(&r->flags) & OFFLOAD_READY_WITHDRAWN) ||
 	    __atomic_load_n(&op->aborted, __ATOMIC_SEQ_CST))
 		return;
 	dpa_op_abort(eng, hal, op, OFFLOAD_ERR_PEER_OP, owner_world);
+}
+
+static void withdrawn(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
+		      uint32_t owner, uint32_t owner_world)
+{
+	withdrawn_at(eng, op, hal, dpa_my_ready(eng, hal, op->team_id, op->slot, owner), owner_world);
 }
 
 /* The owner's words in our control region: its source (ready) and its "sent all" (count). */
@@ -312,7 +316,9 @@ static void learn_owner(struct dpa_engine *eng, struct dpa_op *op, struct dpa_ha
 	const struct offload_ready *r = dpa_my_ready(eng, hal, op->team_id, op->slot, owner);
 	const struct offload_count *c = dpa_my_count(eng, hal, op->team_id, op->slot, owner);
 
-	withdrawn(eng, op, hal, owner, owner_world);  /* fail now, not at op_timeout */
+	/* Fail now, not at op_timeout. The ready word is looked up once per owner and pass:
+	 * item 0 runs this for every owner on every pass, and each look-up is a check. */
+	withdrawn_at(eng, op, hal, r, owner_world);
 	if (!(b->flags & DPA_BLOCK_HAVE_SRC) && off_load_acquire(&r->seq) == op->seq) {
 		if ((r->flags & OFFLOAD_READY_REFUSED) || r->len != b->len)
 			dpa_op_fail(op, r->flags & OFFLOAD_READY_REFUSED ? OFFLOAD_ERR_PEER_OP :
