@@ -63,9 +63,9 @@ uint32_t emu_bell_bits(uint32_t rank, uint32_t kind)
 	return 1u << ((2 * rank + (kind == EMU_WAKE_HOST)) % 32);
 }
 
-/* Ring the bell for `bits` (one FUTEX_WAKE for every rank woken, whose sleepers the
- * caller already took out of the job's asleep: they count as awake from now on); `ranks`
- * (some of them) time their wake-up from now. */
+/* Ring the bell for `bits`: one bitset FUTEX_WAKE reaches the sleepers of every rank woken
+ * (the caller already took them out of the job's asleep: they count as awake from now
+ * on). `ranks`, the first EMU_WAKE_LIST of them, only time their wake-up from now. */
 void emu_ring(struct emu_device *dev, uint32_t bits, const uint32_t *ranks, uint32_t nranks)
 {
 	uint64_t now = emu_now_ns();
