@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define OFFLOAD_ABI_VERSION 13u
+#define OFFLOAD_ABI_VERSION 14u
 
 /* ABI 13: ranks in one job, a validation cap only (nothing is sized by it: docs/scale.md) */
 #define OFFLOAD_RANKS_LIMIT 65536u
@@ -69,8 +69,9 @@ enum offload_opcode {
 	OFFLOAD_OP_BROADCAST = 6,   /* count: bytes; root; src (root) = dst = the buffer */
 	OFFLOAD_OP_ALLGATHER = 7,   /* count: bytes per rank (src); dst: count * team size */
 	/* ABI 9: fault-tolerant agreement among the team's live members, also on a team that
-	 * lost some (ULFM's agree, the step under shrink); aux_addr: struct offload_agree_args.
-	 * The completion's result0/result1/detail repeat the agreed failed/value/differs. */
+	 * lost some (ULFM's agree, the step under shrink); aux_addr: struct offload_agree_args
+	 * and its failed bitmap (ABI 14: of any world size). The completion's result0/result1/
+	 * detail repeat the agreed set's first word (world ranks 0..63), value and differs. */
 	OFFLOAD_OP_AGREE = 8,
 	/* Reductions (reduce_scatter.c, allreduce.c): root carries OFFLOAD_REDOP(op, dtype);
 	 * count: bytes of src (the whole input); aux_addr: the op's scratch, count bytes
@@ -271,21 +272,32 @@ struct offload_sig {
  * rank's eager_max): ranks that differ in it disagree on the protocol, not just the size. */
 #define OFFLOAD_SIG_EAGER (1u << 7)
 
-/* ABI 9: an agreement's arguments (host memory named by aux_addr, read at intake,
- * written before the completion). Every live member decides the same out values.
- * failed is a bitmap of world ranks: agreement runs in jobs of at most
- * OFFLOAD_AGREE_MAX_WORLD ranks (OFFLOAD_ERR_UNSUPPORTED in larger ones). */
-#define OFFLOAD_AGREE_MAX_WORLD 64u
+/* ABI 14: an agreement's arguments (host memory named by aux_addr, 8-aligned, read at
+ * intake, written before the completion): this 32-byte header, then failed[words], a
+ * bitmap of world ranks (offload_agree_failed). nranks must be the job's world size and
+ * words offload_rank_words(nranks): anything else is refused (OFFLOAD_ERR_INVALID).
+ * Every live member decides the same out values. */
 struct offload_agree_args {
-	uint64_t failed;      /* in: world ranks this rank knows gone; out: the agreed set */
+	uint32_t nranks;      /* the job's world size */
+	uint32_t words;       /* offload_rank_words(nranks): failed[]'s length */
 	uint64_t value;       /* in: a proposal; out: the largest among the merged ones */
 	uint32_t fp;          /* in: what every member must pass alike (a member list's hash) */
 	uint32_t differs;     /* out: 1 + the world rank of a member whose fp differed, or 0 */
 	uint64_t resv;
+	/* uint64_t failed[words]: in: world ranks this rank knows gone; out: the agreed set
+	 * (members of the team only) */
 };
+static inline uint64_t offload_agree_args_bytes(uint32_t world)
+{ return sizeof(struct offload_agree_args) + 8ull * offload_rank_words(world); }
+static inline uint64_t *offload_agree_failed(struct offload_agree_args *a)
+{ return (uint64_t *)(a + 1); }
 
 /* An agreement's word in a member's control region: a proposal, or a coordinator's
- * decision. epoch (the team's agreement count) is written last. */
+ * decision. Its set is by team rank: failed holds members 0..63, and a team of more than
+ * 64 has offload_agree_chunks(n) chunks for the rest. epoch (the team's agreement count)
+ * is written last, in the word and in each chunk: a reader takes the word once the word
+ * and every chunk carry the epoch it waits for, so the order in which they land (a rail
+ * failover resends each on its own) does not matter. */
 struct offload_agree_word {
 	uint64_t failed;
 	uint64_t value;
@@ -295,6 +307,13 @@ struct offload_agree_word {
 	uint32_t extra;
 	uint64_t epoch;
 };
+#define OFFLOAD_AGREE_CHUNK_RANKS 192u  /* members per chunk: three words */
+struct offload_agree_chunk {
+	uint64_t bits[3];     /* members 64 + k * 192 + i */
+	uint64_t epoch;
+};
+static inline uint32_t offload_agree_chunks(uint32_t n)
+{ return n > 64u ? (n - 64u + OFFLOAD_AGREE_CHUNK_RANKS - 1u) / OFFLOAD_AGREE_CHUNK_RANKS : 0u; }
 
 /* What a sender will send (all-to-all-v), published into the receiver's control region
  * before the receiver lays out its destination. seq is written last. */
@@ -375,6 +394,10 @@ struct offload_eager_slot {
  *   agree_prop[n], agree_dec[n]  agreement words by the writer's team rank (agree_ft.c)
  *   eager_credit[EAGER_SLOTS * n] the word of ours that dst last consumed from that
  *                           eager slot ([slot * n + dst])
+ * and, in a team of more than 64 (ABI 14), the agreement words' chunks:
+ *   agree_chunk[2][n][offload_agree_chunks(n)]  [0: proposal, 1: decision][writer][k]
+ * (one set of n bits per writer and kind: the team block grows by n * n / 4 bytes, about
+ * 4 MiB at n = 4096; docs/scale.md says why per writer.)
  * Every offset comes from the helpers below (firmware, every binding, Python).
  */
 #define OFFLOAD_CTRL_ENTRY_BYTES \
@@ -383,8 +406,14 @@ struct offload_eager_slot {
 /* Eager all-to-all runs on teams of at most this many members (larger ones take the
  * ready path): the slots are OFFLOAD_EAGER_MAX_TEAM sources wide, whatever W. */
 #define OFFLOAD_EAGER_MAX_TEAM 64u
+static inline uint64_t offload_ctrl_agree_chunk_in(uint32_t n, uint32_t dec, uint32_t src,
+						   uint32_t k)
+{
+	return (uint64_t)OFFLOAD_CTRL_ENTRY_BYTES * n +
+	       (((uint64_t)dec * n + src) * offload_agree_chunks(n) + k) * 32u;
+}
 static inline uint64_t offload_ctrl_team_bytes(uint32_t n)
-{ return ((uint64_t)OFFLOAD_CTRL_ENTRY_BYTES * n + 63u) & ~63ull; }
+{ return (offload_ctrl_agree_chunk_in(n, 2u, 0u, 0u) + 63u) & ~63ull; }
 static inline uint64_t offload_ctrl_stride(uint32_t world)
 { return (offload_ctrl_team_bytes(world) + 4095u) & ~4095ull; }
 static inline uint64_t offload_ctrl_team_off(uint32_t world, uint32_t team)
@@ -470,7 +499,9 @@ _Static_assert(sizeof(struct offload_ready) == 32, "ready descriptor");
 _Static_assert(sizeof(struct offload_count) == 16, "count descriptor");
 _Static_assert(sizeof(struct offload_sig) == 32, "op signature");
 _Static_assert(offsetof(struct offload_sig, seq) == 24, "signature seq last");
-_Static_assert(sizeof(struct offload_agree_args) == 32, "agreement arguments");
+_Static_assert(sizeof(struct offload_agree_args) == 32, "agreement arguments header");
+_Static_assert(sizeof(struct offload_agree_chunk) == 32, "agreement word chunk");
+_Static_assert(offsetof(struct offload_agree_chunk, epoch) == 24, "chunk epoch last");
 _Static_assert(sizeof(struct offload_agree_word) == 32, "agreement word");
 _Static_assert(offsetof(struct offload_agree_word, epoch) == 24, "agreement epoch last");
 _Static_assert(OFFLOAD_CTRL_ENTRY_BYTES == sizeof(struct offload_ready) * OFFLOAD_OP_WINDOW +
