@@ -87,11 +87,14 @@ static struct offload_agree_chunk *my_chunks(struct dpa_engine *eng, struct dpa_
 static int complete(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t t, uint32_t dec,
 		    uint32_t writer, uint64_t e)
 {
-	const struct offload_agree_chunk *c = my_chunks(eng, hal, t, dec, writer);
 	uint32_t chunks = offload_agree_chunks(eng->teams[t].size);
+	const struct offload_agree_chunk *c;
 
 	if (off_load_acquire(&my_word(eng, hal, t, dec, writer)->epoch) != e)
 		return 0;
+	if (!chunks)  /* a team of at most 64: the word is all */
+		return 1;
+	c = my_chunks(eng, hal, t, dec, writer);
 	for (uint32_t k = 0; k < chunks; k++)
 		if (off_load_acquire(&c[k].epoch) != e)
 			return 0;
@@ -191,7 +194,8 @@ int dpa_agree_intake(struct dpa_engine *eng, struct dpa_hal *hal, const struct o
 	};
 	/* The members the caller knows gone, by team rank (others' bits are dropped). */
 	chunks = my_chunks(eng, hal, cmd->team, 0, team->my_rank);
-	__builtin_memset(chunks, 0, offload_agree_chunks(team->size) * sizeof(*chunks));
+	for (uint32_t k = 0; k < offload_agree_chunks(team->size); k++)
+		chunks[k] = (struct offload_agree_chunk){ 0 };
 	failed = offload_agree_failed(args);
 	for (uint32_t p = 0; p < team->size; p++) {
 		uint32_t r = team->peers[p].world_rank;
@@ -272,11 +276,12 @@ static int decide(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa_agree 
 	d.extra = 0;  /* a decision's: differs */
 	for (uint32_t q = 0; q < team->size; q++) {
 		const struct offload_agree_word *w = my_word(eng, hal, t, 0, q);
-		const struct offload_agree_chunk *c = my_chunks(eng, hal, t, 0, q);
 
 		if (q == me)
 			continue;
 		if (complete(eng, hal, t, 0, q, ag->epoch)) {
+			const struct offload_agree_chunk *c = chunks ? my_chunks(eng, hal, t, 0, q) : NULL;
+
 			d.failed |= w->failed;
 			d.value = w->value > d.value ? w->value : d.value;
 			if (w->fp != ag->mine.fp && !d.extra)
