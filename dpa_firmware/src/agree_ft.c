@@ -25,8 +25,9 @@
  * every live coordinator read its epoch-e proposal, so no word is overwritten while
  * someone still needs it. Sets are by team rank: the word holds members 0..63, chunks
  * (agree_chunk, same writer) the rest in a team of more than 64, each with the epoch
- * written last, so one writer's slots never race another's (docs/scale.md). The team's op sequence is not used: it works on a team whose
- * ops fail at intake since a member died.
+ * written last, so one writer's slots never race another's (docs/scale.md). The team's
+ * op sequence is not used: it works on a team whose ops fail at intake since a member
+ * died.
  */
 #include "engine_internal.h"
 #include "signature.h"
@@ -47,7 +48,8 @@ static uint64_t *set_word(struct offload_agree_word *w, struct offload_agree_chu
 {
 	if (p < 64u)
 		return &w->failed;
-	return &chunks[(p - 64u) / OFFLOAD_AGREE_CHUNK_RANKS].bits[(p - 64u) % OFFLOAD_AGREE_CHUNK_RANKS / 64u];
+	p -= 64u;
+	return &chunks[p / OFFLOAD_AGREE_CHUNK_RANKS].bits[p % OFFLOAD_AGREE_CHUNK_RANKS / 64u];
 }
 
 static void set_add(struct offload_agree_word *w, struct offload_agree_chunk *chunks, uint32_t p)
