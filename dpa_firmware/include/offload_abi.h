@@ -499,18 +499,10 @@ _Static_assert(offsetof(struct offload_eager_slot, sig.seq) == 24, "eager seq wo
 #define OFFLOAD_FLEXIO_MAX_INLINE     64u      /* bytes dpa_hal_rdma_write_inline() carries */
 #define OFFLOAD_FLEXIO_MAX_RAILS      8u       /* ports of the device used as rails */
 #define OFFLOAD_FLEXIO_PEER_HOST      0xffffffffu
-/* QP user_index (24 bits in the QP context and in a CQE's srqn_uidx: rdma-core
- * providers/mlx5/cq.c masks it with 0xffffff, FlexIO's flexio_dev_cqe_get_user_index with
- * (1 << 24) - 1): rail * UIDX_STRIDE + world rank, a fixed stride of the ranks limit so the
- * DPA splits it with a shift; the host loopback uses UIDX_HOST, the twin that answers a
- * rank's QP to itself on rail r uses UIDX_HOST + 1 + r. */
-#define OFFLOAD_FLEXIO_UIDX_STRIDE    OFFLOAD_RANKS_LIMIT
-#define OFFLOAD_FLEXIO_UIDX_HOST      (OFFLOAD_FLEXIO_MAX_RAILS * OFFLOAD_FLEXIO_UIDX_STRIDE)
-#define OFFLOAD_FLEXIO_UIDX_BITS      24u
-/* The user_index of the QP to world rank peer on rail (the host names QPs so, the DPA reads
- * CQEs so: dpa_flexio_qp_of). */
-static inline uint32_t offload_flexio_uidx(uint32_t rail, uint32_t peer)
-{ return rail * OFFLOAD_FLEXIO_UIDX_STRIDE + peer; }
+/* QP user_index (24 bits, as rdma-core's mlx5 and FlexIO read a CQE's srqn_uidx): by rank,
+ * UIDX(rail, world rank); the loopback UIDX_HOST, the twin of our own QP on rail r HOST+1+r */
+#define OFFLOAD_FLEXIO_UIDX(rail, peer) ((uint32_t)(rail) * OFFLOAD_RANKS_LIMIT + (uint32_t)(peer))
+#define OFFLOAD_FLEXIO_UIDX_HOST      (OFFLOAD_FLEXIO_MAX_RAILS * OFFLOAD_RANKS_LIMIT)
 
 /* Windows, in the order of enum dpa_hal_window. */
 #define OFFLOAD_FLEXIO_WIN_RING  0u
@@ -524,19 +516,15 @@ static inline uint32_t offload_flexio_uidx(uint32_t rail, uint32_t peer)
 #define OFFLOAD_FLEXIO_QUERY_STATE_SIZE 1u
 #define OFFLOAD_FLEXIO_QUERY_HAL_BYTES  2u
 #define OFFLOAD_FLEXIO_QUERY_CTX        3u  /* OFFLOAD_FLEXIO_CTX_VERSION of the image */
-/* QUERY_STATE_SIZE's world size, threads, team pool ride in `what` (bits 8-24, 25-31, 32-63) */
+/* `what` bits 8-24, 25-31, 32-63: QUERY_STATE's world, threads, pool; QUERY_HAL's world, rails */
 #define OFFLOAD_FLEXIO_QUERY_STATE(world, threads, pool) \
 	(OFFLOAD_FLEXIO_QUERY_STATE_SIZE | ((uint64_t)(world) & 0x1ffffu) << 8 | \
 	 ((uint64_t)(threads) & 0x7fu) << 25 | (uint64_t)(uint32_t)(pool) << 32)
-/* QUERY_HAL_BYTES's world size and rails ride in the same bits as QUERY_STATE's world and
- * threads: the HAL's tables hold a QP per (rail, world rank). */
-#define OFFLOAD_FLEXIO_QUERY_HAL(world, rails) \
-	(OFFLOAD_FLEXIO_QUERY_HAL_BYTES | ((uint64_t)(world) & 0x1ffffu) << 8 | \
-	 ((uint64_t)(rails) & 0x7fu) << 25)
+#define OFFLOAD_FLEXIO_QUERY_HAL(world, rails) (OFFLOAD_FLEXIO_QUERY_HAL_BYTES ^ \
+	OFFLOAD_FLEXIO_QUERY_STATE_SIZE ^ OFFLOAD_FLEXIO_QUERY_STATE(world, rails, 0))
 #define OFFLOAD_FLEXIO_QUERY_WORLD(what)   ((uint32_t)((what) >> 8) & 0x1ffffu)
 #define OFFLOAD_FLEXIO_QUERY_THREADS(what) ((uint32_t)((what) >> 25) & 0x7fu)
 #define OFFLOAD_FLEXIO_QUERY_POOL(what)    ((uint32_t)((what) >> 32))
-#define OFFLOAD_FLEXIO_QUERY_RAILS(what)   OFFLOAD_FLEXIO_QUERY_THREADS(what)
 
 struct offload_flexio_cq {
 	uint64_t ring_daddr;    /* 1 << log_depth CQEs of 64 bytes, owner bits preset to 1 */
@@ -595,10 +583,7 @@ struct offload_flexio_thread_ctx {
 	uint64_t arena_len;
 };
 
-_Static_assert(OFFLOAD_FLEXIO_UIDX_HOST + 1 + OFFLOAD_FLEXIO_MAX_RAILS <=
-	       1u << OFFLOAD_FLEXIO_UIDX_BITS, "every QP's user_index fits mlx5's 24 bits");
-_Static_assert((OFFLOAD_FLEXIO_UIDX_STRIDE & (OFFLOAD_FLEXIO_UIDX_STRIDE - 1)) == 0,
-	       "user_index stride: a power of two");
+_Static_assert(OFFLOAD_FLEXIO_UIDX_HOST + 1 + OFFLOAD_FLEXIO_MAX_RAILS <= 1u << 24, "uidx bits");
 _Static_assert(sizeof(struct offload_flexio_cq) == 24, "flexio cq descriptor");
 _Static_assert(sizeof(struct offload_flexio_qp) == 56, "flexio qp descriptor");
 _Static_assert(sizeof(struct offload_flexio_window) == 16, "flexio window");

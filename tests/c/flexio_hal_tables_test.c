@@ -246,7 +246,7 @@ static void check_job(uint32_t world, uint32_t rails)
 		for (uint32_t p = 0; p < world; p++) {
 			uint32_t qpn = j.qps[r * (world + 1) + p].qpn;
 
-			qp = dpa_flexio_qp_of(hal, offload_flexio_uidx(r, p), qpn);
+			qp = dpa_flexio_qp_of(hal, OFFLOAD_FLEXIO_UIDX(r, p), qpn);
 			CHECK(qp == dpa_flexio_peer_qp(hal, r, p) && qp->peer == p && qp->rail == r,
 			      "W=%u: user_index of rail %u peer %u", world, r, p);
 			qp = dpa_flexio_qp_of(hal, 0, qpn);  /* the model's requester CQEs */
@@ -260,17 +260,17 @@ static void check_job(uint32_t world, uint32_t rails)
 	CHECK(dpa_flexio_qp_of(hal, host, j.ctx.host_qp.qpn) == &hal->host_qp, "loopback");
 
 	/* user_index naming no QP of this job, with a QP number of none either: dropped. */
-	CHECK(!dpa_flexio_qp_of(hal, offload_flexio_uidx(0, world), bogus), "W=%u: peer W", world);
-	CHECK(!dpa_flexio_qp_of(hal, offload_flexio_uidx(rails - 1, OFFLOAD_FLEXIO_UIDX_STRIDE - 1),
+	CHECK(!dpa_flexio_qp_of(hal, OFFLOAD_FLEXIO_UIDX(0, world), bogus), "W=%u: peer W", world);
+	CHECK(!dpa_flexio_qp_of(hal, OFFLOAD_FLEXIO_UIDX(rails - 1, OFFLOAD_RANKS_LIMIT - 1),
 				bogus), "W=%u: the last peer of the stride", world);
-	CHECK(!dpa_flexio_qp_of(hal, offload_flexio_uidx(rails, 0), bogus), "rail = rails");
+	CHECK(!dpa_flexio_qp_of(hal, OFFLOAD_FLEXIO_UIDX(rails, 0), bogus), "rail = rails");
 	CHECK(!dpa_flexio_qp_of(hal, host + 1 + rails, bogus), "a twin past the rails");
 	CHECK(!dpa_flexio_qp_of(hal, (1u << 24) - 1, bogus), "the largest user_index");
 	/* A user_index out of range never decides; the QP number does. */
-	qp = dpa_flexio_qp_of(hal, offload_flexio_uidx(0, world), j.qps[0].qpn);
+	qp = dpa_flexio_qp_of(hal, OFFLOAD_FLEXIO_UIDX(0, world), j.qps[0].qpn);
 	CHECK(qp == dpa_flexio_peer_qp(hal, 0, 0), "W=%u: QP number behind a bad index", world);
 	/* A user_index in range whose QP number disagrees: the QP number wins. */
-	qp = dpa_flexio_qp_of(hal, offload_flexio_uidx(0, 0), j.qps[world - 1].qpn);
+	qp = dpa_flexio_qp_of(hal, OFFLOAD_FLEXIO_UIDX(0, 0), j.qps[world - 1].qpn);
 	CHECK(qp == dpa_flexio_peer_qp(hal, 0, world - 1), "W=%u: index and number disagree",
 	      world);
 
@@ -281,10 +281,10 @@ static void check_job(uint32_t world, uint32_t rails)
 		.flags = DPA_FLEXIO_SLOT_FW | DPA_FLEXIO_SLOT_SIGNALED };
 	qp->pi = 1;
 	hal->outstanding = 1;
-	push_cqe(&j, hal, DPA_MLX5_CQE_REQ, offload_flexio_uidx(rails, world), bogus, 0);
+	push_cqe(&j, hal, DPA_MLX5_CQE_REQ, OFFLOAD_FLEXIO_UIDX(rails, world), bogus, 0);
 	CHECK(dpa_hal_poll_cq(hal, out, 4) == 0 && hal->cq.ci == 1 && hal->outstanding == 1,
 	      "W=%u: a CQE of no QP completed something", world);
-	push_cqe(&j, hal, DPA_MLX5_CQE_REQ, offload_flexio_uidx(rails - 1, world - 1), qp->qpn, 0);
+	push_cqe(&j, hal, DPA_MLX5_CQE_REQ, OFFLOAD_FLEXIO_UIDX(rails - 1, world - 1), qp->qpn, 0);
 	CHECK(dpa_hal_poll_cq(hal, out, 4) == 1 && out[0].wr_id == 0x5eed0000u + world &&
 	      out[0].rail == rails - 1 && out[0].status == OFFLOAD_OK && hal->outstanding == 0,
 	      "W=%u: the last peer's completion", world);

@@ -396,7 +396,7 @@ __dpa_rpc__ uint64_t dpa_offload_query_rpc(uint64_t what)
 		struct dpa_flexio_hal_layout lay;
 
 		return dpa_flexio_hal_layout(OFFLOAD_FLEXIO_QUERY_WORLD(what),
-					     OFFLOAD_FLEXIO_QUERY_RAILS(what), &lay);
+					     OFFLOAD_FLEXIO_QUERY_THREADS(what) /* rails */, &lay);
 	}
 	case OFFLOAD_FLEXIO_QUERY_CTX:
 		return OFFLOAD_FLEXIO_CTX_VERSION;

@@ -179,7 +179,7 @@ static struct dpa_flexio_qp *qp_by_qpn(struct dpa_hal *hal, uint32_t qpn)
 	return NULL;
 }
 
-/* The QP of a CQE: user_index names it (offload_flexio_uidx(rail, world rank), or
+/* The QP of a CQE: user_index names it (OFFLOAD_FLEXIO_UIDX(rail, world rank), or
  * the loopback or a twin) and the QP number confirms; a user_index that names no QP of this
  * job (a peer >= W, a rail >= rails) is never used as an index. Where the NIC does not
  * report user_index (the model leaves requester CQEs' at 0), the QP number alone finds it. */
@@ -193,8 +193,8 @@ struct dpa_flexio_qp *dpa_flexio_qp_of(struct dpa_hal *hal, uint32_t uidx, uint3
 		if (uidx - OFFLOAD_FLEXIO_UIDX_HOST - 1 < hal->num_rails)
 			qp = &hal->twins[uidx - OFFLOAD_FLEXIO_UIDX_HOST - 1];
 	} else {
-		uint32_t rail = uidx / OFFLOAD_FLEXIO_UIDX_STRIDE;
-		uint32_t peer = uidx % OFFLOAD_FLEXIO_UIDX_STRIDE;
+		uint32_t rail = uidx / OFFLOAD_RANKS_LIMIT;
+		uint32_t peer = uidx % OFFLOAD_RANKS_LIMIT;
 
 		if (rail < hal->num_rails && peer < hal->world_size)
 			qp = dpa_flexio_peer_qp(hal, rail, peer);

@@ -300,7 +300,7 @@ int fx_thread_create(struct fx_device *d, uint32_t index)
 	for (uint32_t r = 0; r < d->num_rails && !rc; r++) {
 		for (uint32_t p = 0; p < size && !rc; p++)
 			rc = fx_dqp_create(d, &t->cq, d->log_sq, d->log_rq,
-					   offload_flexio_uidx(r, p), p, r, &t->qps[r * cols + p]);
+					   OFFLOAD_FLEXIO_UIDX(r, p), p, r, &t->qps[r * cols + p]);
 		/* The twin that receives what we send to ourselves: an RC QP pairs with another
 		 * (unverified: whether a QP connected to itself would do). */
 		if (!rc)
