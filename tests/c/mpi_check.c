@@ -8,7 +8,8 @@
  * fixed order); plus calls that must pass through. Rank 0 prints the counts the library's
  * statistics must show ("expect ..." lines, same rules as the library: the pytest
  * wrapper compares them with the DPA_OFFLOAD_MPI_STATS table). Exit 0 pass, 1 fail.
- * Usage: mpi_check [--quick] [--kill RANK] [--overhead [CALLS]]
+ * Usage: mpi_check [--quick] [--kill RANK] [--overhead [CALLS]] [--scale]
+ * (--scale: only the all-to-all forms on MPI_COMM_WORLD, for jobs of more than 64 ranks)
  */
 #include <mpi.h>
 #include <stdint.h>
@@ -490,13 +491,14 @@ static void overhead(MPI_Comm comm, const char *name, int calls)
 
 int main(int argc, char **argv)
 {
-	int quick = 0, kill_rank = -1, overhead_calls = 0, n, provided;
+	int quick = 0, kill_rank = -1, overhead_calls = 0, scale = 0, n, provided;
 	unsigned seed;
 	MPI_Comm half, dup;
 	const char *mb = getenv("DPA_OFFLOAD_MPI_MIN_BYTES");
 
 	for (int i = 1; i < argc; i++) {
 		quick |= !strcmp(argv[i], "--quick");
+		scale |= !strcmp(argv[i], "--scale");
 		if (!strcmp(argv[i], "--overhead"))  /* the benchmark's default: 20000 per batch */
 			overhead_calls = i + 1 < argc && atoi(argv[i + 1]) > 0 ? atoi(argv[++i]) : 20000;
 		if (!strcmp(argv[i], "--kill") && i + 1 < argc)
@@ -530,6 +532,13 @@ int main(int argc, char **argv)
 	PMPI_Bcast(&seed, 1, MPI_UNSIGNED, 0, MPI_COMM_WORLD);
 	if (rank == 0)
 		printf("seed %u\n", seed);
+	if (scale) {  /* a communicator of every rank, past the 64 the library once stopped at */
+		static const int forms[] = { A2A, A2AV, IA2A, IA2AV };
+
+		for (size_t i = 0; i < sizeof(forms) / sizeof(forms[0]); i++)
+			one(forms[i], MPI_COMM_WORLD, MPI_BYTE, (int)(min_bytes > 1 ? min_bytes : 1), 0);
+		goto report;
+	}
 	MPI_Comm_split(MPI_COMM_WORLD, rank % 2, rank, &half);
 	matrix(MPI_COMM_WORLD, quick, seed);
 	matrix(half, 1, seed);
@@ -548,6 +557,7 @@ int main(int argc, char **argv)
 	reductions_passed(MPI_COMM_WORLD);
 	pass_through(MPI_COMM_WORLD, half, rank % 2);
 	MPI_Comm_free(&half);
+report:
 	{
 		long long so[NC], sp[NC];
 		int allbad;
