@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import signal
 import subprocess
 import sys
 import time
@@ -83,6 +84,20 @@ def _topology(text: str) -> dict[str, int]:
     return out
 
 
+def _signal_death(signum: int, n: int, stderr: str) -> str:
+    """What to tell a user whose dpa-sim a signal ended (a SIGKILL is mostly the OOM killer)."""
+    try:
+        name = signal.Signals(signum).name
+    except ValueError:
+        name = f"signal {signum}"
+    why = (f"dpa-sim (n={n}) was killed by {name}")
+    if signum == signal.SIGKILL:
+        why += (": most likely the kernel's OOM killer (every rank holds O(n) state; "
+                "docs/simulation.md, Scale): use fewer ranks or --payload phantom")
+    tail = stderr.strip().splitlines()[-3:]
+    return why + ("; its last words: " + " | ".join(tail) if tail else "")
+
+
 def run_one(coll: str, n: int, size: int, model: dict[str, int], *, seed: int = 1,
             threads: int = 16, chunk: int = 1 << 20, a2a_window: int = 0, payload: str = "auto",
             iters: int = 1, trace: str | None = None, events: str | None = None,
@@ -103,8 +118,10 @@ def run_one(coll: str, n: int, size: int, model: dict[str, int], *, seed: int = 
     if events:
         args.append(f"events={events}")
     proc = subprocess.run(args, capture_output=True, text=True)
+    if proc.returncode < 0:
+        raise RuntimeError(_signal_death(-proc.returncode, n, proc.stderr))
     if proc.returncode == 2 or not proc.stdout.strip():
-        raise InvalidArgument(proc.stderr.strip() or "dpa-sim failed")
+        raise InvalidArgument(proc.stderr.strip() or f"dpa-sim failed (exit {proc.returncode})")
     res = json.loads(proc.stdout.strip().splitlines()[-1])
     if not res.get("ok"):
         raise RuntimeError(f"simulation failed: {res.get('error')}")

@@ -1,10 +1,13 @@
 """``dpa-offload sim``: the table, the model listing and its sources, YAML overrides, the
-sweep's CSV and PNG (matplotlib: the test extra), the Chrome trace, and errors that say
-what to fix."""
+sweep's CSV and PNG (matplotlib: the test extra), the Chrome trace, errors that say
+what to fix, a job too large for the memory refused, and a simulator killed named by its signal."""
 from __future__ import annotations
 
 import csv
+import functools
 import json
+import resource
+import subprocess
 
 import pytest
 
@@ -130,3 +133,37 @@ def test_fat_tree_costs_more_than_a_switch(capsys):
     _, one, _ = _run(capsys, *args)
     _, tree, _ = _run(capsys, *args, "--topology", "fattree:hosts_per_leaf=4,uplinks=1")
     assert json.loads(tree)["time_ps"] > json.loads(one)["time_ps"]
+
+
+def _cap_address_space(limit: int):
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (limit, resource.RLIM_INFINITY))
+    return cap
+
+
+def test_a_job_too_large_for_the_memory_limit_is_refused(capsys, monkeypatch):
+    """dpa-sim sizes the job before it allocates: 64 ranks map ~1.2 GiB (the control
+    regions), so under a 256 MiB RLIMIT_AS it refuses with exit 2 and says why, and the
+    CLI prints that, not 'dpa-sim failed'."""
+    cap = _cap_address_space(256 << 20)
+    args = [str(sim_model.binary()), "run", "coll=barrier", "n=64", "threads=2"]
+    proc = subprocess.run(args, capture_output=True, text=True, preexec_fn=cap, timeout=30)
+    assert proc.returncode == 2 and not proc.stdout
+    assert "n=64 maps ~" in proc.stderr and "RLIMIT_AS allows 0.2 GiB" in proc.stderr
+    ran = subprocess.run
+    monkeypatch.setattr(sim_cli.subprocess, "run", functools.partial(ran, preexec_fn=cap))
+    rc, _, err = _run(capsys, "barrier", "-n", "64")
+    assert rc == 2 and "RLIMIT_AS allows" in err and "dpa-sim failed" not in err
+
+
+def test_a_killed_simulator_is_named_by_its_signal(capsys, monkeypatch, tmp_path):
+    """As the OOM killer ends a job too large for the machine: the CLI names the signal."""
+    fake = tmp_path / "dpa-sim"
+    real = sim_model.binary()
+    fake.write_text(f"#!/bin/sh\n[ \"$1\" = model ] && exec {real} model\n"
+                    "echo 'allocating' >&2\nkill -KILL $$\n")
+    fake.chmod(0o755)
+    monkeypatch.setattr(sim_model, "binary", lambda: fake)
+    rc, _, err = _run(capsys, "broadcast", "-n", "8", "--size", "64K")
+    assert rc == 2 and "killed by SIGKILL" in err and "OOM killer" in err
+    assert "allocating" in err

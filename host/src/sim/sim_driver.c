@@ -181,9 +181,10 @@ static int all_done(struct sim_world *w)
 	return ops_done(w);
 }
 
-int sim_drv_init(struct sim_drv *d, const struct sim_job *job, const struct sim_model *model)
+void sim_drv_params(const struct sim_job *job, const struct sim_model *model,
+		    struct dpa_engine_params *out)
 {
-	struct dpa_engine_params p = {
+	*out = (struct dpa_engine_params){
 		.abi_version = OFFLOAD_ABI_VERSION, .num_threads = job->threads,
 		.sq_entries = RING_ENTRIES, .cq_entries = 2 * RING_ENTRIES,
 		.chunk_size = job->chunk_size, .chunks_per_pass = job->chunks_per_pass,
@@ -193,10 +194,16 @@ int sim_drv_init(struct sim_drv *d, const struct sim_job *job, const struct sim_
 		/* The world and at most one sub-team (the explorer's) at once: the firmware's
 		 * team arena sized for that, not its default of 4 x world size members, keeps a
 		 * 1024-rank job's state at ~2 MB a rank. */
-		.team_pool_ranks = 2 * job->n,
+		.team_pool_ranks = 2 * job->n, .world_size = job->n,
 	};
+}
+
+int sim_drv_init(struct sim_drv *d, const struct sim_job *job, const struct sim_model *model)
+{
+	struct dpa_engine_params p;
 	int rc;
 
+	sim_drv_params(job, model, &p);
 	memset(d, 0, sizeof(*d));
 	d->job = *job;
 	d->w.model = *model;

@@ -80,6 +80,9 @@ enum sim_fault_kind { SIM_F_DEATH = 1, SIM_F_RAIL = 2, SIM_F_MARK = 3 };
 
 /* sim_driver.c */
 int sim_drv_init(struct sim_drv *d, const struct sim_job *job, const struct sim_model *model);
+/* The engine parameters sim_drv_init() gives every rank (world_rank 0). */
+void sim_drv_params(const struct sim_job *job, const struct sim_model *model,
+		    struct dpa_engine_params *out);
 void sim_drv_free(struct sim_drv *d);
 int sim_drv_team(struct sim_drv *d, uint32_t id, uint32_t size, const uint32_t *members);
 /* A fault may make ops of rank's teams fail (a named error is then accepted there). */
@@ -108,5 +111,17 @@ struct sim_explore_stats {
 };
 int sim_explore_one(uint64_t seed, FILE *events, FILE *describe, char *err, size_t errlen,
 		    uint64_t *hash, struct sim_explore_stats *st);
+
+/* sim_mem.c: the memory a `run` job needs, against what this process may have. */
+struct sim_mem_need {
+	uint64_t touched;   /* bytes written (resident): engine state, tables, payload */
+	uint64_t mapped;    /* address space (RLIMIT_AS counts it): the control regions too */
+	uint64_t state, ctrl_touched, tables, payload;  /* touched, per rank (payload: job) */
+};
+void sim_mem_need(const struct sim_job *job, const struct sim_model *model, uint32_t opcode,
+		  uint64_t size, uint32_t vmode, struct sim_mem_need *out);
+/* 0 if the job fits, else -1 with why: the need against MemAvailable or RLIMIT_AS. */
+int sim_mem_fits(const struct sim_job *job, const struct sim_mem_need *need, char *why,
+		 size_t len);
 
 #endif /* SIM_DRIVER_H */

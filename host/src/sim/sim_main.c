@@ -4,7 +4,8 @@
  * (`dpa-offload sim ...`), which turns user options into key=value arguments:
  *
  *   dpa-sim run coll=alltoall n=64 size=16384 [threads= rails= seed= chunk= window=
- *           iters= payload=real|phantom vmode= root= events=F trace=F model.NAME=V ...]
+ *           iters= payload=real|phantom vmode= root= events=F trace=F model.NAME=V
+ *           mem_check=0|1 ...]   (1: refuse, exit 2, a job this machine cannot hold)
  *   dpa-sim explore seeds=LO..HI [budget_s=S]      seeds of generator g1, one line per failure
  *   dpa-sim replay seed=K [events=F]               one explorer seed, described
  *   dpa-sim check n=LO..HI [threads=T]             every collective at every n, exact
@@ -37,7 +38,7 @@ static const struct { const char *name; uint32_t opcode; } colls[] = {
 struct run_args {
 	struct sim_job job;
 	struct sim_model model;
-	uint32_t opcode, iters, vmode, root;
+	uint32_t opcode, iters, vmode, root, mem_check;
 	uint64_t size;
 	const char *events, *trace;
 };
@@ -57,6 +58,7 @@ static int parse_run(int argc, char **argv, struct run_args *a)
 				   .chunk_size = 1u << 20, .chunks_per_pass = 4, .mcast_roots = 2 };
 	a->opcode = OFFLOAD_OP_ALLTOALL;
 	a->iters = 1;
+	a->mem_check = 1;
 	a->size = 4096;
 	a->job.moe_tokens = 4096;
 	for (int i = 0; i < argc; i++) {
@@ -125,6 +127,8 @@ static int parse_run(int argc, char **argv, struct run_args *a)
 			a->job.a2a_window = (uint32_t)v;
 		} else if (!strcmp(key, "window")) {
 			a->job.window = (uint32_t)v;
+		} else if (!strcmp(key, "mem_check")) {
+			a->mem_check = (uint32_t)v;
 		} else if (!strcmp(key, "remote_wake_all")) {
 			a->job.remote_wake_all = (uint32_t)v;
 		} else {
@@ -147,7 +151,9 @@ static int parse_run(int argc, char **argv, struct run_args *a)
 static int cmd_run(int argc, char **argv)
 {
 	struct run_args a = { 0 };
+	struct sim_mem_need need;
 	struct sim_drv d;
+	char why[512];
 	uint32_t *world, n;
 	uint64_t *busy0, *tx0, t0 = 0, tmax = 0, sum_tx = 0, max_tx = 0;
 	double w0 = wall(), busy_sum = 0, busy_max = 0;
@@ -157,6 +163,11 @@ static int cmd_run(int argc, char **argv)
 	if (parse_run(argc, argv, &a))
 		return 2;
 	n = a.job.n;
+	sim_mem_need(&a.job, &a.model, a.opcode, a.size, a.vmode, &need);
+	if (a.mem_check && sim_mem_fits(&a.job, &need, why, sizeof(why))) {
+		fprintf(stderr, "dpa-sim: %s\n", why);
+		return 2;
+	}
 	if (sim_drv_init(&d, &a.job, &a.model)) {
 		fprintf(stderr, "dpa-sim: cannot set up the world (memory?)\n");
 		return 1;
@@ -239,14 +250,14 @@ static int cmd_run(int argc, char **argv)
 	       "\"inj_bytes_mean\":%.1f,\"inj_bytes_max\":%llu,\"dpa_busy_mean\":%.4f,"
 	       "\"dpa_busy_max\":%.4f,\"events\":%llu,\"passes\":%llu,\"msgs\":%llu,"
 	       "\"mc_chunks\":%llu,\"mc_lost\":%llu,\"rescues\":%u,\"hash\":\"%016llx\","
-	       "\"wall_s\":%.3f}\n",
+	       "\"wall_s\":%.3f,\"mem_touched_est\":%llu,\"mem_mapped_est\":%llu}\n",
 	       n, (unsigned long long)a.size, a.job.threads, (unsigned long long)tmax,
 	       (double)sum_tx / n, (unsigned long long)max_tx,
 	       busy_sum / ((double)n * a.job.threads), busy_max,
 	       (unsigned long long)d.w.cnt.events, (unsigned long long)d.w.cnt.passes,
 	       (unsigned long long)d.w.cnt.msgs, (unsigned long long)d.w.cnt.mc_chunks,
 	       (unsigned long long)d.w.cnt.mc_lost, d.rescues, (unsigned long long)d.w.hash,
-	       wall() - w0);
+	       wall() - w0, (unsigned long long)need.touched, (unsigned long long)need.mapped);
 	if (events)
 		fclose(events);
 	sim_drv_free(&d);

@@ -1,0 +1,125 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * What a simulated job costs in memory, before anything is allocated: every rank holds
+ * O(W) state (the engine state and its team arena, the control region, per-peer NIC
+ * tables), so a job holds O(W^2), and a job too large for the machine must be refused
+ * with a reason rather than found by the OOM killer (docs/simulation.md, "Scale").
+ */
+#define _GNU_SOURCE
+#include <stdlib.h>
+#include <string.h>
+#include <sys/resource.h>
+
+#include "sim_driver.h"
+
+#define RING_ENTRIES 64u
+#define GUARD 64u
+/* The process itself, the event heap and the messages in flight (measured: tens of MB at
+ * n=1024). */
+#define SLACK (96ull << 20)
+
+static uint64_t align64(uint64_t v)
+{
+	return (v + 63u) & ~63ull;
+}
+
+/* Real bytes of one op on one rank: its src and dst buffers (sim_op_build). */
+static uint64_t op_buffers(uint32_t opcode, uint32_t n, uint64_t size)
+{
+	switch (opcode) {
+	case OFFLOAD_OP_ALLTOALL:
+	case OFFLOAD_OP_ALLTOALLV:
+		return 2 * size * n;
+	case OFFLOAD_OP_ALLGATHER:
+		return size + size * n;
+	case OFFLOAD_OP_BROADCAST:
+		return size;
+	case OFFLOAD_OP_REDUCE_SCATTER:
+		return size + size / n;
+	case OFFLOAD_OP_ALLREDUCE:
+		return 2 * size;
+	default:
+		return 0;
+	}
+}
+
+void sim_mem_need(const struct sim_job *job, const struct sim_model *model, uint32_t opcode,
+		  uint64_t size, uint32_t vmode, struct sim_mem_need *out)
+{
+	struct dpa_engine_params p;
+	uint64_t n = job->n, per_thread, ring, mapped_rank;
+
+	sim_drv_params(job, model, &p);
+	memset(out, 0, sizeof(*out));
+	/* dpa_engine_init() writes every byte of the state (the team arena included). */
+	out->state = align64(dpa_engine_state_size(&p));
+	/* Of the control region only the world team's block is written by peers: its entries
+	 * (ready, done, counts, signals, credits) of n sources; the rest stays unbacked. */
+	out->ctrl_touched = OFFLOAD_CTRL_ENTRY_BYTES * n;
+	per_thread = sizeof(struct dpa_hal) + n + 8 * n * job->rails +
+		     model->nic_sq_depth * sizeof(struct dpa_hal_cqe);
+	ring = align64(offload_ring_bytes(RING_ENTRIES, 2 * RING_ENTRIES, job->n));
+	out->tables = sizeof(struct sim_rank) + sizeof(struct sim_host) + ring +
+		      8 * n * job->rails + job->threads * per_thread;
+	if (job->payload == SIM_REAL)
+		out->payload = n * job->window * (op_buffers(opcode, job->n, size) + 2 * GUARD + 128);
+	if (opcode == OFFLOAD_OP_ALLTOALLV && vmode == SIM_V_MOE)
+		out->payload += 8 * n * n;  /* the dispatch's count table */
+	out->touched = n * (out->state + out->ctrl_touched + out->tables) + out->payload + SLACK;
+	mapped_rank = out->state + offload_ctrl_bytes(job->n) + out->tables;
+	out->mapped = n * mapped_rank + out->payload + SLACK;
+}
+
+static uint64_t mem_available(void)
+{
+	FILE *f = fopen("/proc/meminfo", "r");
+	char line[128];
+	unsigned long long kb = 0;
+
+	if (!f)
+		return UINT64_MAX;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "MemAvailable: %llu kB", &kb) == 1)
+			break;
+	fclose(f);
+	return kb ? (uint64_t)kb << 10 : UINT64_MAX;
+}
+
+static double gib(uint64_t bytes)
+{
+	return (double)bytes / (double)(1ull << 30);
+}
+
+static double mib(uint64_t bytes)
+{
+	return (double)bytes / (double)(1ull << 20);
+}
+
+int sim_mem_fits(const struct sim_job *job, const struct sim_mem_need *need, char *why,
+		 size_t len)
+{
+	uint64_t avail = mem_available();
+	struct rlimit as;
+
+	if (need->touched > avail) {
+		snprintf(why, len,
+			 "n=%u needs ~%.1f GiB of touched memory (a rank: engine state %.1f MiB, "
+			 "control entries %.1f MiB, NIC tables and ring %.1f MiB; payload %.1f GiB), "
+			 "this machine has %.1f GiB available (MemAvailable): use fewer ranks, "
+			 "payload=phantom, or a larger machine",
+			 job->n, gib(need->touched), mib(need->state), mib(need->ctrl_touched),
+			 mib(need->tables), gib(need->payload), gib(avail));
+		return -1;
+	}
+	if (!getrlimit(RLIMIT_AS, &as) && as.rlim_cur != RLIM_INFINITY &&
+	    need->mapped > (uint64_t)as.rlim_cur) {
+		snprintf(why, len,
+			 "n=%u maps ~%.1f GiB of address space (a rank: control region %.1f MiB, "
+			 "mostly never touched; engine state %.1f MiB), RLIMIT_AS allows %.1f GiB: "
+			 "raise it (ulimit -v) or use fewer ranks",
+			 job->n, gib(need->mapped), mib(offload_ctrl_bytes(job->n)), mib(need->state),
+			 gib((uint64_t)as.rlim_cur));
+		return -1;
+	}
+	return 0;
+}
