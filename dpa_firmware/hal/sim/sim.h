@@ -187,7 +187,8 @@ struct sim_port {            /* (rank, rail): the NIC's transmit side and its li
 
 struct sim_rank {
 	uint32_t rank, alive, nthreads;
-	void *state;                 /* firmware state, dpa_engine_state_size() bytes */
+	void *state;                 /* firmware state, state_bytes (an anonymous mapping) */
+	uint64_t state_bytes;
 	uint8_t *ring;               /* struct offload_ring_hdr, SQ, CQ */
 	uint64_t ring_len;
 	struct offload_thread_stats *stats;

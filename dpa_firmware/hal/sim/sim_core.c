@@ -224,7 +224,13 @@ int sim_world_init(struct sim_world *w, uint32_t size, uint32_t nthreads, uint32
 		state_bytes = (dpa_engine_state_size(&p) + 63) & ~63ull;
 		if (state_bytes == 63)
 			return -2;
-		r->state = aligned_alloc(64, state_bytes);
+		/* Zero pages: the firmware stores only into words that are not zero, so the
+		 * team arena's unused members (O(W) a rank) stay unbacked. */
+		r->state = mmap(NULL, state_bytes, PROT_READ | PROT_WRITE,
+				MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+		if (r->state == MAP_FAILED)
+			r->state = NULL;
+		r->state_bytes = state_bytes;
 		r->thr = calloc(nthreads, sizeof(*r->thr));
 		r->port = calloc(rails, sizeof(*r->port));
 		r->last_arrive = calloc((uint64_t)size * rails, 8);
@@ -282,7 +288,8 @@ void sim_world_free(struct sim_world *w)
 		free(r->thr);
 		free(r->port);
 		free(r->last_arrive);
-		free(r->state);
+		if (r->state)
+			munmap(r->state, r->state_bytes);
 		free(r->mrs.mr);
 		if (r->ctrl)
 			munmap(r->ctrl, offload_ctrl_bytes(w->size));

@@ -47,11 +47,15 @@ void sim_mem_need(const struct sim_job *job, const struct sim_model *model, uint
 		  uint64_t size, uint32_t vmode, struct sim_mem_need *out)
 {
 	struct dpa_engine_params p;
-	uint64_t n = job->n, per_thread, ring, mapped_rank;
+	uint64_t n = job->n, per_thread, ring, mapped_rank, mapped_state;
 
 	sim_drv_params(job, model, &p);
 	memset(out, 0, sizeof(*out));
-	/* dpa_engine_init() writes every byte of the state (the team arena included). */
+	/* The state is mapped zero pages and dpa_engine_init() stores no zeros: what gets
+	 * written is the fixed part and the members of the world team (n of the arena's 2n:
+	 * the state sized for a pool of n). */
+	mapped_state = align64(dpa_engine_state_size(&p));
+	p.team_pool_ranks = job->n;
 	out->state = align64(dpa_engine_state_size(&p));
 	/* Of the control region only the world team's block is written by peers: its entries
 	 * (ready, done, counts, signals, credits) of n sources; the rest stays unbacked. */
@@ -66,7 +70,7 @@ void sim_mem_need(const struct sim_job *job, const struct sim_model *model, uint
 	if (opcode == OFFLOAD_OP_ALLTOALLV && vmode == SIM_V_MOE)
 		out->payload += 8 * n * n;  /* the dispatch's count table */
 	out->touched = n * (out->state + out->ctrl_touched + out->tables) + out->payload + SLACK;
-	mapped_rank = out->state + offload_ctrl_bytes(job->n) + out->tables;
+	mapped_rank = mapped_state + offload_ctrl_bytes(job->n) + out->tables;
 	out->mapped = n * mapped_rank + out->payload + SLACK;
 }
 
