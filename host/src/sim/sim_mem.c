@@ -109,10 +109,11 @@ int sim_mem_fits(const struct sim_job *job, const struct sim_mem_need *need, cha
 		snprintf(why, len,
 			 "n=%u needs ~%.1f GiB of touched memory (a rank: engine state %.1f MiB, "
 			 "control entries %.1f MiB, NIC tables and ring %.1f MiB; payload %.1f GiB), "
-			 "this machine has %.1f GiB available (MemAvailable): use fewer ranks, "
-			 "payload=phantom, or a larger machine",
+			 "this machine has %.1f GiB available (MemAvailable): use fewer ranks%s or a "
+			 "larger machine (every rank holds O(n) state, a job O(n^2))",
 			 job->n, gib(need->touched), mib(need->state), mib(need->ctrl_touched),
-			 mib(need->tables), gib(need->payload), gib(avail));
+			 mib(need->tables), gib(need->payload), gib(avail),
+			 need->payload > need->touched / 4 ? ", phantom payload," : "");
 		return -1;
 	}
 	if (!getrlimit(RLIMIT_AS, &as) && as.rlim_cur != RLIM_INFINITY &&
