@@ -149,7 +149,7 @@ def test_a_job_too_large_for_the_memory_limit_is_refused(capsys, monkeypatch):
     args = [str(sim_model.binary()), "run", "coll=barrier", "n=64", "threads=2"]
     proc = subprocess.run(args, capture_output=True, text=True, preexec_fn=cap, timeout=30)
     assert proc.returncode == 2 and not proc.stdout
-    assert "n=64 maps ~" in proc.stderr and "RLIMIT_AS allows 0.2 GiB" in proc.stderr
+    assert "n=64 maps ~" in proc.stderr and "RLIMIT_AS allows" in proc.stderr
     ran = subprocess.run
     monkeypatch.setattr(sim_cli.subprocess, "run", functools.partial(ran, preexec_fn=cap))
     rc, _, err = _run(capsys, "barrier", "-n", "64")
