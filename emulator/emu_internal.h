@@ -58,12 +58,13 @@ struct emu_job_hdr {
 	uint32_t nranks;
 	uint32_t arrived;
 	uint32_t closed;
-	uint32_t resv0;
+	uint32_t dead_gen;
 	/* Gens of the job's rank sets (bitmaps after the rank table, emu_job.c), bumped after
 	 * a bit is set (offload_rankset_add):
 	 * unreachable: ranks with every port down, so peers fail them as if dead;
 	 * closed: ranks that closed their context cleanly; each peer's NIC passes them on to
-	 * its firmware (emu_sync_peers), with the deaths closers knew of (dead_known). */
+	 * its firmware (emu_sync_peers), with the deaths the job knows of;
+	 * dead: ranks that died, as soon as any rank's NIC saw it (emu_publish_death). */
 	uint32_t unreachable_gen;
 	uint32_t closed_gen;
 	uint32_t mtu;         /* multicast slot size: every rank must agree (claimed at join) */
@@ -244,11 +245,10 @@ struct emu_device {
 	struct emu_mr *mrs;           /* [nranks][EMU_MAX_MRS] */
 	uint8_t *ctrls;               /* [nranks] control regions, ctrl_bytes each */
 	uint64_t ctrl_bytes;          /* offload_ctrl_bytes(nranks) */
-	/* The job's rank sets (gens in hdr): ranks unreachable, closed, and the deaths closers
-	 * knew of when they closed (no gen: read when a close is seen) */
+	/* The job's rank sets (gens in hdr): ranks unreachable, closed, dead */
 	uint64_t *unreachable;
 	uint64_t *closed;
-	uint64_t *dead_known;
+	uint64_t *dead;
 	uint8_t *mc_groups;           /* [OFFLOAD_MAX_TEAMS] groups, mc_group_bytes each */
 	uint64_t mc_group_bytes;
 	struct emu_mcast_slot *mc_slots;    /* [OFFLOAD_MAX_TEAMS][mc_nslots] */
@@ -284,6 +284,7 @@ struct emu_device {
 	uint32_t rail_faults;         /* a rail of this rank is set to fail */
 	uint32_t unreachable_gen_seen;/* the job's unreachable set merged into the ring's failed */
 	uint32_t closed_gen_seen;     /* ... its closed set, into the ring's closed */
+	uint32_t dead_gen_seen;       /* ... its dead set, into the ring's failed */
 	uint64_t *closed_seen;        /* [rank words] closes already passed on */
 	uint64_t rail_sent[HOST_MAX_RAILS];
 	/* peer watch (emu_watch.c) */
@@ -496,6 +497,7 @@ void emu_watch_stop(struct emu_device *dev);
  * peer closed its context (OFFLOAD_ERR_PEER_CLOSED, and the deaths it knew of are passed
  * on) or died (OFFLOAD_ERR_PEER, and it goes into the failed set at once). */
 int32_t emu_peer_lost(struct emu_device *dev, uint32_t rank);
+void emu_publish_death(struct emu_device *dev, uint32_t rank);
 /* Pass newly closed and unreachable peers on to the firmware's ring header. */
 void emu_sync_peers(struct emu_device *dev);
 

@@ -32,7 +32,7 @@ static uint64_t ranks_off(void)
 	return align_up(sizeof(struct emu_job_hdr), 64);
 }
 
-/* The job's rank sets: unreachable, closed, dead_known (offload_rank_words(n) each). */
+/* The job's rank sets: unreachable, closed, dead (offload_rank_words(n) each). */
 static uint64_t sets_off(uint32_t n)
 {
 	return align_up(ranks_off() + (uint64_t)n * sizeof(struct emu_rank), 64);
@@ -178,7 +178,7 @@ int emu_job_open(struct emu_device *dev)
 	dev->mrs = (struct emu_mr *)(dev->job_map + mrs_off(n));
 	dev->unreachable = (uint64_t *)(dev->job_map + sets_off(n));
 	dev->closed = dev->unreachable + offload_rank_words(n);
-	dev->dead_known = dev->closed + offload_rank_words(n);
+	dev->dead = dev->closed + offload_rank_words(n);
 	dev->ctrl_bytes = offload_ctrl_bytes(n);
 	dev->ctrls = dev->job_map + ctrls_off(n);
 	dev->mc_group_bytes = emu_mcast_group_bytes(n);
@@ -299,8 +299,8 @@ void emu_job_close(struct emu_device *dev)
 			uint64_t v = off_load_acquire(&failed[w]) &
 				     ~(w == me / 64 ? 1ull << (me % 64) : 0);
 
-			if (v)
-				__atomic_fetch_or(&dev->dead_known[w], v, __ATOMIC_SEQ_CST);
+			for (; v; v &= v - 1)
+				emu_publish_death(dev, w * 64 + (uint32_t)__builtin_ctzll(v));
 		}
 		off_store_release(&dev->ranks[me].state, EMU_RANK_CLOSED);
 		offload_rankset_add(dev->closed, &dev->hdr->closed_gen, me);

@@ -83,9 +83,9 @@ static void peer_closed(struct emu_device *dev, uint32_t rank)
 
 	if (!ring)
 		return;
-	/* Pairs with emu_job_close(): the closer's deaths are in dead_known before its
+	/* Pairs with emu_job_close(): the closer's deaths are in the dead set before its
 	 * CLOSED state. */
-	fail_all(dev, dev->dead_known);
+	fail_all(dev, dev->dead);
 	offload_rankset_add(emu_ring_set(dev, 1), &ring->closed_gen, rank);
 }
 
@@ -100,6 +100,12 @@ void emu_sync_peers(struct emu_device *dev)
 	if (gen != off_read_once(&dev->unreachable_gen_seen)) {
 		fail_all(dev, dev->unreachable);
 		off_write_once(&dev->unreachable_gen_seen, gen);
+	}
+	/* Deaths other ranks saw first: a peer's error signal that followed one finds it. */
+	gen = off_load_acquire(&dev->hdr->dead_gen);
+	if (gen != off_read_once(&dev->dead_gen_seen)) {
+		fail_all(dev, dev->dead);
+		off_write_once(&dev->dead_gen_seen, gen);
 	}
 	gen = off_load_acquire(&dev->hdr->closed_gen);
 	if (gen == off_read_once(&dev->closed_gen_seen))
@@ -118,6 +124,15 @@ void emu_sync_peers(struct emu_device *dev)
 	off_write_once(&dev->closed_gen_seen, gen);
 }
 
+/* Every rank's NIC hears of a death any of them saw, before the firmware that saw it
+ * acts on it: an op that fails on the error signal it sends then names the dead rank on
+ * every survivor (the firmware holds such a completion for a moment), not the messenger. */
+void emu_publish_death(struct emu_device *dev, uint32_t rank)
+{
+	if (rank < dev->attr.size)
+		offload_rankset_add(dev->dead, &dev->hdr->dead_gen, rank);
+}
+
 int32_t emu_peer_lost(struct emu_device *dev, uint32_t rank)
 {
 	struct offload_ring_hdr *ring = dev->win.ring;
@@ -130,8 +145,10 @@ int32_t emu_peer_lost(struct emu_device *dev, uint32_t rank)
 	/* Dead (a survivor reaped it), or its process is gone while its state still says
 	 * alive: it exited without closing. The firmware hears of it now, not when our watch
 	 * wakes, so that the error it reports and the failed set agree. */
-	if (ring && rank != dev->attr.rank)
+	if (ring && rank != dev->attr.rank) {
+		emu_publish_death(dev, rank);
 		offload_rankset_add(emu_ring_failed(dev), &ring->failed_gen, rank);
+	}
 	return OFFLOAD_ERR_PEER;
 }
 
@@ -142,6 +159,7 @@ static void peer_failed(struct emu_device *dev, uint32_t rank)
 	/* A rank that closed its context cleanly and then exited is not a failure. */
 	if (off_load_acquire(&dev->ranks[rank].state) == EMU_RANK_CLOSED)
 		return;
+	emu_publish_death(dev, rank);
 	offload_rankset_add(emu_ring_failed(dev), &ring->failed_gen, rank);
 	reap_dead_rank(dev, rank);
 	emu_kick_rank(dev, dev->attr.rank);

@@ -114,6 +114,18 @@ def test_every_dpa_thread_starts(built_model):
     run_ranks(2, TWO_RANKS, timeout=90, env=model_env(2))
 
 
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_job_past_64_ranks_runs_on_the_model(built_model):
+    """65 ranks (the FlexIO binding held at most 64 before its tables were sized by the
+    world): QPs named by user_index past rail 0's 64, a barrier, an exact all-to-all, and
+    every rank's close notice to 64 peers. About 20 s here (65 Python processes on 2
+    cores), so marked slow; tests/test_flexio_hal_tables.py checks the tables in CI."""
+    from _mp import run_ranks
+
+    run_ranks(65, TWO_RANKS, timeout=240, env=model_env(1))
+
+
 SLOW_START = r'''
 if rank == 0:   # this rank's host starts its DPA threads late (a busy machine)
     os.environ["FXM_DELAY_RUN_MS"] = "400"

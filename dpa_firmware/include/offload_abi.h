@@ -494,19 +494,15 @@ _Static_assert(offsetof(struct offload_eager_slot, sig.seq) == 24, "eager seq wo
  * doorbell records are big endian (mlx5 layout); everything in these structs is native.
  */
 #define OFFLOAD_FLEXIO_CTX_MAGIC      0x584c464fu  /* "OFLX" */
-#define OFFLOAD_FLEXIO_CTX_VERSION    2u
-#define OFFLOAD_FLEXIO_HAL_BYTES      65536u   /* zeroed DPA memory per thread: HAL runtime state */
+#define OFFLOAD_FLEXIO_CTX_VERSION    3u       /* 3: hal_bytes, tables sized by world size */
 #define OFFLOAD_FLEXIO_SQ_SLOT_BYTES  16u      /* per SQ WQE basic block: wr_id bookkeeping */
 #define OFFLOAD_FLEXIO_MAX_INLINE     64u      /* bytes dpa_hal_rdma_write_inline() carries */
 #define OFFLOAD_FLEXIO_MAX_RAILS      8u       /* ports of the device used as rails */
 #define OFFLOAD_FLEXIO_PEER_HOST      0xffffffffu
-/* The FlexIO binding connects one RC QP per (thread, rail, peer) and keeps them in a fixed
- * table: it runs jobs of at most this many ranks (the other bindings run up
- * to OFFLOAD_RANKS_LIMIT). */
-#define OFFLOAD_FLEXIO_MAX_RANKS      64u
-/* QP user_index: rail * OFFLOAD_FLEXIO_MAX_RANKS + world rank; the host loopback uses UIDX_HOST,
- * the twin that answers a rank's QP to itself on rail r uses UIDX_HOST + 1 + r. */
-#define OFFLOAD_FLEXIO_UIDX_HOST      (OFFLOAD_FLEXIO_MAX_RAILS * OFFLOAD_FLEXIO_MAX_RANKS)
+/* QP user_index (24 bits, as rdma-core's mlx5 and FlexIO read a CQE's srqn_uidx): by rank,
+ * UIDX(rail, world rank); the loopback UIDX_HOST, the twin of our own QP on rail r HOST+1+r */
+#define OFFLOAD_FLEXIO_UIDX(rail, peer) ((uint32_t)(rail) * OFFLOAD_RANKS_LIMIT + (uint32_t)(peer))
+#define OFFLOAD_FLEXIO_UIDX_HOST      (OFFLOAD_FLEXIO_MAX_RAILS * OFFLOAD_RANKS_LIMIT)
 
 /* Windows, in the order of enum dpa_hal_window. */
 #define OFFLOAD_FLEXIO_WIN_RING  0u
@@ -519,10 +515,13 @@ _Static_assert(offsetof(struct offload_eager_slot, sig.seq) == 24, "eager seq wo
 #define OFFLOAD_FLEXIO_QUERY_ABI        0u
 #define OFFLOAD_FLEXIO_QUERY_STATE_SIZE 1u
 #define OFFLOAD_FLEXIO_QUERY_HAL_BYTES  2u
-/* QUERY_STATE_SIZE's world size, threads, team pool ride in `what` (bits 8-24, 25-31, 32-63) */
+#define OFFLOAD_FLEXIO_QUERY_CTX        3u  /* OFFLOAD_FLEXIO_CTX_VERSION of the image */
+/* `what` bits 8-24, 25-31, 32-63: QUERY_STATE's world, threads, pool; QUERY_HAL's world, rails */
 #define OFFLOAD_FLEXIO_QUERY_STATE(world, threads, pool) \
 	(OFFLOAD_FLEXIO_QUERY_STATE_SIZE | ((uint64_t)(world) & 0x1ffffu) << 8 | \
 	 ((uint64_t)(threads) & 0x7fu) << 25 | (uint64_t)(uint32_t)(pool) << 32)
+#define OFFLOAD_FLEXIO_QUERY_HAL(world, rails) (OFFLOAD_FLEXIO_QUERY_HAL_BYTES ^ \
+	OFFLOAD_FLEXIO_QUERY_STATE_SIZE ^ OFFLOAD_FLEXIO_QUERY_STATE(world, rails, 0))
 #define OFFLOAD_FLEXIO_QUERY_WORLD(what)   ((uint32_t)((what) >> 8) & 0x1ffffu)
 #define OFFLOAD_FLEXIO_QUERY_THREADS(what) ((uint32_t)((what) >> 25) & 0x7fu)
 #define OFFLOAD_FLEXIO_QUERY_POOL(what)    ((uint32_t)((what) >> 32))
@@ -562,7 +561,7 @@ struct offload_flexio_thread_ctx {
 	uint32_t window_id;       /* flexio_window_get_id() */
 	uint32_t window_mkey;     /* the arena's registration: ring, stats and control words */
 	uint64_t state_daddr;     /* engine state, dpa_engine_state_size() bytes */
-	uint64_t hal_daddr;       /* OFFLOAD_FLEXIO_HAL_BYTES, zeroed */
+	uint64_t hal_daddr;       /* hal_bytes, zeroed: HAL runtime state and its tables */
 	uint64_t qps_daddr;       /* struct offload_flexio_qp[num_rails][world_size + 1]; the
 				   * last column is the twin our own rank's QP is paired with */
 	uint64_t board_daddr;     /* uint32_t[num_threads], zeroed: 1 while that thread is parked */
@@ -577,13 +576,14 @@ struct offload_flexio_thread_ctx {
 	struct offload_flexio_qp host_qp;  /* loopback to the host: doorbells in, host_notify out */
 	uint32_t wake_cqn[OFFLOAD_MAX_THREADS];
 	uint32_t num_rails;       /* 1..OFFLOAD_FLEXIO_MAX_RAILS */
-	uint32_t resv;
+	uint32_t hal_bytes;       /* at hal_daddr: what QUERY_HAL(world_size, num_rails) said */
 	/* The window arena: one host registration (window_mkey) holding the ring, the stats and
 	 * the control words, so that one window configuration reaches all three at once. */
 	uint64_t arena_haddr;
 	uint64_t arena_len;
 };
 
+_Static_assert(OFFLOAD_FLEXIO_UIDX_HOST + 1 + OFFLOAD_FLEXIO_MAX_RAILS <= 1u << 24, "uidx bits");
 _Static_assert(sizeof(struct offload_flexio_cq) == 24, "flexio cq descriptor");
 _Static_assert(sizeof(struct offload_flexio_qp) == 56, "flexio qp descriptor");
 _Static_assert(sizeof(struct offload_flexio_window) == 16, "flexio window");

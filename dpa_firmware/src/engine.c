@@ -18,6 +18,7 @@
 /* Rounds of poll + progress a pass adds while its own writes keep completing at once. */
 #define DPA_PASS_REPOLLS  3
 #define DPA_DEAD_GRACE_NS 200000000ull  /* see check_abort() */
+#define DPA_PEER_OP_SETTLE_NS 1000000ull /* see try_complete_op() */
 
 /* The op's bit in eng->active_ops (see there). */
 static void op_mask_set(struct dpa_engine *eng, const struct dpa_op *op)
@@ -69,6 +70,20 @@ static int try_complete_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa
 	 * needed from the dead rank before it died, and succeeds. */
 	if (fail && dead != UINT32_MAX)
 		fail = ((uint64_t)dead << 32) | (uint32_t)OFFLOAD_ERR_PEER;
+	/* A peer's error signal may echo a death that peer saw first: hold the completion
+	 * a moment for the death to reach this rank's failed set (the emulator's NIC hands
+	 * every rank what any rank saw, at the start of its next pass), so that every
+	 * survivor names the dead rank, not the messenger. */
+	if ((int32_t)(uint32_t)fail == OFFLOAD_ERR_PEER_OP && dead == UINT32_MAX) {
+		uint64_t now = dpa_hal_time_ns(hal) | 1, since = 0;  /* 0 means not yet */
+
+		if (off_cas(&op->peer_op_since, &since, now)) {
+			dpa_wake_at(eng, hal, now + DPA_PEER_OP_SETTLE_NS);
+			return 0;
+		}
+		if (now - since < DPA_PEER_OP_SETTLE_NS)
+			return 0;
+	}
 	/* Every control word of the op acknowledged first. An aborted op does not wait (its
 	 * peers are gone or failing) unless its algorithm had something to tell them: a
 	 * withdrawn multicast source must have landed before the host rewrites it. */
@@ -206,6 +221,7 @@ static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct 
 	op->cancel = 0;
 	op->aborted = 0;
 	op->dead_since = 0;
+	op->peer_op_since = 0;
 	for (uint32_t b = 0; b < sizeof(op->alg); b++)  /* every member's bytes, not the first's */
 		((uint8_t *)&op->alg)[b] = 0;
 	op->deadline_ns = eng->params.op_timeout_ms ?

@@ -182,6 +182,7 @@ struct dpa_op {
 	uint32_t aborted;      /* items stop where they are and finish once nothing is in flight */
 	uint64_t deadline_ns;  /* op timeout: abort when the clock passes it; UINT64_MAX: never */
 	uint64_t dead_since;   /* when a dead member was first seen (0: none) */
+	uint64_t peer_op_since;  /* when a peer's error signal failed it (0: not yet) */
 	/* The gate (signature.c): no item runs the algorithm before every peer's signature
 	 * agreed; one that disagrees, or a member gone before joining, fails the op there. */
 	struct offload_sig sig;   /* ours */

@@ -264,7 +264,7 @@ static struct mpi_op *alltoallv_op(enum dpo_mpi_coll c, const void *sbuf, const 
 				   MPI_Comm comm, enum dpo_mpi_reason *why)
 {
 	struct comm_state *cs = NULL;
-	uint64_t sc[64], sd[64], rc[64], rd[64];
+	uint64_t *sc, *sd, *rc, *rd;
 	int n, packed = 0;
 	dpo_coll_args_t a;
 	struct mpi_op *op;
@@ -281,8 +281,13 @@ static struct mpi_op *alltoallv_op(enum dpo_mpi_coll c, const void *sbuf, const 
 	op = dpo_mpi_admit(c, cs, 0, 0, why);
 	if (!op)
 		return NULL;
-	if (v_side(op, 1, sbuf, scounts, sdispls, stype, n, sc, sd, &s, &packed) ||
+	/* Byte counts and displacements, one of each per member each way; the op copies them
+	 * (dpo_collective_init), so they live only through the build. */
+	sc = malloc(4 * sizeof(uint64_t) * (size_t)n);
+	sd = sc ? sc + n : NULL, rc = sc ? sd + n : NULL, rd = sc ? rc + n : NULL;
+	if (!sc || v_side(op, 1, sbuf, scounts, sdispls, stype, n, sc, sd, &s, &packed) ||
 	    v_side(op, 0, rbuf, rcounts, rdispls, rtype, n, rc, rd, &d, &packed)) {
+		free(sc);
 		dpo_mpi_op_free(op);
 		*why = R_BAD_ARGS;
 		return NULL;
@@ -291,7 +296,9 @@ static struct mpi_op *alltoallv_op(enum dpo_mpi_coll c, const void *sbuf, const 
 	a.coll_type = DPO_COLL_TYPE_ALLTOALLV;
 	a.src.info_v = (dpo_coll_buffer_info_v_t){ s, sc, sd, DPO_DT_BYTE };
 	a.dst.info_v = (dpo_coll_buffer_info_v_t){ d, rc, rd, DPO_DT_BYTE };
-	return dpo_mpi_build(c, cs, &a, 0, packed, why, op);
+	op = dpo_mpi_build(c, cs, &a, 0, packed, why, op);
+	free(sc);
+	return op;
 }
 
 static struct mpi_op *bcast_op(enum dpo_mpi_coll c, void *buf, int count, MPI_Datatype t,

@@ -256,7 +256,9 @@ static enum dpo_mpi_reason classify(MPI_Comm comm)
 	PMPI_Comm_size(comm, &n);
 	if (n == 1)
 		return R_SIZE_1;
-	if (n > 64 || !world_ranks(comm, n, NULL))
+	/* Any size: a communicator is a subset of MPI_COMM_WORLD, whose size the context was
+	 * opened with (a job past the offload's ranks limit has no context at all). */
+	if (!world_ranks(comm, n, NULL))
 		return R_FOREIGN;
 	return R_OFFLOADED;
 }
@@ -286,7 +288,7 @@ struct comm_state *dpo_mpi_state(MPI_Comm comm)
 /* The first offloaded call on the communicator: every member is in this same call. */
 int dpo_mpi_ensure_team(struct comm_state *cs)
 {
-	uint32_t map[64];
+	uint32_t *map;
 	dpo_team_params_t tp;
 	dpo_status_t st;
 	int n, me;
@@ -297,7 +299,14 @@ int dpo_mpi_ensure_team(struct comm_state *cs)
 		return 0;
 	PMPI_Comm_size(cs->comm, &n);
 	PMPI_Comm_rank(cs->comm, &me);
-	world_ranks(cs->comm, n, map);
+	/* The team copies the map at create_post. Every member is in this call and none can
+	 * fail alone without the others waiting in the OOB for it: an allocation failure here
+	 * is a failed job either way, so it aborts like MPI's own. */
+	map = malloc(sizeof(*map) * (size_t)n);
+	if (!map || !world_ranks(cs->comm, n, map)) {
+		fprintf(stderr, "dpa-offload: out of memory for a team of %d ranks\n", n);
+		PMPI_Abort(cs->comm, 1);
+	}
 	PMPI_Comm_dup(cs->comm, &cs->shadow);
 	memset(&tp, 0, sizeof(tp));
 	tp.mask = DPO_TEAM_PARAM_FIELD_OOB | DPO_TEAM_PARAM_FIELD_EP_MAP;
@@ -307,6 +316,7 @@ int dpo_mpi_ensure_team(struct comm_state *cs)
 	/* Not under our lock: the OOB waits for the other members, whose threads may need
 	 * the lock meanwhile (team creation in the C API is thread-safe on its own). */
 	st = dpo_team_create_post(dpo_mpi.ctx, &tp, &cs->team);
+	free(map);
 	while (st == DPO_OK && (st = dpo_team_create_test(cs->team)) == DPO_INPROGRESS)
 		;
 	if (st != DPO_OK) {

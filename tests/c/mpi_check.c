@@ -8,7 +8,8 @@
  * fixed order); plus calls that must pass through. Rank 0 prints the counts the library's
  * statistics must show ("expect ..." lines, same rules as the library: the pytest
  * wrapper compares them with the DPA_OFFLOAD_MPI_STATS table). Exit 0 pass, 1 fail.
- * Usage: mpi_check [--quick] [--kill RANK] [--overhead]
+ * Usage: mpi_check [--quick] [--kill RANK] [--overhead [CALLS]] [--scale]
+ * (--scale: only the all-to-all forms on MPI_COMM_WORLD, for jobs of more than 64 ranks)
  */
 #include <mpi.h>
 #include <stdint.h>
@@ -460,8 +461,9 @@ static double now(void)
 	return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-/* pass-through cost: the library's MPI_Allreduce against PMPI_Allreduce, alternating */
-static void overhead(MPI_Comm comm, const char *name)
+/* pass-through cost: the library's MPI_Allreduce against PMPI_Allreduce, alternating,
+ * best of 20 batches of `calls` each */
+static void overhead(MPI_Comm comm, const char *name, int calls)
 {
 	double best_lib = 1e9, best_mpi = 1e9, lib_max, mpi_max;
 	int x = 1, y;
@@ -469,16 +471,16 @@ static void overhead(MPI_Comm comm, const char *name)
 	for (int b = 0; b < 20; b++) {
 		double t0 = now();
 
-		for (int i = 0; i < 20000; i++)
+		for (int i = 0; i < calls; i++)
 			PMPI_Allreduce(&x, &y, 1, MPI_INT, MPI_SUM, comm);
 		double t1 = now();
-		for (int i = 0; i < 20000; i++)
+		for (int i = 0; i < calls; i++)
 			MPI_Allreduce(&x, &y, 1, MPI_INT, MPI_SUM, comm);
 		double t2 = now();
-		if ((t1 - t0) / 20000 < best_mpi)
-			best_mpi = (t1 - t0) / 20000;
-		if ((t2 - t1) / 20000 < best_lib)
-			best_lib = (t2 - t1) / 20000;
+		if ((t1 - t0) / calls < best_mpi)
+			best_mpi = (t1 - t0) / calls;
+		if ((t2 - t1) / calls < best_lib)
+			best_lib = (t2 - t1) / calls;
 	}
 	PMPI_Allreduce(&best_lib, &lib_max, 1, MPI_DOUBLE, MPI_MAX, comm);
 	PMPI_Allreduce(&best_mpi, &mpi_max, 1, MPI_DOUBLE, MPI_MAX, comm);
@@ -489,14 +491,16 @@ static void overhead(MPI_Comm comm, const char *name)
 
 int main(int argc, char **argv)
 {
-	int quick = 0, kill_rank = -1, do_overhead = 0, n, provided;
+	int quick = 0, kill_rank = -1, overhead_calls = 0, scale = 0, n, provided;
 	unsigned seed;
 	MPI_Comm half, dup;
 	const char *mb = getenv("DPA_OFFLOAD_MPI_MIN_BYTES");
 
 	for (int i = 1; i < argc; i++) {
 		quick |= !strcmp(argv[i], "--quick");
-		do_overhead |= !strcmp(argv[i], "--overhead");
+		scale |= !strcmp(argv[i], "--scale");
+		if (!strcmp(argv[i], "--overhead"))  /* the benchmark's default: 20000 per batch */
+			overhead_calls = i + 1 < argc && atoi(argv[i + 1]) > 0 ? atoi(argv[++i]) : 20000;
 		if (!strcmp(argv[i], "--kill") && i + 1 < argc)
 			kill_rank = atoi(argv[++i]);
 	}
@@ -504,9 +508,9 @@ int main(int argc, char **argv)
 	MPI_Init_thread(&argc, &argv, MPI_THREAD_MULTIPLE, &provided);
 	MPI_Comm_rank(MPI_COMM_WORLD, &rank);
 	MPI_Comm_size(MPI_COMM_WORLD, &n);
-	if (do_overhead) {
-		overhead(MPI_COMM_SELF, "self");
-		overhead(MPI_COMM_WORLD, "world");
+	if (overhead_calls) {
+		overhead(MPI_COMM_SELF, "self", overhead_calls);
+		overhead(MPI_COMM_WORLD, "world", overhead_calls);
 		MPI_Finalize();
 		return 0;
 	}
@@ -528,6 +532,13 @@ int main(int argc, char **argv)
 	PMPI_Bcast(&seed, 1, MPI_UNSIGNED, 0, MPI_COMM_WORLD);
 	if (rank == 0)
 		printf("seed %u\n", seed);
+	if (scale) {  /* a communicator of every rank, past the 64 the library once stopped at */
+		static const int forms[] = { A2A, A2AV, IA2A, IA2AV };
+
+		for (size_t i = 0; i < sizeof(forms) / sizeof(forms[0]); i++)
+			one(forms[i], MPI_COMM_WORLD, MPI_BYTE, (int)(min_bytes > 1 ? min_bytes : 1), 0);
+		goto report;
+	}
 	MPI_Comm_split(MPI_COMM_WORLD, rank % 2, rank, &half);
 	matrix(MPI_COMM_WORLD, quick, seed);
 	matrix(half, 1, seed);
@@ -546,6 +557,7 @@ int main(int argc, char **argv)
 	reductions_passed(MPI_COMM_WORLD);
 	pass_through(MPI_COMM_WORLD, half, rank % 2);
 	MPI_Comm_free(&half);
+report:
 	{
 		long long so[NC], sp[NC];
 		int allbad;

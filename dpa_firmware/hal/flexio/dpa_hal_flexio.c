@@ -3,7 +3,8 @@
  * dpa_hal.h on a BlueField-3 DPA with the FlexIO device API (built by dpacc, DOCA >= 2.9 /
  * FlexIO device API 24.10). The host backend (host/src/flexio/flexio_backend.c) creates,
  * for every progress thread, an event handler, one CQ for all of that thread's work, one
- * "wake" CQ, an RC QP per (thread, rail, world rank) (our own rank's paired with a twin) and a
+ * "wake" CQ, an RC QP per (thread, rail, world rank) (our own rank's paired with a twin: W x
+ * rails x threads QPs, tables sized at creation, see docs/scale.md for the cost) and a
  * loopback QP to the host, and describes them in a struct offload_flexio_thread_ctx
  * (offload_abi.h) passed as the handler argument. There are no globals: everything a thread
  * keeps lives in host-allocated DPA memory named by that context, so the image is stateless
@@ -67,16 +68,45 @@ static void qp_init(struct dpa_flexio_qp *qp, const struct offload_flexio_qp *d)
 	qp->broken = 0;
 }
 
-/* First run of this thread's handler: turn the host's description into runtime state. */
-static void hal_init(struct dpa_hal *hal, struct offload_flexio_thread_ctx *ctx)
+uint64_t dpa_flexio_hal_layout(uint32_t world, uint32_t rails, struct dpa_flexio_hal_layout *out)
+{
+	uint64_t qps, off;
+	uint32_t slots = 1;
+
+	if (!world || world > OFFLOAD_RANKS_LIMIT || !rails || rails > OFFLOAD_FLEXIO_MAX_RAILS)
+		return 0;
+	qps = (uint64_t)rails * world;
+	/* Every peer QP, the twins and the loopback, at most half full. */
+	while (slots < 2 * (qps + rails + 1))
+		slots <<= 1;
+	off = (sizeof(struct dpa_hal) + 15u) & ~15ull;
+	out->qps_off = off;
+	off += qps * sizeof(struct dpa_flexio_qp);
+	out->rail_of_off = off;
+	off = (off + world + 15u) & ~15ull;
+	out->qpn_slots_off = off;
+	out->qpn_slots = slots;
+	out->bytes = off + 4ull * slots;
+	return out->bytes;
+}
+
+/* First run of this thread's handler: turn the host's description into runtime state. The
+ * host allocated hal_bytes for the layout of this world size and rail count; the tables are
+ * reached through pointers set here, never past what the layout says. */
+static int hal_init(struct dpa_hal *hal, struct offload_flexio_thread_ctx *ctx)
 {
 	const struct offload_flexio_qp *qps = dptr(ctx->qps_daddr);
+	uint32_t rails = ctx->num_rails ? ctx->num_rails : 1, world = ctx->world_size;
+	struct dpa_flexio_hal_layout lay;
+	uint8_t *base = (uint8_t *)hal;
 
+	if (!dpa_flexio_hal_layout(world, rails, &lay) || lay.bytes > ctx->hal_bytes)
+		return -1;
 	hal->thread_index = ctx->thread_index;
 	hal->num_threads = ctx->num_threads;
 	hal->world_rank = ctx->world_rank;
-	hal->world_size = ctx->world_size;
-	hal->num_rails = ctx->num_rails ? ctx->num_rails : 1;
+	hal->world_size = world;
+	hal->num_rails = rails;
 	hal->max_outstanding = ctx->max_outstanding < DPA_FLEXIO_SOFT_DEPTH ?
 			       ctx->max_outstanding : DPA_FLEXIO_SOFT_DEPTH;
 	hal->outstanding = 0;
@@ -84,20 +114,42 @@ static void hal_init(struct dpa_hal *hal, struct offload_flexio_thread_ctx *ctx)
 	hal->ctx = ctx;
 	hal->board = dptr(ctx->board_daddr);
 	hal->tick_ns = ctx->tick_ns ? ctx->tick_ns : 1000u;
+	hal->qps = (struct dpa_flexio_qp *)(base + lay.qps_off);
+	hal->rail_of = base + lay.rail_of_off;
+	hal->qpn_slots = (uint32_t *)(base + lay.qpn_slots_off);
+	hal->qpn_mask = lay.qpn_slots - 1;
 	cq_init(&hal->cq, &ctx->cq);
 	cq_init(&hal->wake_cq, &ctx->wake_cq);
 	qp_init(&hal->host_qp, &ctx->host_qp);
-	for (uint32_t r = 0; r < hal->num_rails; r++) {
-		const struct offload_flexio_qp *row = &qps[r * (ctx->world_size + 1)];
+	for (uint32_t r = 0; r < rails; r++) {
+		const struct offload_flexio_qp *row = &qps[(uint64_t)r * (world + 1)];
 
-		for (uint32_t p = 0; p < ctx->world_size; p++)
-			qp_init(&hal->qps[r][p], &row[p]);
-		qp_init(&hal->twins[r], &row[ctx->world_size]);
+		for (uint32_t p = 0; p < world; p++)
+			qp_init(dpa_flexio_peer_qp(hal, r, p), &row[p]);
+		qp_init(&hal->twins[r], &row[world]);
 	}
-	for (uint32_t p = 0; p < OFFLOAD_FLEXIO_MAX_RANKS; p++)
+	for (uint32_t p = 0; p < world; p++)
 		hal->rail_of[p] = 0;
+	dpa_flexio_index_qpns(hal);
 	hal->soft_head = hal->soft_tail = 0;
 	hal->magic = DPA_FLEXIO_HAL_MAGIC;
+	return 0;
+}
+
+struct dpa_hal *dpa_flexio_hal_attach(struct offload_flexio_thread_ctx *ctx)
+{
+	struct dpa_hal *hal;
+
+	if (ctx->magic != OFFLOAD_FLEXIO_CTX_MAGIC || ctx->version != OFFLOAD_FLEXIO_CTX_VERSION ||
+	    !ctx->world_size || ctx->world_size > OFFLOAD_RANKS_LIMIT ||
+	    ctx->world_rank >= ctx->world_size || ctx->num_threads > OFFLOAD_MAX_THREADS ||
+	    ctx->thread_index >= ctx->num_threads || ctx->num_rails > OFFLOAD_FLEXIO_MAX_RAILS ||
+	    !ctx->hal_daddr)
+		return NULL;
+	hal = dptr(ctx->hal_daddr);
+	if (hal->magic != DPA_FLEXIO_HAL_MAGIC && hal_init(hal, ctx))
+		return NULL;
+	return hal;
 }
 
 /*
@@ -282,16 +334,11 @@ flexio_dev_event_handler_t dpa_offload_event_handler;
 __dpa_global__ void dpa_offload_event_handler(uint64_t thread_arg)
 {
 	struct offload_flexio_thread_ctx *ctx = dptr(thread_arg);
-	struct dpa_hal *hal;
+	struct dpa_hal *hal = dpa_flexio_hal_attach(ctx);
 	uint32_t idle = 0;
 
-	if (ctx->magic != OFFLOAD_FLEXIO_CTX_MAGIC || ctx->version != OFFLOAD_FLEXIO_CTX_VERSION ||
-	    ctx->world_size > OFFLOAD_FLEXIO_MAX_RANKS || ctx->num_threads > OFFLOAD_MAX_THREADS ||
-	    ctx->thread_index >= ctx->num_threads || ctx->num_rails > OFFLOAD_FLEXIO_MAX_RAILS)
+	if (!hal)
 		flexio_dev_error(DPA_FLEXIO_ERR_BAD_CTX);
-	hal = dptr(ctx->hal_daddr);
-	if (hal->magic != DPA_FLEXIO_HAL_MAGIC)
-		hal_init(hal, ctx);
 	if (window_setup(hal))
 		flexio_dev_error(DPA_FLEXIO_ERR_WINDOW);  /* the host sees it in the process status */
 	if (stop_requested(ctx)) {
@@ -345,8 +392,14 @@ __dpa_rpc__ uint64_t dpa_offload_query_rpc(uint64_t what)
 
 		return dpa_engine_state_size(&p);
 	}
-	case OFFLOAD_FLEXIO_QUERY_HAL_BYTES:
-		return sizeof(struct dpa_hal);
+	case OFFLOAD_FLEXIO_QUERY_HAL_BYTES: {
+		struct dpa_flexio_hal_layout lay;
+
+		return dpa_flexio_hal_layout(OFFLOAD_FLEXIO_QUERY_WORLD(what),
+					     OFFLOAD_FLEXIO_QUERY_THREADS(what) /* rails */, &lay);
+	}
+	case OFFLOAD_FLEXIO_QUERY_CTX:
+		return OFFLOAD_FLEXIO_CTX_VERSION;
 	default:
 		return 0;
 	}

@@ -37,7 +37,7 @@ static int32_t peer_status(struct dpa_hal *hal, const struct dpa_flexio_qp *qp, 
 	const struct offload_ring_hdr *ring;
 	const uint64_t *closed;
 
-	if (status != OFFLOAD_ERR_LINK_DOWN || qp->peer >= OFFLOAD_FLEXIO_MAX_RANKS ||
+	if (status != OFFLOAD_ERR_LINK_DOWN || qp->peer >= hal->world_size ||
 	    qp->peer == hal->world_rank)
 		return status;
 	ring = dpa_hal_window_ptr(hal, DPA_HAL_WIN_RING, 0, sizeof(*ring));
@@ -129,26 +129,79 @@ static int32_t status_of(uint32_t syndrome)
 	}
 }
 
-/* The QP of a CQE: user_index names a peer QP (rail * OFFLOAD_FLEXIO_MAX_RANKS + world rank)
- * and the
- * QP number confirms; the loopback, the self twins and a search are the fallback. */
-static struct dpa_flexio_qp *qp_of(struct dpa_hal *hal, struct flexio_dev_cqe64 *cqe)
+/*
+ * QPs by number. QP index i (1 + i in a slot, 0: empty) is peer QP i below rails x W, then
+ * the twins, then the loopback. The table is at least twice as large as the QPs it holds,
+ * so a probe ends at an empty slot; an odd multiplier spreads consecutive QP numbers.
+ */
+static struct dpa_flexio_qp *qp_at(struct dpa_hal *hal, uint32_t i)
 {
-	uint32_t uidx = flexio_dev_cqe_get_user_index(cqe), qpn = flexio_dev_cqe_get_qpn(cqe);
-	uint32_t rail = uidx / OFFLOAD_FLEXIO_MAX_RANKS, peer = uidx % OFFLOAD_FLEXIO_MAX_RANKS;
+	uint32_t peers = hal->num_rails * hal->world_size;
 
-	if (rail < hal->num_rails && peer < hal->world_size && hal->qps[rail][peer].qpn == qpn)
-		return &hal->qps[rail][peer];
-	if (hal->host_qp.qpn == qpn)
-		return &hal->host_qp;
-	for (rail = 0; rail < hal->num_rails; rail++) {
-		if (hal->twins[rail].qpn == qpn)
-			return &hal->twins[rail];
-		for (peer = 0; peer < hal->world_size; peer++)
-			if (hal->qps[rail][peer].qpn == qpn)
-				return &hal->qps[rail][peer];
+	if (i < peers)
+		return &hal->qps[i];
+	if (i - peers < hal->num_rails)
+		return &hal->twins[i - peers];
+	return &hal->host_qp;
+}
+
+static uint32_t qpn_hash(uint32_t qpn)
+{
+	return qpn * 0x9e3779b1u;
+}
+
+void dpa_flexio_index_qpns(struct dpa_hal *hal)
+{
+	uint32_t count = hal->num_rails * hal->world_size + hal->num_rails + 1;
+
+	for (uint32_t s = 0; s <= hal->qpn_mask; s++)
+		hal->qpn_slots[s] = 0;
+	for (uint32_t i = 0; i < count; i++) {
+		uint32_t s = qpn_hash(qp_at(hal, i)->qpn) & hal->qpn_mask;
+
+		while (hal->qpn_slots[s])
+			s = (s + 1) & hal->qpn_mask;
+		hal->qpn_slots[s] = i + 1;
+	}
+}
+
+static struct dpa_flexio_qp *qp_by_qpn(struct dpa_hal *hal, uint32_t qpn)
+{
+	uint32_t s = qpn_hash(qpn) & hal->qpn_mask;
+
+	for (uint32_t tries = 0; tries <= hal->qpn_mask && hal->qpn_slots[s]; tries++) {
+		struct dpa_flexio_qp *qp = qp_at(hal, hal->qpn_slots[s] - 1);
+
+		if (qp->qpn == qpn)
+			return qp;
+		s = (s + 1) & hal->qpn_mask;
 	}
 	return NULL;
+}
+
+/* The QP of a CQE: user_index names it (OFFLOAD_FLEXIO_UIDX(rail, world rank), or
+ * the loopback or a twin) and the QP number confirms; a user_index that names no QP of this
+ * job (a peer >= W, a rail >= rails) is never used as an index. Where the NIC does not
+ * report user_index (the model leaves requester CQEs' at 0), the QP number alone finds it. */
+struct dpa_flexio_qp *dpa_flexio_qp_of(struct dpa_hal *hal, uint32_t uidx, uint32_t qpn)
+{
+	struct dpa_flexio_qp *qp = NULL;
+
+	if (uidx == OFFLOAD_FLEXIO_UIDX_HOST) {
+		qp = &hal->host_qp;
+	} else if (uidx > OFFLOAD_FLEXIO_UIDX_HOST) {
+		if (uidx - OFFLOAD_FLEXIO_UIDX_HOST - 1 < hal->num_rails)
+			qp = &hal->twins[uidx - OFFLOAD_FLEXIO_UIDX_HOST - 1];
+	} else {
+		uint32_t rail = uidx / OFFLOAD_RANKS_LIMIT;
+		uint32_t peer = uidx % OFFLOAD_RANKS_LIMIT;
+
+		if (rail < hal->num_rails && peer < hal->world_size)
+			qp = dpa_flexio_peer_qp(hal, rail, peer);
+	}
+	if (qp && qp->qpn == qpn)
+		return qp;
+	return qp_by_qpn(hal, qpn);
 }
 
 /* A requester CQE for the WQE starting at wqe_counter: retire it and all before it. */
@@ -234,7 +287,8 @@ int dpa_hal_poll_cq(struct dpa_hal *hal, struct dpa_hal_cqe *out, int max)
 
 	/* One CQE yields at most one completion: stop while room is left for it. */
 	while (n < max && budget-- && (cqe = cq_peek(cq))) {
-		struct dpa_flexio_qp *qp = qp_of(hal, cqe);
+		struct dpa_flexio_qp *qp = dpa_flexio_qp_of(hal, flexio_dev_cqe_get_user_index(cqe),
+							    flexio_dev_cqe_get_qpn(cqe));
 		uint8_t opcode = flexio_dev_cqe_get_opcode(cqe);
 
 		if (qp) {

@@ -22,7 +22,7 @@ static inline union flexio_dev_sqe_seg *sq_seg(const struct dpa_flexio_qp *qp, u
 
 static struct dpa_flexio_qp *peer_qp(struct dpa_hal *hal, uint32_t peer)
 {
-	return peer < hal->world_size ? &hal->qps[hal->rail_of[peer]][peer] : NULL;
+	return peer < hal->world_size ? dpa_flexio_peer_qp(hal, hal->rail_of[peer], peer) : NULL;
 }
 
 uint32_t dpa_hal_num_rails(const struct dpa_hal *hal)

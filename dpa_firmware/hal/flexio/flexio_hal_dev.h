@@ -4,7 +4,9 @@
  * and the mlx5 constants the FlexIO device headers do not name. Built by dpacc only.
  *
  * Ownership: one struct dpa_hal per DPA thread, in host-allocated DPA heap memory
- * (offload_flexio_thread_ctx.hal_daddr). Only that thread's event handler touches it, and a
+ * (offload_flexio_thread_ctx.hal_daddr), followed there by its tables, sized by the world
+ * size and rails (dpa_flexio_hal_layout: the host allocates what the query RPC says it
+ * takes). Only that thread's event handler touches it, and a
  * FlexIO event handler never runs twice at once, so nothing here takes a lock. The only
  * memory shared between threads is the engine state and the parked board (see notify).
  */
@@ -119,19 +121,50 @@ struct dpa_hal {
 	struct dpa_flexio_cq cq;
 	struct dpa_flexio_cq wake_cq;
 	struct dpa_flexio_qp host_qp;
-	uint8_t rail_of[OFFLOAD_FLEXIO_MAX_RANKS];   /* the rail each peer's work goes out on */
-	struct dpa_flexio_qp qps[OFFLOAD_FLEXIO_MAX_RAILS][OFFLOAD_FLEXIO_MAX_RANKS];
 	struct dpa_flexio_qp twins[OFFLOAD_FLEXIO_MAX_RAILS];  /* receive what we send to self */
+	/* The tables behind this struct, in the same allocation (dpa_flexio_hal_layout). */
+	struct dpa_flexio_qp *qps;  /* [num_rails * world_size]: rail r, peer p at r * W + p */
+	uint8_t *rail_of;           /* [world_size]: the rail each peer's work goes out on */
+	uint32_t *qpn_slots;        /* open addressing, qpn -> 1 + QP index (dpa_flexio_qp_at) */
+	uint32_t qpn_mask;          /* slots - 1 */
 	uint32_t soft_head;     /* completions made up here: posts to a broken QP, flushes */
 	uint32_t soft_tail;
 	struct dpa_hal_cqe soft[DPA_FLEXIO_SOFT_DEPTH];
 };
-_Static_assert(sizeof(struct dpa_hal) <= OFFLOAD_FLEXIO_HAL_BYTES,
-	       "HAL runtime state must fit what the host allocates");
+
+/* Where the tables sit behind struct dpa_hal for a job of `world` ranks on `rails` rails. */
+struct dpa_flexio_hal_layout {
+	uint64_t qps_off;
+	uint64_t rail_of_off;
+	uint64_t qpn_slots_off;
+	uint32_t qpn_slots;     /* a power of two, at least twice the QPs it indexes */
+	uint64_t bytes;         /* all of it: what the host allocates */
+};
+
+/* 0 for a world or rail count the binding does not take. */
+uint64_t dpa_flexio_hal_layout(uint32_t world, uint32_t rails, struct dpa_flexio_hal_layout *out);
+
+/* The QP to peer on rail (both in range: the callers check). */
+static inline struct dpa_flexio_qp *dpa_flexio_peer_qp(struct dpa_hal *hal, uint32_t rail,
+						       uint32_t peer)
+{
+	return &hal->qps[(uint64_t)rail * hal->world_size + peer];
+}
 
 /* dpa_hal_flexio_cq.c: complete a post here (it never reaches the wire: zero length, a
  * broken QP) with status and bytes; DPA_HAL_EAGAIN when max_outstanding are owed. */
 int dpa_flexio_soft_complete(struct dpa_hal *hal, const struct dpa_flexio_qp *qp, uint64_t wr_id,
 			     int32_t status, uint32_t bytes);
+
+/* dpa_hal_flexio.c: the thread's runtime state for ctx, set up on first use; NULL when the
+ * context is not one this image can run (the handler then stops the process). */
+struct dpa_hal *dpa_flexio_hal_attach(struct offload_flexio_thread_ctx *ctx);
+
+/* dpa_hal_flexio_cq.c: the QP a CQE names (user_index, confirmed by its QP number, else the
+ * QP number alone), or NULL: a CQE of no QP of ours is dropped. */
+struct dpa_flexio_qp *dpa_flexio_qp_of(struct dpa_hal *hal, uint32_t uidx, uint32_t qpn);
+
+/* dpa_hal_flexio_cq.c: fill qpn_slots with every QP of the thread (at init). */
+void dpa_flexio_index_qpns(struct dpa_hal *hal);
 
 #endif /* FLEXIO_HAL_DEV_H */

@@ -103,12 +103,22 @@ int fx_create_process(struct fx_device *d)
 /* The image answers its query RPC, and was built from our headers. */
 int fx_check_image(struct fx_device *d)
 {
+	uint64_t hal_bytes;
+
 	if (fx_query(d, OFFLOAD_FLEXIO_QUERY_ABI) != OFFLOAD_ABI_VERSION ||
-	    fx_query(d, OFFLOAD_FLEXIO_QUERY_HAL_BYTES) > OFFLOAD_FLEXIO_HAL_BYTES) {
-		fx_log("the DPA image was built from other headers (ABI %u expected)",
-		       OFFLOAD_ABI_VERSION);
+	    fx_query(d, OFFLOAD_FLEXIO_QUERY_CTX) != OFFLOAD_FLEXIO_CTX_VERSION) {
+		fx_log("the DPA image was built from other headers (ABI %u, FlexIO context %u "
+		       "expected)", OFFLOAD_ABI_VERSION, OFFLOAD_FLEXIO_CTX_VERSION);
 		return -EPROTO;
 	}
+	/* The HAL's tables hold a QP per (rail, world rank): the image says what that takes. */
+	hal_bytes = fx_query(d, OFFLOAD_FLEXIO_QUERY_HAL(d->attr.size, d->num_rails));
+	if (!hal_bytes || hal_bytes > UINT32_MAX) {
+		fx_log("the DPA image cannot hold the queue tables of %u ranks on %u rails",
+		       d->attr.size, d->num_rails);
+		return -EINVAL;
+	}
+	d->hal_bytes = (uint32_t)hal_bytes;
 	d->state_size = fx_query(d, OFFLOAD_FLEXIO_QUERY_STATE(d->attr.size, d->attr.num_threads,
 							       d->attr.engine.team_pool_ranks));
 	d->uar = flexio_process_get_uar(d->proc);
@@ -209,11 +219,11 @@ static int fx_open(const struct host_ctx_params *attr, struct host_device **out)
 {
 	struct fx_device *d;
 	uint32_t *qpns = NULL;
-	int rc, one = 1, all[OFFLOAD_FLEXIO_MAX_RANKS];
+	int rc, one = 1, *all;
 
 	if (!host_params_known(attr))
 		return -EPROTONOSUPPORT;
-	if (attr->size == 0 || attr->size > OFFLOAD_FLEXIO_MAX_RANKS || attr->rank >= attr->size ||
+	if (attr->size == 0 || attr->size > OFFLOAD_RANKS_LIMIT || attr->rank >= attr->size ||
 	    attr->num_threads == 0 || attr->num_threads > OFFLOAD_MAX_THREADS)
 		return -EINVAL;
 	if (!attr->allgather) {
@@ -258,8 +268,10 @@ static int fx_open(const struct host_ctx_params *attr, struct host_device **out)
 		rc = fx_keepalive_connect(d);
 	free(qpns);
 	/* Nobody sends before every rank's queues are ready to receive. */
+	all = rc ? NULL : calloc(attr->size, sizeof(*all));
 	if (!rc)
-		rc = attr->allgather(attr->allgather_arg, &one, sizeof(one), all);
+		rc = all ? attr->allgather(attr->allgather_arg, &one, sizeof(one), all) : -ENOMEM;
+	free(all);
 	if (rc) {
 		fx_close((struct host_device *)d);
 		return rc;
@@ -274,7 +286,7 @@ static int fx_start(struct host_device *hd, const struct dpa_engine_params *para
 	struct fx_device *d = to_fx(hd);
 	flexio_uintptr_t state = 0, params_d = 0;
 	uint64_t ret = 0;
-	int rc, one = 1, all[OFFLOAD_FLEXIO_MAX_RANKS];
+	int rc, one = 1, *all;
 
 	/* The DPA reaches the ring and stats only inside the arena (fw_memory). */
 	if ((uint8_t *)win->ring != d->arena || (uint8_t *)win->stats != d->arena + d->stats_off ||
@@ -304,7 +316,9 @@ static int fx_start(struct host_device *hd, const struct dpa_engine_params *para
 	/* A CQE that comes before run() finds no running handler: its event is "blocked and
 	 * lost" (NVIDIA's samples) and the CQ, armed at creation, stays disarmed. No rank may
 	 * send before every rank's handlers run. */
-	rc = d->attr.allgather(d->attr.allgather_arg, &one, sizeof(one), all);
+	all = calloc(d->attr.size, sizeof(*all));
+	rc = all ? d->attr.allgather(d->attr.allgather_arg, &one, sizeof(one), all) : -ENOMEM;
+	free(all);
 	if (rc)
 		return rc;
 	/* run() only makes a handler runnable: the first CQE of its CQ invokes it. A thread

@@ -134,6 +134,7 @@ struct fx_device {
 	struct flexio_mkey *scratch_mkey;
 	flexio_uintptr_t scratch, board;
 	uint64_t state_size;
+	uint32_t hal_bytes;          /* per thread: the image's QUERY_HAL for size and rails */
 	void *ctrl;
 	uint64_t ctrl_len;
 	struct ibv_mr *ctrl_mr;

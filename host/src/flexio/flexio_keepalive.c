@@ -130,12 +130,15 @@ static void mark_closed(struct fx_device *d, uint32_t peer)
 		fx_ring(d, t);
 }
 
-/* Failed or closed ranks, a bit each (a FlexIO job has at most OFFLOAD_FLEXIO_MAX_RANKS,
- * 64: one word). */
-static uint64_t gone(struct fx_device *d)
+/* Whether peer is failed or closed: the ring header's rank sets, a bit per rank of the job
+ * (offload_rank_words(size) words each). The gens are read first, as the firmware does. */
+static int gone(struct fx_device *d, uint32_t peer)
 {
-	return __atomic_load_n(&ring_set(d, 0)[0], __ATOMIC_ACQUIRE) |
-	       __atomic_load_n(&ring_set(d, 1)[0], __ATOMIC_ACQUIRE);
+	struct offload_ring_hdr *ring = (struct offload_ring_hdr *)d->arena;
+
+	(void)__atomic_load_n(&ring->failed_gen, __ATOMIC_ACQUIRE);
+	(void)__atomic_load_n(&ring->closed_gen, __ATOMIC_ACQUIRE);
+	return offload_rankset_has(ring_set(d, 0), peer) || offload_rankset_has(ring_set(d, 1), peer);
 }
 
 /* Completions of the keepalive QPs. Told apart by wr_id: an error completion's opcode is
@@ -162,7 +165,7 @@ static void reap(struct fx_device *d)
 				continue;
 			for (uint32_t r = 0; r < R; r++)
 				alive |= d->ka_state[(size_t)r * S + peer] != KA_DEAD;
-			if (!alive && !(gone(d) & (1ull << peer)))
+			if (!alive && !gone(d, peer))
 				mark_dead(d, peer);
 		}
 }
@@ -206,13 +209,13 @@ static void *keepalive_main(void *arg)
 
 		reap(d);
 		if (now >= next) {
-			uint64_t skip = gone(d);
-
-			for (uint32_t r = 0; r < d->num_rails; r++)
-				for (uint32_t p = 0; p < d->attr.size; p++)
-					if (p != d->attr.rank && !(skip & (1ull << p)) &&
-					    d->ka_state[(size_t)r * d->attr.size + p] == KA_IDLE)
+			for (uint32_t p = 0; p < d->attr.size; p++) {
+				if (p == d->attr.rank || gone(d, p))
+					continue;
+				for (uint32_t r = 0; r < d->num_rails; r++)
+					if (d->ka_state[(size_t)r * d->attr.size + p] == KA_IDLE)
 						probe(d, r, p);
+			}
 			next = now + FX_KEEPALIVE_MS;
 		}
 		ibv_req_notify_cq(d->ka_cq, 0);
@@ -239,12 +242,11 @@ int fx_keepalive_start(struct fx_device *d)
 static void announce_close(struct fx_device *d)
 {
 	uint32_t S = d->attr.size, R = d->num_rails, out = 0;
-	uint64_t skip = gone(d);
 	struct timespec t0, now;
 	struct ibv_wc wc[16];
 
 	for (uint32_t p = 0; p < S; p++) {
-		if (p == d->attr.rank || (skip & (1ull << p)))
+		if (p == d->attr.rank || gone(d, p))
 			continue;
 		for (uint32_t r = 0; r < R; r++) {
 			struct ibv_send_wr wr = { .wr_id = FX_KA_CLOSE | (r * S + p), .num_sge = 0,

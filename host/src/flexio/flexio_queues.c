@@ -272,11 +272,6 @@ void fx_ring(struct fx_device *d, uint32_t index)
 
 /* ------------------------------------------------------------------ per-thread setup */
 
-static uint32_t fx_uidx(uint32_t rail, uint32_t peer)
-{
-	return rail * OFFLOAD_FLEXIO_MAX_RANKS + peer;
-}
-
 int fx_thread_create(struct fx_device *d, uint32_t index)
 {
 	struct fx_thread *t = &d->threads[index];
@@ -304,8 +299,8 @@ int fx_thread_create(struct fx_device *d, uint32_t index)
 		return -ENOMEM;
 	for (uint32_t r = 0; r < d->num_rails && !rc; r++) {
 		for (uint32_t p = 0; p < size && !rc; p++)
-			rc = fx_dqp_create(d, &t->cq, d->log_sq, d->log_rq, fx_uidx(r, p), p, r,
-					   &t->qps[r * cols + p]);
+			rc = fx_dqp_create(d, &t->cq, d->log_sq, d->log_rq,
+					   OFFLOAD_FLEXIO_UIDX(r, p), p, r, &t->qps[r * cols + p]);
 		/* The twin that receives what we send to ourselves: an RC QP pairs with another
 		 * (unverified: whether a QP connected to itself would do). */
 		if (!rc)
@@ -347,7 +342,8 @@ int fx_thread_publish(struct fx_device *d, uint32_t index, flexio_uintptr_t stat
 		.scratch_lkey = flexio_mkey_get_id(d->scratch_mkey), .tick_ns = d->tick_ns,
 		.max_outstanding = d->max_outstanding, .stop = 0,
 		.cq = t->cq.desc, .wake_cq = t->wake.desc, .host_qp = t->loop.desc,
-		.num_rails = d->num_rails, .arena_haddr = (uintptr_t)d->arena,
+		.num_rails = d->num_rails, .hal_bytes = d->hal_bytes,
+		.arena_haddr = (uintptr_t)d->arena,
 		.arena_len = d->arena_len,
 	};
 	ctx.win[OFFLOAD_FLEXIO_WIN_RING] = (struct offload_flexio_window){
@@ -360,9 +356,9 @@ int fx_thread_publish(struct fx_device *d, uint32_t index, flexio_uintptr_t stat
 		ctx.wake_cqn[i] = d->threads[i].wake.desc.cqn;
 	if (fx_fail(flexio_copy_from_host(d->proc, qps, (size_t)n * sizeof(*qps), &qps_d),
 		    "flexio_copy_from_host") ||
-	    fx_fail(flexio_buf_dev_alloc(d->proc, OFFLOAD_FLEXIO_HAL_BYTES, &hal_d),
+	    fx_fail(flexio_buf_dev_alloc(d->proc, d->hal_bytes, &hal_d),
 		    "flexio_buf_dev_alloc") ||
-	    fx_fail(flexio_buf_dev_memset(d->proc, 0, OFFLOAD_FLEXIO_HAL_BYTES, hal_d),
+	    fx_fail(flexio_buf_dev_memset(d->proc, 0, d->hal_bytes, hal_d),
 		    "flexio_buf_dev_memset"))
 		goto out;
 	ctx.qps_daddr = qps_d;
