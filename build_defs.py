@@ -116,7 +116,8 @@ SIM_INCLUDES = ["dpa_firmware/hal/sim", "host/src/sim"]
 
 
 def targets() -> dict[str, Target]:
-    multirank = ["tests/c/multirank.c", "tests/c/multirank_alltoall.c", *sources("core")]
+    multirank = ["tests/c/multirank.c", "tests/c/multirank_alltoall.c", "tests/c/multirank_agree.c",
+                 *sources("core")]
     return {
         "sim": Target(sources("sim"), [f"-I{ROOT / inc}" for inc in SIM_INCLUDES]),
         "fuzz_main": Target(sources("fuzz") + sources("firmware"), ASAN),

@@ -306,20 +306,22 @@ class Context:
         """Fault-tolerant agreement among team's live members (OFFLOAD_OP_AGREE): every one
         gets the same (failed ranks: the union of what each knew, and who was gone; value:
         the largest proposed; a member whose fp differed, or -1)."""
-        if self.size > lib.OFFLOAD_AGREE_MAX_WORLD:
-            raise Unsupported(
-                f"{what} agrees over the job first, and agreement runs in jobs of at most "
-                f"{lib.OFFLOAD_AGREE_MAX_WORLD} ranks (this one has {self.size}): use "
-                "ctx.world, or a job of fewer ranks")
-        args = ffi.new("struct offload_agree_args *")
-        args.failed, args.value, args.fp = failed, value, fp
+        words = lib.offload_rank_words(self.size)
+        # The 32-byte header, then the failed bitmap (offload_agree_args): 8-aligned.
+        block = ffi.new("uint64_t[]", lib.offload_agree_args_bytes(self.size) // 8)
+        args = ffi.cast("struct offload_agree_args *", block)
+        args.nranks, args.words, args.value, args.fp = self.size, words, value, fp
+        bits = lib.offload_agree_failed(args)
+        for i in range(words):
+            bits[i] = failed >> (64 * i) & 0xFFFF_FFFF_FFFF_FFFF
         op = ffi.new("struct host_op *")
         op.opcode = lib.OFFLOAD_OP_AGREE
         op.team = team.id
         op.aux_addr = int(ffi.cast("uintptr_t", args))
-        op.aux_len = ffi.sizeof(args[0])
-        self._post(op, what, (args,)).wait()
-        return int(args.failed), int(args.value), int(args.differs) - 1
+        op.aux_len = ffi.sizeof(block)
+        self._post(op, what, (block,)).wait()
+        agreed = sum(int(bits[i]) << (64 * i) for i in range(words) if bits[i])
+        return agreed, int(args.value), int(args.differs) - 1
 
     def _new_team_id(self, team_id: int) -> int:
         if team_id >= MAX_TEAMS:

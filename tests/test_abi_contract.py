@@ -81,6 +81,11 @@ def test_ctrl_layout_helpers():
         starts = [0, lib.offload_ctrl_done_in(n, 0, 0), lib.offload_ctrl_count_in(n, 0, 0),
                   lib.offload_ctrl_sig_in(n, 0, 0), lib.offload_ctrl_agree_prop_in(n, 0),
                   lib.offload_ctrl_credit_in(n, 0, 0)]
+        chunks = lib.offload_agree_chunks(n)  # agreement sets past 64 members (ABI 14)
+        assert chunks == (0 if n <= 64 else -(-(n - 64) // lib.OFFLOAD_AGREE_CHUNK_RANKS))
+        if chunks:
+            starts.append(lib.offload_ctrl_agree_chunk_in(n, 0, 0, 0))
+            ends.append(lib.offload_ctrl_agree_chunk_in(n, 1, n - 1, chunks - 1) + 32)
         assert all(e <= s for e, s in zip(ends, starts[1:])), (w, n, ends, starts)
         assert ends[-1] <= lib.offload_ctrl_team_bytes(n)
         assert lib.offload_ctrl_team_off(w, 15) + stride == lib.offload_ctrl_eager_off(w, 0, 0, 0)

@@ -487,17 +487,3 @@ ctx.close()
 @pytest.mark.timeout(60)
 def test_wait_timeout_when_peer_never_posts(tmp_path):
     run_ranks(2, WAIT_TIMEOUT, timeout=45, env={"FLAG_DIR": str(tmp_path)})
-
-
-def test_agreement_past_64_ranks_is_unsupported_before_posting(ctx, monkeypatch):
-    """create_team and shrink agree over the job first, and agreement's rank sets are 64-bit
-    masks (OFFLOAD_AGREE_MAX_WORLD): in a larger job they raise Unsupported naming the limit,
-    with nothing posted (a one-rank context made to look like 65 ranks)."""
-    tag_before = probe_tag(ctx)
-    monkeypatch.setattr(ctx, "size", 65)
-    with pytest.raises(ol.Unsupported, match="at most 64 ranks"):
-        ctx.create_team([0])
-    with pytest.raises(ol.Unsupported, match="at most 64 ranks"):
-        ctx.shrink()
-    monkeypatch.undo()
-    _assert_nothing_posted(ctx, tag_before)

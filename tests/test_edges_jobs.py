@@ -238,12 +238,14 @@ sub = ctx.create_team([1, 2, 3, 4])
 
 def _agree_op(team):
     from offload_lib._native import ffi, lib
-    global _args
-    _args = ffi.new("struct offload_agree_args *")
-    _args.failed = 1 << 4
+    global _block
+    _block = ffi.new("uint64_t[]", lib.offload_agree_args_bytes(size) // 8)
+    args = ffi.cast("struct offload_agree_args *", _block)
+    args.nranks, args.words = size, lib.offload_rank_words(size)
+    lib.offload_agree_failed(args)[0] = 1 << 4
     op = ffi.new("struct host_op *")
     op.opcode, op.team = lib.OFFLOAD_OP_AGREE, team.id
-    op.aux_addr, op.aux_len = int(ffi.cast("uintptr_t", _args)), ffi.sizeof(_args[0])
+    op.aux_addr, op.aux_len = int(ffi.cast("uintptr_t", _block)), ffi.sizeof(_block)
     return op
 
 

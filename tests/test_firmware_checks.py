@@ -297,6 +297,54 @@ def test_malformed_agreement_is_invalid(fw, over):
     assert run_op(h, make_op(opcode=OP_BARRIER, team=0)).status == OK
 
 
+def _agree_args(nranks: int, words: int, failed: int, extra_words: int = 0) -> np.ndarray:
+    """offload_agree_args: the 32-byte header, then `words + extra_words` bitmap words."""
+    block = np.zeros(4 + words + extra_words, np.uint64)
+    block[:4].view(np.uint32)[:2] = [nranks, words]
+    block[1], block[2] = 7, 3  # value, fp (differs 0)
+    for i in range(words + extra_words):
+        block[4 + i] = failed >> (64 * i) & (2**64 - 1)
+    return block
+
+
+@pytest.mark.timeout(30)
+def test_malformed_agreement_args_are_refused_with_nothing_written(fw):
+    """ABI 14: the agreement's arguments are a header naming the world size and the
+    bitmap's words, then the bitmap. Another world size, a bitmap of another length, one
+    cut off by its registration, misaligned: an error completion, the arguments untouched.
+    The control (same block, well-formed) completes and writes the agreed set: members only
+    (a one-rank world: rank 0), the value, no differing member."""
+    _, h, _ = fw
+    w = lib.offload_rank_words(1)
+    bad = {
+        "another world size": _agree_args(2, w, 0b10),
+        "more words than the world's": _agree_args(1, w + 1, 0b10),
+        "no words": _agree_args(1, 0, 0b10, extra_words=1),
+    }
+    for what, block in bad.items():
+        before = block.copy()
+        comp = run_op(h, make_op(opcode=8, team=0, aux_addr=addr(block), aux_len=block.nbytes))
+        assert comp.status == ERR_INVALID, f"{what}: status {comp.status}"
+        assert np.array_equal(block, before), f"{what}: the firmware wrote the arguments"
+    good = _agree_args(1, w, 0b10 | 1 << 63)
+    before = good.copy()
+    comp = run_op(h, make_op(opcode=8, team=0, aux_addr=addr(good), aux_len=good.nbytes - 8))
+    assert comp.status == ERR_INVALID, f"bitmap past its registration: {comp.status}"
+    assert np.array_equal(good, before)
+    raw = np.zeros(good.nbytes + 8, np.uint8)
+    misaligned = raw[4:4 + good.nbytes]
+    misaligned[:] = good.view(np.uint8)
+    comp = run_op(h, make_op(opcode=8, team=0, aux_addr=addr(misaligned),
+                             aux_len=misaligned.nbytes))
+    assert comp.status == ERR_INVALID, f"misaligned arguments: {comp.status}"
+    assert np.array_equal(misaligned, good.view(np.uint8))
+    comp = run_op(h, make_op(opcode=8, team=0, aux_addr=addr(good), aux_len=good.nbytes))
+    assert comp.status == OK, f"control: {comp.status}"
+    assert int(good[4]) == 0, "the agreed set holds ranks that are no member"
+    assert int(good[1]) == 7 and int(good[2]) >> 32 == 0, "value or differs"
+    assert run_op(h, make_op(opcode=OP_BARRIER, team=0)).status == OK
+
+
 def _team_desc(team_id: int, size: int, my_rank: int, world_ranks: list[int]) -> np.ndarray:
     """A descriptor of exactly offload_team_desc_bytes(size) bytes (peers past the list
     zero), or of the list's length if that is longer."""

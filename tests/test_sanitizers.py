@@ -163,8 +163,10 @@ def test_multirank_asan_ubsan(multirank_asan: Path, n: int, extra: list[str]) ->
 def test_multirank_beyond_64_ranks(multirank_asan: Path) -> None:
     """A job of 65 ranks (past every 64-bit rank mask the ABI had before version 13): the
     barrier, all-to-all (eager-sized blocks take the ready path in a team this large), the
-    same on a team in reverse order, all-to-all-v in each mode and a multicast all-gather
-    and broadcast with loss, every element checked, under ASan + UBSan."""
+    same on a team in reverse order, all-to-all-v in each mode, a multicast all-gather
+    and broadcast with loss, and an agreement over the world whose failed set holds rank 64
+    (ABI 14), then the survivors' team, an all-to-all on it and an agreement among them,
+    every element checked, under ASan + UBSan."""
     n = 65
     result = _run([str(multirank_asan), "-n", str(n), "-threads", "1", "-scale",
                    "-timeout", "90"], timeout=110, env={"ASAN_OPTIONS": "detect_leaks=1"})

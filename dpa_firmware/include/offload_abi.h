@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#define OFFLOAD_ABI_VERSION 13u
+#define OFFLOAD_ABI_VERSION 14u
 
 /* ABI 13: ranks in one job, a validation cap only (nothing is sized by it: docs/scale.md) */
 #define OFFLOAD_RANKS_LIMIT 65536u
@@ -68,9 +68,8 @@ enum offload_opcode {
 	OFFLOAD_OP_CANCEL = 5,      /* count: tag of the op to abort (it completes CANCELED) */
 	OFFLOAD_OP_BROADCAST = 6,   /* count: bytes; root; src (root) = dst = the buffer */
 	OFFLOAD_OP_ALLGATHER = 7,   /* count: bytes per rank (src); dst: count * team size */
-	/* ABI 9: fault-tolerant agreement among the team's live members, also on a team that
-	 * lost some (ULFM's agree, the step under shrink); aux_addr: struct offload_agree_args.
-	 * The completion's result0/result1/detail repeat the agreed failed/value/differs. */
+	/* ABI 9: fault-tolerant agreement of the team's live members (ULFM's agree, shrink's step);
+	 * aux_addr: struct offload_agree_args; result0/result1/detail: its failed[0]/value/differs. */
 	OFFLOAD_OP_AGREE = 8,
 	/* Reductions (reduce_scatter.c, allreduce.c): root carries OFFLOAD_REDOP(op, dtype);
 	 * count: bytes of src (the whole input); aux_addr: the op's scratch, count bytes
@@ -226,11 +225,9 @@ struct offload_team_desc {
 
 static inline uint64_t offload_team_desc_bytes(uint32_t size) { return 16ull + 16ull * size; }
 
-/*
- * The receiver's "ready" for one op: where the sender may write, published by the
+/* The receiver's "ready" for one op: where the sender may write, published by the
  * receiver into the sender's control region before any byte moves. seq is written last
- * (after addr/key/len) and is the op's team sequence number.
- */
+ * (after addr/key/len) and is the op's team sequence number. */
 struct offload_ready {
 	uint64_t addr;
 	uint64_t len;
@@ -249,13 +246,11 @@ struct offload_ready {
  * this flag landed may already be the host's next data. */
 #define OFFLOAD_READY_WITHDRAWN (1u << 4)
 
-/*
- * ABI 9: the signature of one op as one rank runs it, published at intake into every
+/* ABI 9: the signature of one op as one rank runs it, published at intake into every
  * member's control region (before anything else of the op, on the same queue). No member
  * moves data for an op before every other member's signature arrived and agreed, so ranks
  * that post different collectives at the same point all fail at once, and nothing moves.
- * seq is written last, as in a ready.
- */
+ * seq is written last, as in a ready. */
 #define OFFLOAD_SIG_MODE_SHIFT 8u  /* offload_sig.op: the mode above the opcode */
 struct offload_sig {
 	uint32_t op;          /* opcode | (mode: OFFLOAD_CMD_F_SLOTS, _PLACE; SIG_EAGER) << 8 */
@@ -271,30 +266,33 @@ struct offload_sig {
  * rank's eager_max): ranks that differ in it disagree on the protocol, not just the size. */
 #define OFFLOAD_SIG_EAGER (1u << 7)
 
-/* ABI 9: an agreement's arguments (host memory named by aux_addr, read at intake,
- * written before the completion). Every live member decides the same out values.
- * failed is a bitmap of world ranks: agreement runs in jobs of at most
- * OFFLOAD_AGREE_MAX_WORLD ranks (OFFLOAD_ERR_UNSUPPORTED in larger ones). */
-#define OFFLOAD_AGREE_MAX_WORLD 64u
+/* ABI 14: an agreement's arguments (8-aligned; read at intake, written before the completion),
+ * then uint64_t failed[words] (offload_agree_failed): in, world ranks gone; out, the agreed set. */
 struct offload_agree_args {
-	uint64_t failed;      /* in: world ranks this rank knows gone; out: the agreed set */
+	uint32_t nranks, words;  /* the world size, offload_rank_words(nranks): nothing else goes */
 	uint64_t value;       /* in: a proposal; out: the largest among the merged ones */
 	uint32_t fp;          /* in: what every member must pass alike (a member list's hash) */
 	uint32_t differs;     /* out: 1 + the world rank of a member whose fp differed, or 0 */
 	uint64_t resv;
 };
+static inline uint64_t offload_agree_args_bytes(uint32_t world)
+{ return sizeof(struct offload_agree_args) + 8ull * offload_rank_words(world); }
+static inline uint64_t *offload_agree_failed(struct offload_agree_args *a)
+{ return (uint64_t *)(a + 1); }
 
-/* An agreement's word in a member's control region: a proposal, or a coordinator's
- * decision. epoch (the team's agreement count) is written last. */
+/* An agreement's word in a member's control region: a proposal or a coordinator's decision, its
+ * set by team rank (64+ in chunks). epoch, written last there and in each chunk, is read in all. */
 struct offload_agree_word {
 	uint64_t failed;
 	uint64_t value;
 	uint32_t fp;
-	/* A proposal: the writer's team sequence (its next collective), so that a member
-	 * running a collective instead knows it is not in step; a decision: differs. */
-	uint32_t extra;
+	uint32_t extra;  /* proposal: the writer's next op seq (out of step?); decision: differs */
 	uint64_t epoch;
 };
+#define OFFLOAD_AGREE_CHUNK_RANKS 192u  /* chunk k: members 64 + 192 k + i in bits */
+struct offload_agree_chunk { uint64_t bits[3]; uint64_t epoch; };
+static inline uint32_t offload_agree_chunks(uint32_t n)
+{ return n > 64u ? (n - 64u + OFFLOAD_AGREE_CHUNK_RANKS - 1u) / OFFLOAD_AGREE_CHUNK_RANKS : 0u; }
 
 /* What a sender will send (all-to-all-v), published into the receiver's control region
  * before the receiver lays out its destination. seq is written last. */
@@ -360,31 +358,31 @@ struct offload_eager_slot {
 	uint8_t data[OFFLOAD_EAGER_BYTES];
 };
 
-/*
- * ABI 13: one rank's control region, written remotely by peers. OFFLOAD_MAX_TEAMS team
- * blocks of offload_ctrl_stride(W) bytes (W: the job's world size), then the eager
- * slots. Peers compute addresses in it from the team's size and id alone, so every
- * member agrees on them without an exchange; a team of n members touches only the first
- * offload_ctrl_team_bytes(n) bytes of its block (sparse memory: the rest costs nothing).
- * Inside a team block, arrays of n entries per slot, indexed [slot * n + src]:
+/* ABI 13: one rank's control region, written by peers: OFFLOAD_MAX_TEAMS team blocks of
+ * offload_ctrl_stride(W) bytes (W: the world size), then the eager slots. Peers compute
+ * addresses from the team's size and id alone (no exchange); a team of n members touches
+ * the first offload_ctrl_team_bytes(n) bytes of its block (sparse: the rest costs nothing).
+ * A team block, arrays of n entries per slot, [slot * n + src]:
  *   ready[OP_WINDOW * n]    the receiver's ready for that slot's op, from src
- *   done[OP_WINDOW * n]     signal counter: low 32 bits count completed signals from src
- *                           on that slot, high 32 bits those that carried an error
+ *   done[OP_WINDOW * n]     signals from src on that slot: low 32 bits, erroneous: high 32
  *   counts[OP_WINDOW * n]   what src will send (all-to-all-v)
  *   sig[SIG_WINDOW * n]     src's op signature, seq % SIG_WINDOW
  *   agree_prop[n], agree_dec[n]  agreement words by the writer's team rank (agree_ft.c)
- *   eager_credit[EAGER_SLOTS * n] the word of ours that dst last consumed from that
- *                           eager slot ([slot * n + dst])
- * Every offset comes from the helpers below (firmware, every binding, Python).
- */
+ *   eager_credit[EAGER_SLOTS * n] our word dst last consumed from that slot [slot * n + dst]
+ *   agree_chunk[2][n][offload_agree_chunks(n)]  ABI 14: the words' chunks [prop, dec][writer]
+ * Every offset comes from the helpers below (firmware, every binding, Python). */
 #define OFFLOAD_CTRL_ENTRY_BYTES \
 	(OFFLOAD_OP_WINDOW * (32u + 8u + 16u) + OFFLOAD_SIG_WINDOW * 32u + 2u * 32u + \
 	 OFFLOAD_EAGER_SLOTS * 8u)  /* per member of a team block: 1040 */
 /* Eager all-to-all runs on teams of at most this many members (larger ones take the
  * ready path): the slots are OFFLOAD_EAGER_MAX_TEAM sources wide, whatever W. */
 #define OFFLOAD_EAGER_MAX_TEAM 64u
+static inline uint64_t offload_ctrl_agree_chunk_in(uint32_t n, uint32_t dec, uint32_t src,
+						   uint32_t k)
+{ return OFFLOAD_CTRL_ENTRY_BYTES * (uint64_t)n +
+	 (((uint64_t)dec * n + src) * offload_agree_chunks(n) + k) * 32u; }
 static inline uint64_t offload_ctrl_team_bytes(uint32_t n)
-{ return ((uint64_t)OFFLOAD_CTRL_ENTRY_BYTES * n + 63u) & ~63ull; }
+{ return (offload_ctrl_agree_chunk_in(n, 2u, 0u, 0u) + 63u) & ~63ull; }
 static inline uint64_t offload_ctrl_stride(uint32_t world)
 { return (offload_ctrl_team_bytes(world) + 4095u) & ~4095ull; }
 static inline uint64_t offload_ctrl_team_off(uint32_t world, uint32_t team)
@@ -471,6 +469,8 @@ _Static_assert(sizeof(struct offload_count) == 16, "count descriptor");
 _Static_assert(sizeof(struct offload_sig) == 32, "op signature");
 _Static_assert(offsetof(struct offload_sig, seq) == 24, "signature seq last");
 _Static_assert(sizeof(struct offload_agree_args) == 32, "agreement arguments");
+_Static_assert(sizeof(struct offload_agree_chunk) == 32, "agreement chunk");
+_Static_assert(offsetof(struct offload_agree_chunk, epoch) == 24, "agreement chunk epoch last");
 _Static_assert(sizeof(struct offload_agree_word) == 32, "agreement word");
 _Static_assert(offsetof(struct offload_agree_word, epoch) == 24, "agreement epoch last");
 _Static_assert(OFFLOAD_CTRL_ENTRY_BYTES == sizeof(struct offload_ready) * OFFLOAD_OP_WINDOW +

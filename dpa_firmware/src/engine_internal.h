@@ -59,9 +59,6 @@ struct dpa_team {
 	uint32_t size;
 	uint32_t my_rank;
 	uint32_t next_seq;     /* sequence of the next op; starts at 1 */
-	/* Members by world rank, in a job of at most OFFLOAD_AGREE_MAX_WORLD ranks (only
-	 * agreement reads it; 0 in larger jobs). */
-	uint64_t world_mask64;
 	uint32_t fp;           /* offload_sig.team_fp of this team as we built it */
 	uint32_t resv;
 	/* (eng->failed_gen << 32) | (lowest dead member's world rank + 1, 0: none), as
@@ -306,10 +303,13 @@ struct dpa_agree {
 	uint32_t decided;      /* est holds a decision: taken from a coordinator, or ours */
 	uint32_t resv;
 	uint64_t epoch;        /* agreements of this team so far, the current one included */
-	uint64_t sent;         /* team ranks our proposal was posted to */
-	uint64_t told;         /* team ranks our decision was posted to (our round) */
+	/* Our proposal, then (our round) our decision, went out to team ranks below p and
+	 * to p its chunks below k (k == offload_agree_chunks(n): the word itself). */
+	struct { uint32_t p, k; } sent, told;
 	uint64_t deadline_ns;
 	uint64_t oos_since;    /* see dpa_out_of_step() */
+	/* The words without their sets' members 64 and up: those live in our own slots of
+	 * the team block (writer = our team rank), which no peer writes. */
 	struct offload_agree_word mine;
 	struct offload_agree_word est;
 	struct offload_cmd cmd;
@@ -485,7 +485,10 @@ static inline uint64_t dpa_wr_opseq(uint64_t wr_id) { return wr_id & ~0xffffffff
  * so a failed rail is given up for that peer only. */
 #define DPA_WR_REFETCH 6u
 #define DPA_WR_SIG     7u  /* the op's signature (a control word: item is the team peer) */
-#define DPA_WR_AGREE   8u  /* an agreement word: op index DPA_AGREE_OPI + team, seq the epoch */
+/* An agreement word or chunk: op index DPA_AGREE_OPI + team, item the team peer with the
+ * kind (decision) at bit 16, seq 0 for the word, 1 + k for chunk k: every one in the log
+ * has its own wr_id (the log resends by wr_id). */
+#define DPA_WR_AGREE   8u
 #define DPA_AGREE_OPI  (OFFLOAD_MAX_TEAMS * OFFLOAD_OP_WINDOW)
 /* Item's data written into this rank's own memory (an eager block copied out of its
  * slot): counted like DATA, a failed rail is ours. */

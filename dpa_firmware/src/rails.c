@@ -241,6 +241,19 @@ int dpa_ctrl_word_pending(struct dpa_engine *eng, uint64_t wr_id)
 	return 0;
 }
 
+int dpa_ctrl_opi_pending(struct dpa_engine *eng, uint32_t opi)
+{
+	for (uint32_t t = 0; t < eng->params.num_threads; t++)
+		for (uint32_t i = 0; i < DPA_CTRL_LOG; i++) {
+			const struct dpa_ctrl_msg *m = &eng->ctrl_log[t][i];
+
+			if (__atomic_load_n(&m->pending, __ATOMIC_ACQUIRE) &&
+			    dpa_wr_op(__atomic_load_n(&m->wr_id, __ATOMIC_RELAXED)) == opi)
+				return 1;
+		}
+	return 0;
+}
+
 /* Does any thread still owe a control word of this op (not yet acknowledged by the NIC, or
  * waiting to be sent again on another rail)? The op may not complete before: its peers
  * would wait forever for a word whose sender already closed its context. */

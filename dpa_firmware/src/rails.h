@@ -25,6 +25,8 @@ struct dpa_wr_failure {
 int dpa_ctrl_resend(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa_wr_failure *lost,
 		    uint32_t *nlost);
 int dpa_ctrl_pending(struct dpa_engine *eng, const struct dpa_op *op);
+/* Is any control word of op index opi (whatever its seq) still owed by any thread? */
+int dpa_ctrl_opi_pending(struct dpa_engine *eng, uint32_t opi);
 /* Is the control word with this wr_id still owed by any thread? */
 int dpa_ctrl_word_pending(struct dpa_engine *eng, uint64_t wr_id);
 

@@ -167,8 +167,6 @@ int32_t dpa_team_create(struct dpa_engine *eng, struct dpa_hal *hal, const struc
 			*team = (struct dpa_team){ 0 };
 			return OFFLOAD_ERR_INVALID;
 		}
-		if (eng->params.world_size <= OFFLOAD_AGREE_MAX_WORLD)
-			team->world_mask64 |= 1ull << team->peers[i].world_rank;
 	}
 	team->fp = dpa_team_fp(tid, n, team->peers);
 	team->active = 1;

@@ -116,6 +116,25 @@ static struct offload_cmd *b_a2av(struct builder *b, uint16_t team, uint32_t me,
 	return c;
 }
 
+/* An agreement on team 0 whose args (header nranks/words, then a one-word bitmap) live
+ * at aux offset `off`. */
+static struct offload_cmd *b_agree(struct builder *b, uint32_t off, uint32_t nranks,
+				   uint32_t words, uint64_t failed)
+{
+	uint64_t raw[4 + 2] = { 0 };
+	struct offload_agree_args *args = (struct offload_agree_args *)(void *)raw;
+	struct offload_cmd *c = b_cmd(b, OFFLOAD_OP_AGREE, 0);
+
+	args->nranks = nranks;
+	args->words = words;
+	args->value = 7;
+	args->fp = 3;
+	offload_agree_failed(args)[0] = failed;
+	b_aux(b, off, args, sizeof(raw));
+	c->aux_addr = FZ_AUX_BASE + off;
+	return c;
+}
+
 static struct offload_alltoallv_args *b_args(struct builder *b, uint32_t off)
 {
 	return (struct offload_alltoallv_args *)(void *)(b->aux + off);
@@ -319,6 +338,20 @@ static void seeds_bad(void)
 	b_cmd(&b, OFFLOAD_OP_TEAM_CREATE, 0);
 	b_cmd(&b, OFFLOAD_OP_BARRIER, 0);
 	add_seed(&b, "malformed");
+
+	/* Agreement (ABI 14): one well-formed, then its arguments forged: another world
+	 * size, a bitmap of another length, cut off by the window's end, misaligned. */
+	b_init(&b, 1, 0, 1);
+	b_agree(&b, AUX_ARGS, 1, 1, 1);
+	b_agree(&b, AUX_ARGS + 64, 2, 1, 0);
+	b_agree(&b, AUX_ARGS + 128, 1, 2, 0);
+	b_agree(&b, AUX_ARGS + 192, 1, 0, 0);
+	b_agree(&b, AUX_ARGS2, 1, 1, 0)->aux_addr = FZ_AUX_BASE + FZ_AUX_LEN - 32;
+	b_aux(&b, FZ_AUX_LEN - 32, b.aux + AUX_ARGS2, 32);  /* a good header, no bitmap */
+	b_agree(&b, AUX_ARGS + 256, 1, 1, 0)->aux_addr += 4;
+	b_agree(&b, AUX_ARGS + 320, 1, 1, 0)->count = 1;
+	b_cmd(&b, OFFLOAD_OP_BARRIER, 0);
+	add_seed(&b, "malformed agreement");
 }
 
 /* Several ranks: the pokes play the peers, so that some ops complete. */
@@ -480,6 +513,21 @@ static void seeds_multi(void)
 	b_cmd(&b, 5, 0)->count = FZ_TAG(40);
 	b_cmd(&b, OFFLOAD_OP_BARRIER, 0);
 	add_seed(&b, "cancel");
+
+	/* An agreement of 2 ranks, we are 0 (its first coordinator): the peer's proposal
+	 * (epoch 1, failed: us) and then its decision land in our control region. */
+	n = 2;
+	me = 0;
+	b_init(&b, n, me, 1);
+	b_agree(&b, AUX_ARGS, n, 1, 2);
+	b_poke(&b, (struct fz_poke){ .kind = FZ_POKE_CTRL, .a = 1, .at_pass = 3,
+		.c = (uint32_t)(offload_ctrl_team_off(n, 0) + offload_ctrl_agree_prop_in(n, 1) +
+				offsetof(struct offload_agree_word, epoch)) });
+	b_poke(&b, (struct fz_poke){ .kind = FZ_POKE_CTRL, .a = 1, .at_pass = 8,
+		.c = (uint32_t)(offload_ctrl_team_off(n, 0) + offload_ctrl_agree_dec_in(n, 1) +
+				offsetof(struct offload_agree_word, epoch)) });
+	b_cmd(&b, OFFLOAD_OP_BARRIER, 0);
+	add_seed(&b, "agreement");
 }
 
 uint32_t fz_build_seeds(struct fz_bytes *out, const char **names, uint32_t max)

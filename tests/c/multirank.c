@@ -8,7 +8,7 @@
  * overlap, two host threads posting on two teams at once, and multicast broadcast and
  * all-gather (private and shared buffers, 2% of chunks lost), checking every element
  * received and the guard past every destination (the point-to-point checks are in
- * multirank_alltoall.c). Built with sanitizers by tests/test_sanitizers.py; runs alone too:
+ * multirank_alltoall.c; -scale's agreement and shrink in multirank_agree.c). Built with sanitizers by tests/test_sanitizers.py; runs alone too:
  *
  *   python3 build_defs.py build multirank_asan multirank
  *   ./multirank -n 4 [-threads 2] [-rails 1] [-rail0_down_after BYTES] [-timeout 60] [-big 262144]
@@ -326,6 +326,7 @@ static int rank_main(uint32_t me, uint32_t n, const char *job, uint32_t threads,
 			a2a_finish(&r, &a);
 		test_alltoallv_scale(&r);
 		test_multicast(&r);
+		test_agreement_scale(&r);
 		test_barrier(&r, BARRIER_ROUNDS);
 	} else {
 		struct a2a a;

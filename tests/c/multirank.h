@@ -68,5 +68,7 @@ void test_alltoallv(struct rank *r);
 void test_alltoallv_scale(struct rank *r);
 void test_overlap(struct rank *r);
 void test_threads(struct rank *r, const uint32_t *world);
+/* multirank_agree.c */
+void test_agreement_scale(struct rank *r);
 
 #endif /* MULTIRANK_H */
