@@ -259,6 +259,7 @@ struct emu_device {
 	uint32_t next_serial;
 	pthread_mutex_t map_lock;
 	struct emu_map maps[EMU_MAX_MAPS];
+	uint32_t map_hand;            /* next map to look at for eviction (map_lock) */
 	uint32_t joined;              /* this rank is published in the job segment */
 	uint64_t advised[EMU_ADVISED][2];
 	uint32_t advised_next;

@@ -422,6 +422,23 @@ static void sweep_maps(struct emu_device *dev)
 	}
 }
 
+/* Every map holds a live segment (a job past EMU_MAX_MAPS peers, or more of their
+ * ctx.empty() buffers in use): unmap one that no copy uses, to be mapped again when next
+ * needed; the hand moves on so that evictions spread. Called with map_lock. */
+static struct emu_map *evict_map(struct emu_device *dev)
+{
+	for (uint32_t k = 0; k < EMU_MAX_MAPS; k++) {
+		struct emu_map *m = &dev->maps[dev->map_hand++ % EMU_MAX_MAPS];
+
+		if (m->ptr && !off_load_acquire(&m->users)) {  /* stays 0: see sweep_maps */
+			munmap(m->ptr, m->len);
+			*m = (struct emu_map){ 0 };
+			return m;
+		}
+	}
+	return NULL;
+}
+
 static struct emu_map *map_shared(struct emu_device *dev, uint32_t rank, uint32_t serial,
 				  uint64_t nonce, uint32_t key, uint64_t len)
 {
@@ -443,6 +460,8 @@ static struct emu_map *map_shared(struct emu_device *dev, uint32_t rank, uint32_
 				slot = m;
 		}
 	}
+	if (!found && !slot)
+		slot = evict_map(dev);
 	if (!found && slot) {
 		emu_shared_name(dev, rank, serial, nonce, name, sizeof(name));
 		fd = emu_open_private(name, len);

@@ -54,3 +54,27 @@ ctx.close()
 @pytest.mark.timeout(120)
 def test_many_short_lived_shared_destinations():
     run_ranks(2, FRESH_DESTINATIONS, timeout=90)
+
+
+# More peers' segments alive at once than a rank keeps mapped (EMU_MAX_MAPS, 256), as in a
+# job past 256 ranks writing into ctx.empty() destinations: idle mappings are dropped and
+# mapped again when needed. Blocks past eager_max, so that the peers' NICs write into the
+# segments (RemoteAccessError once 256 peer segments were mapped, before the eviction).
+LIVE_DESTINATIONS = r'''
+ctx = ol.init()
+per = 2048
+src = np.arange(per * size, dtype=np.int64) + 1_000_000 * rank
+dsts = [ctx.empty(per * size, np.int64) for _ in range(150)]
+for i, d in enumerate(dsts):
+    ctx.world.alltoall(src, d).wait(timeout=20)
+want = np.concatenate([np.arange(per * rank, per * rank + per) + 1_000_000 * p
+                       for p in range(size)])
+for i, d in enumerate(dsts):  # written first, checked after the last: every mapping stayed right
+    check_equal(d, want, f"destination {i}")
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(120)
+def test_more_live_shared_destinations_than_a_rank_keeps_mapped():
+    run_ranks(3, LIVE_DESTINATIONS, timeout=90)
