@@ -1,10 +1,12 @@
-"""Reductions on the DPA (reduce_scatter.c, allreduce.c): the commands, their scratch, and
-a numpy reference of the fixed order the firmware reduces in (docs/reductions.md).
+"""Reductions on the DPA (reduce_scatter.c, allreduce.c, allreduce_eager.c): the commands,
+their scratch, and a numpy reference of the fixed order the firmware reduces in
+(docs/reductions.md).
 
 Every reduction names a scratch region (the command's aux): a slot per team rank of the
 op's block size, into which peers write their contributions and the DPA reduces; peers
 read the allreduce's result out of it. Scratch comes from a per-context pool of
-registered buffers, so a steady stream of reductions registers nothing.
+registered buffers, so a steady stream of reductions registers nothing. An allreduce
+within eager_max needs none: its vectors meet in the eager slots.
 """
 from __future__ import annotations
 
@@ -133,7 +135,11 @@ def post(team: Team, opcode: int, s: Buffer, d: Buffer, word: int, what: str) ->
     op.src_addr, op.src_len = s.addr, s.nbytes
     op.dst_addr, op.dst_len = d.addr, d.nbytes
     keep: tuple[Any, ...] = ()
-    if s.nbytes:
+    # A vector within eager_max is reduced in the eager slots (allreduce_eager.c, picked by
+    # the firmware by the same rule): no scratch to take.
+    eager = (opcode == lib.OFFLOAD_OP_ALLREDUCE and s.nbytes <= team._ctx.config.eager_max
+             and n <= lib.OFFLOAD_EAGER_MAX_TEAM)
+    if s.nbytes and not eager:
         arr, key, lease = posting.scratch().take(stride * n)
         op.aux_addr, op.aux_len, op.aux_key = arr.ctypes.data, stride * n, key
         keep = (lease,)

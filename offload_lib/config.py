@@ -311,10 +311,11 @@ TUNABLES: tuple[Tunable, ...] = (
             "as on a card: use it to measure what the host is spared)",
             _choice("cooperative", "threads")),
     Tunable("eager_max", int, 8 * KiB,
-            "all-to-all blocks up to this many bytes per peer go eagerly: straight into "
-            "the receiver's pre-registered slots, with no ready round trip, and the "
-            "receiver copies them out (0 turns it off; at most 8 KiB, the slot size; "
-            "every rank must use the same value)",
+            "all-to-all blocks up to this many bytes per peer, and allreduce vectors up "
+            "to this many bytes, go eagerly: straight into the receiver's pre-registered "
+            "slots, with no ready round trip, and the receiver copies them out (allreduce: "
+            "reduces them there) (0 turns it off; at most 8 KiB, the slot size; every rank "
+            "must use the same value)",
             _size_range(0, 8 * KiB)),
 )
 

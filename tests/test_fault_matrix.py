@@ -1,6 +1,7 @@
 """The fault matrix: {peer killed, rail down, 30% multicast loss, forged rkey, malformed
 command} x {all-to-all, all-to-all-v, broadcast, all-gather} (multicast loss only where
-there is multicast), and {peer killed, rail down} x {reduce-scatter, allreduce} (the
+there is multicast), and {peer killed, rail down} x {reduce-scatter, allreduce, small (eager)
+allreduce}, forged rkey and malformed command x small allreduce (the
 firmware's refusal of forged reductions is tests/test_firmware_checks.py's). Every cell must end in a correct result or the named exception within
 its bound, never a hang.
 
@@ -23,7 +24,7 @@ REPS = int(os.environ.get("FAULT_REPS", "50"))
 JOB_REPS = int(os.environ.get("FAULT_JOB_REPS", "2"))
 OPS = ["alltoall", "alltoallv", "broadcast", "allgather"]
 MCAST_OPS = ["broadcast", "allgather"]
-REDUCE_OPS = ["reduce_scatter", "allreduce"]
+REDUCE_OPS = ["reduce_scatter", "allreduce", "allreduce_eager"]
 
 COMMON = r'''
 OP = os.environ["FAULT_OP"]
@@ -47,13 +48,13 @@ def post(team, rep, src_of=None):
         want = np.concatenate([np.arange(per * me, per * (me + 1)) + 1_000_000 * p
                                for p in range(n)])
         return team.alltoall(src, dst), dst, want
-    if OP in ("reduce_scatter", "allreduce"):
+    if OP in ("reduce_scatter", "allreduce", "allreduce_eager"):
         # small integers: the sum is exact whatever the order
-        per = 1 + (SEED * 7919 + rep * 104729) % 40000
+        per = 1 + (SEED * 7919 + rep * 104729) % (40000 if OP != "allreduce_eager" else 1024 // n)
         x = (np.arange(per * n, dtype=np.int64) * 3 + 5 * me + rep) % 1000
         total = sum((np.arange(per * n, dtype=np.int64) * 3 + 5 * p + rep) % 1000
                     for p in range(n))
-        if OP == "allreduce":
+        if OP != "reduce_scatter":  # allreduce_eager: within eager_max (8 KiB)
             dst = np.full(per * n, SENT, np.int64)
             return team.allreduce(x, "sum", out=dst), dst, total
         dst = np.full(per, SENT, np.int64)
@@ -122,11 +123,11 @@ for rep in range(reps):
             if not (OP == "broadcast" and rank == rep % size):
                 assert (dst == SENT).all(), f"rep {rep} ({fault}): the victim's dst was written"
     else:
-        # multicast, and eager all-to-all (small blocks: a forged destination key never
+        # multicast, and eager all-to-all or allreduce (a forged destination key never
         # leaves the victim, whose blocks still go out): a rank whose data came from
         # elsewhere may complete, exact
         if rank != victim and (OP in ("broadcast", "allgather") or
-                               (OP == "alltoall" and fault == "forged")):
+                               (OP in ("alltoall", "allreduce_eager") and fault == "forged")):
             check_equal(dst[:len(want)], want, f"rep {rep}: {OP} beside a failing rank")
             req, dst, want = post(w, reps + rep)
             check(req, dst, want, f"clean op after rep {rep} ({fault}, victim {victim})")
@@ -142,7 +143,7 @@ ctx.close()
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("op", OPS)
+@pytest.mark.parametrize("op", OPS + ["allreduce_eager"])
 def test_forged_rkey_and_malformed_command_cells(op):
     out = run_ranks(4, IN_JOB, timeout=100, env={"FAULT_OP": op, "FAULT_SEED": str(SEED),
                                                  "FAULT_REPS": str(REPS)})
@@ -165,7 +166,7 @@ def _rail_env(op: str, rep: int) -> dict[str, str]:
     rng = np.random.default_rng([SEED, rep, 7])
     victim = int(rng.integers(4))
     # multicast ops put only control words and refetch reads on the rails: little traffic
-    after = int(rng.integers(0, 64 if op in MCAST_OPS else 4096))
+    after = int(rng.integers(0, 64 if op in MCAST_OPS else 16 if op == "allreduce_eager" else 4096))
     # rail 0 carries the traffic until it fails; rail 1 is where it moves
     return {"FAULT_OP": op, "FAULT_SEED": str(SEED + rep), "OFFLOAD_RAILS": "2",
             "OFFLOAD_RAIL_FAULTS": f"{victim}:0@{after}"}

@@ -155,12 +155,18 @@ ctx = ol.init()
 w = ctx.world
 src = np.arange(2 * 32, dtype=np.float64) + rank
 dst = np.zeros_like(src)
+if os.environ["CANCEL_OP"] == "allreduce":
+    def post():
+        return w.allreduce(src, out=dst)
+else:
+    def post():
+        return w.alltoall(src, dst)
 done = w.barrier()
 done.wait(timeout=30)
 assert done.cancel() is False          # nothing to cancel: it completed
 w.barrier().wait(timeout=30)
 if rank == 0:
-    req = w.alltoall(src, dst)
+    req = post()
     try:
         req.wait(timeout=0.2)
     except ol.Timeout:
@@ -193,7 +199,7 @@ else:
     # Posts late; rank 0 cancelled and its buffers are gone: op_timeout ends this one.
     time.sleep(0.5)
     try:
-        w.alltoall(src, dst).wait(timeout=20)
+        post().wait(timeout=20)
     except ol.OffloadError:
         pass
     else:
@@ -212,8 +218,10 @@ ctx.close()
 
 
 @pytest.mark.timeout(60)
-def test_cancel_a_request_that_cannot_complete(tmp_path):
-    run_ranks(2, CANCEL, timeout=45, env={"OFFLOAD_OP_TIMEOUT": "1", "FLAG_DIR": str(tmp_path)})
+@pytest.mark.parametrize("op", ["alltoall", "allreduce"])  # both eager (256 B and 512 B)
+def test_cancel_a_request_that_cannot_complete(tmp_path, op):
+    run_ranks(2, CANCEL, timeout=45, env={"OFFLOAD_OP_TIMEOUT": "1", "FLAG_DIR": str(tmp_path),
+                                          "CANCEL_OP": op})
 
 
 RING_FULL = r'''

@@ -530,17 +530,37 @@ def _redop(op: int, dt: int) -> int:
 _F32_SUM = _redop(lib.OFFLOAD_RED_SUM, lib.OFFLOAD_DT_F32)
 
 
+_FORGED_WORDS = [{"root": 0}, {"root": _redop(lib.OFFLOAD_RED_AVG, lib.OFFLOAD_DT_I32)},
+                 {"root": _redop(lib.OFFLOAD_RED_OPS + 3, lib.OFFLOAD_DT_F32)},
+                 {"root": _redop(lib.OFFLOAD_RED_SUM, lib.OFFLOAD_DT_MAX)},
+                 {"root": _F32_SUM | 1 << 16}, {"count": 6}, {"dst_len": 8}, {"flags": 1},
+                 {"src_addr": 0}, {"dst_addr": 0}]
+
+
+@pytest.fixture
+def fw_reduce(request, monkeypatch):
+    """fw, with small allreduces eager (allreduce_eager.c) or not (allreduce.c)."""
+    if request.param == "rendezvous":
+        monkeypatch.setenv("OFFLOAD_EAGER_MAX", "0")
+    c = ol.init()
+    regs = Regs(c._handle())
+    try:
+        yield c, c._handle(), regs
+    finally:
+        regs.release()
+        c.close()
+
+
 @pytest.mark.timeout(30)
-@pytest.mark.parametrize("over", [{"root": 0},
-                                  {"root": _redop(lib.OFFLOAD_RED_AVG, lib.OFFLOAD_DT_I32)},
-                                  {"root": _redop(lib.OFFLOAD_RED_OPS + 3, lib.OFFLOAD_DT_F32)},
-                                  {"root": _redop(lib.OFFLOAD_RED_SUM, lib.OFFLOAD_DT_MAX)},
-                                  {"root": _F32_SUM | 1 << 16}, {"count": 6},
-                                  {"dst_len": 8}, {"aux_addr": 0}, {"aux_len": 8, "aux_key": 0},
-                                  {"flags": 1}])
-def test_firmware_refuses_forged_reductions(fw, over):
-    """Bad op/dtype words, sizes, scratch or flags: an error completion, nothing written."""
-    _, h, regs = fw
+@pytest.mark.parametrize("fw_reduce,over",
+                         [("eager", o) for o in _FORGED_WORDS] +
+                         [("rendezvous", o) for o in _FORGED_WORDS +
+                          [{"aux_addr": 0}, {"aux_len": 8, "aux_key": 0}]],
+                         indirect=["fw_reduce"])
+def test_firmware_refuses_forged_reductions(fw_reduce, over):
+    """Bad op/dtype words, sizes, addresses, scratch or flags: an error completion, nothing
+    written, on either allreduce (the eager one reduces in its slots: no scratch to forge)."""
+    _, h, regs = fw_reduce
     src = np.arange(16, dtype=np.float32)
     dst = np.full(16, -1.0, np.float32)
     scratch = np.zeros(16, np.float32)

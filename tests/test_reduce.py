@@ -15,7 +15,8 @@ ctx = ol.init()
 t = ctx.world
 n, r = t.size, t.rank
 DT = (np.float32, np.float64, np.float16, np.int32, np.int64)
-for count in (0, 1, n - 1, n, 2 * n + 1, 4099, 65539, 1048583):
+# up to 1000 elements: within eager_max (8 KiB) for every dtype, the eager allreduce
+for count in (0, 1, n - 1, n, 2 * n + 1, 1000, 4099, 65539, 1048583):
     for dt in DT:
         for op in ("sum", "prod", "max", "min", "avg"):
             if (op == "avg" and np.dtype(dt).kind == "i") or (op == "prod" and count > 4099):
@@ -51,6 +52,43 @@ def test_reductions_match_the_reference_bitwise(n):
     assert all("checked" in o for o in out)
 
 
+EAGER_VS_RENDEZVOUS = r'''
+import hashlib
+ctx = ol.init()
+t = ctx.world
+n, r = t.size, t.rank
+digest = hashlib.sha256()
+signals = ctx.stats()["signals"]
+for count in (1, 7, 333, 1000, 2048):
+    for dt in (np.float32, np.float64, np.float16, np.int32, np.int64):
+        for op in ("sum", "prod", "max", "min", "avg"):
+            if (op == "avg" and np.dtype(dt).kind == "i") or np.dtype(dt).itemsize * count > 8192:
+                continue
+            rng = np.random.default_rng([count, r, len(op)])
+            x = (rng.standard_normal(count) * 100).astype(dt)
+            x[::17] = np.nan if np.dtype(dt).kind == "f" else x[::17]
+            out = np.zeros(count, dt)
+            t.allreduce(x, op, out=out).wait(60)
+            digest.update(out.tobytes())
+print("digest", digest.hexdigest(), "signals", ctx.stats()["signals"] - signals, flush=True)
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(120)
+def test_eager_and_rendezvous_allreduce_agree_bitwise():
+    """The same inputs (NaNs included) through the eager allreduce (within eager_max) and
+    the rendezvous one (OFFLOAD_EAGER_MAX=0): bit-identical results; the rendezvous one
+    orders its phases by done signals, the eager one sends none."""
+    eager = run_ranks(3, EAGER_VS_RENDEZVOUS, timeout=100)
+    rendezvous = run_ranks(3, EAGER_VS_RENDEZVOUS, timeout=100, env={"OFFLOAD_EAGER_MAX": "0"})
+    lines = [[ln.split() for ln in out.splitlines() if ln.startswith("digest")][0]
+             for out in eager + rendezvous]
+    assert len({ln[1] for ln in lines}) == 1, lines
+    assert all(int(ln[3]) == 0 for ln in lines[:3]), lines
+    assert all(int(ln[3]) > 0 for ln in lines[3:]), lines
+
+
 @pytest.mark.timeout(120)
 def test_refusals_and_repeatability():
     run_ranks(3, r'''
@@ -72,13 +110,23 @@ for call, words in ((lambda: t.allreduce(x.copy(), "avg"), "avg of int64"),
         assert words in str(e), (words, e)
     else:
         raise AssertionError(f"accepted: {words}")
-# Ranks that disagree on the op fail on every rank, and the team goes on.
-try:
-    t.allreduce(np.ones(8, np.float32), "sum" if r else "max").wait(30)
-except ol.OffloadError as e:
-    print("mismatch:", e)
-else:
-    raise AssertionError("ranks disagreeing on the op went unnoticed")
+# Ranks that disagree on the op, dtype or size fail on every rank with the named error,
+# and the team goes on: eager against eager (within eager_max), eager against rendezvous.
+for what, mine in (("op", lambda: t.allreduce(np.ones(8, np.float32), "sum" if r else "max")),
+                   ("dtype", lambda: t.allreduce(np.ones(8 if r else 4,
+                                                         np.float32 if r else np.float64))),
+                   ("size", lambda: t.allreduce(np.ones(8 + r, np.float32))),
+                   ("size", lambda: t.allreduce(np.ones(8 if r else 4096, np.float32))),
+                   ("op", lambda: t.allreduce(np.ones(4096, np.float32), "sum" if r else "min"))):
+    try:
+        mine().wait(30)
+    except ol.InvalidArgument as e:  # the op/dtype word is the command's root
+        assert ("names root" if what != "size" else "moves blocks of size") in str(e), (what, e)
+    else:
+        raise AssertionError(f"ranks disagreeing on the {what} went unnoticed")
+    y = np.full(5, r + 1.0)
+    t.allreduce(y).wait(30)
+    check_equal(y, np.full(5, n * (n + 1) / 2), f"allreduce after the {what} mismatch")
 # The same random allreduce ten times: identical bits each time.
 rng = np.random.default_rng(5 + r)
 a = rng.standard_normal(300007).astype(np.float32)

@@ -17,6 +17,11 @@ import torch
 import torch.distributed as dist
 import offload_lib.torch as olt
 
+# One intra-op thread per rank: the ranks share the job's cores with each other and with
+# the DPA emulator's threads, and idle OpenMP workers spinning for the CPU made a
+# 20-step training loop of a tiny model take ~25 s instead of ~10 (results do not change:
+# dpa and gloo run the same model code in each rank).
+torch.set_num_threads(1)
 dist.init_process_group("dpa", timeout=timedelta(seconds=60))
 gloo = dist.new_group(backend="gloo")
 assert dist.get_backend() == "dpa"

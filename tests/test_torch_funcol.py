@@ -138,7 +138,7 @@ world = dist.group.WORLD
 ops = {"sum": R.SUM, "avg": R.AVG, "product": R.PRODUCT, "max": R.MAX, "min": R.MIN}
 torch.manual_seed(3 + rank)
 for dtype in (torch.float32, torch.bfloat16, torch.float16, torch.float64, torch.int32, torch.int64):
-    for count in (1, size * 3, 4099, 262147):
+    for count in (1, size * 3, 1000 // size, 4099, 262147):  # up to ~1000: eager allreduce
         base = torch.randn(count * size) * 4
         x = base.to(dtype) if dtype.is_floating_point else (base * 1000).to(dtype)
         for name, op in ops.items():

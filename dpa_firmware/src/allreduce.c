@@ -74,7 +74,19 @@ static int ar_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, st
 	return work + 1;
 }
 
+/* Vectors within the rank's eager_max go eagerly (allreduce_eager.c) in teams of at most
+ * OFFLOAD_EAGER_MAX_TEAM members, as the all-to-all's blocks do: every rank has the same
+ * count and team and is told the same eager_max (the op signature checks it). */
+static const struct dpa_algo *ar_select(const struct dpa_engine_params *p,
+					const struct offload_cmd *cmd, uint32_t team_size)
+{
+	if (p->eager_max && cmd->count <= p->eager_max && team_size <= OFFLOAD_EAGER_MAX_TEAM)
+		return &dpa_algo_allreduce_eager;
+	return &dpa_algo_allreduce;
+}
+
 const struct dpa_algo dpa_algo_allreduce = {
+	.select = ar_select,
 	.start = ar_start,
 	.progress = ar_progress,
 };

@@ -26,23 +26,9 @@
  * write of an item goes to that peer (the copy out goes to ourselves: DPA_WR_DATA_SELF).
  * An item has one data write in flight at a time, and `round` says which.
  */
-#include "engine_internal.h"
+#include "eager.h"
 #include "p2p.h"
 #include "signature.h"
-
-#define DPA_EAGER_CREDIT_POLL_NS 20000u  /* credits wake nobody: look again this often */
-
-enum eager_write {
-	EAGER_W_NONE = 0,
-	EAGER_W_BLOCK,   /* our block into the peer's slot (item 0: into our dst) */
-	EAGER_W_COPY,    /* the peer's block out of its slot here into our dst */
-	EAGER_W_CREDIT,  /* the consumed slot's word back to the peer */
-};
-
-static uint32_t eager_slot(const struct dpa_op *op)
-{
-	return op->seq % OFFLOAD_EAGER_SLOTS;
-}
 
 static int eager_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
 {
@@ -59,20 +45,27 @@ static int eager_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal
 		dpa_op_refuse(eng, op, OFFLOAD_ERR_INVALID);
 	else
 		op->result0 = total;
+	dpa_eager_begin(eng, op);
+	return (int)team->size;
+}
+
+void dpa_eager_begin(struct dpa_engine *eng, struct dpa_op *op)
+{
+	struct dpa_team *team = &eng->teams[op->team_id];
+
 	/* The protocol is part of what every member must agree on (the ranks' eager_max). */
 	op->sig.op |= OFFLOAD_SIG_EAGER << OFFLOAD_SIG_MODE_SHIFT;
 	op->alg.hdr_pending = team->size - 1;
 	op->alg.hdr_fail = 0;
 	/* Intake runs ops in sequence order: the slot's previous eager op is known here. */
-	op->alg.eager_prev = team->eager_last[eager_slot(op)];
-	team->eager_last[eager_slot(op)] = op->seq;
-	return (int)team->size;
+	op->alg.eager_prev = team->eager_last[dpa_eager_slot(op)];
+	team->eager_last[dpa_eager_slot(op)] = op->seq;
 }
 
 /* A data write of item i to team peer `peer` (the copy out: to ourselves). */
-static int eager_write(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal,
+int dpa_eager_write(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal,
 		       uint32_t peer, uint64_t laddr, uint32_t lkey, uint64_t raddr, uint32_t rkey,
-		       uint64_t len, enum eager_write what)
+		    uint64_t len, enum dpa_eager_w what)
 {
 	struct dpa_item *it = &op->items[i];
 	uint32_t world = eng->teams[op->team_id].peers[peer].world_rank;
@@ -99,7 +92,7 @@ static int eager_write(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, st
 
 /* The write in flight completed (its completion was polled): take note, or, if a failed
  * rail dropped it, leave it to be posted again. */
-static void settle(struct dpa_item *it)
+void dpa_eager_settle(struct dpa_item *it)
 {
 	if (it->flags & DPA_ITEM_RESEND) {
 		it->flags &= ~DPA_ITEM_RESEND;
@@ -120,7 +113,7 @@ static int credit_ok(struct dpa_engine *eng, const struct dpa_op *op, struct dpa
 		     uint32_t peer)
 {
 	const struct dpa_team *team = &eng->teams[op->team_id];
-	uint32_t k = eager_slot(op), prev = op->alg.eager_prev;
+	uint32_t k = dpa_eager_slot(op), prev = op->alg.eager_prev;
 	/* Pairs with the peer's credit write (a plain RDMA write of the consumed word). */
 	uint32_t back = OFFLOAD_EAGER_SEQ(off_load_acquire(dpa_my_credit(eng, hal, op->team_id, k,
 									 peer)));
@@ -141,7 +134,7 @@ static void judged(struct dpa_op *op, struct dpa_hal *hal, int agrees)
 
 /* Every header judged: 1 if the blocks may be copied out, 0 if nothing may move, -1 if
  * some header is still to come. */
-static int copies_allowed(const struct dpa_op *op)
+int dpa_eager_copies_allowed(const struct dpa_op *op)
 {
 	if (__atomic_load_n(&op->alg.hdr_pending, __ATOMIC_SEQ_CST))
 		return -1;
@@ -154,12 +147,12 @@ static int self_step(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *
 	struct dpa_item *it = &op->items[0];
 	const struct offload_cmd *cmd = &op->cmd;
 	uint64_t off = (uint64_t)eng->teams[op->team_id].my_rank * cmd->count;
-	int allowed = copies_allowed(op);
+	int allowed = dpa_eager_copies_allowed(op);
 
 	if (allowed < 0)
 		return 0;
 	if (!(it->flags & DPA_ITEM_PUT) && allowed && cmd->count)
-		return eager_write(eng, op, 0, hal, eng->teams[op->team_id].my_rank,
+		return dpa_eager_write(eng, op, 0, hal, eng->teams[op->team_id].my_rank,
 				   cmd->src_addr + off, cmd->src_key, cmd->dst_addr + off,
 				   cmd->dst_key, cmd->count, EAGER_W_BLOCK);
 	it->flags |= DPA_ITEM_PUT | DPA_ITEM_SIGNALED | DPA_ITEM_RECVD | DPA_ITEM_FINISHED;
@@ -177,7 +170,7 @@ static int post_header(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal
 	struct dpa_ctrl_msg m = {
 		.wr_id = dpa_wr_id(op, p, DPA_WR_EAGER),
 		.raddr = peer->ctrl_addr + dpa_ctrl_eager_off(eng, op->team_id, team->my_rank,
-							      eager_slot(op)),
+							      dpa_eager_slot(op)),
 		.value = op->seq | (error ? OFFLOAD_EAGER_ERROR : 0),
 		.peer = peer->world_rank, .rkey = peer->ctrl_key,
 		.kind = DPA_WR_EAGER, .len = offsetof(struct offload_sig, seq),
@@ -198,8 +191,8 @@ static int post_header(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal
 
 /* Our block to peer p: into its slot, then the slot's header. A failed op sends the
  * header alone, marked as an error. */
-static int send_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal,
-		     uint32_t p)
+int dpa_eager_send(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal,
+		   uint32_t p, uint64_t src_off)
 {
 	const struct dpa_team *team = &eng->teams[op->team_id];
 	const struct offload_peer *peer = &team->peers[p];
@@ -217,10 +210,10 @@ static int send_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, stru
 	}
 	if (!err && !(it->flags & DPA_ITEM_PUT)) {
 		if (cmd->count)
-			return eager_write(eng, op, i, hal, p, cmd->src_addr + (uint64_t)p * cmd->count,
+			return dpa_eager_write(eng, op, i, hal, p, cmd->src_addr + src_off,
 					   cmd->src_key,
 					   peer->ctrl_addr + dpa_ctrl_eager_off(eng, op->team_id, team->my_rank,
-										eager_slot(op)) +
+										dpa_eager_slot(op)) +
 					   offsetof(struct offload_eager_slot, data),
 					   peer->ctrl_key, cmd->count, EAGER_W_BLOCK);
 		it->flags |= DPA_ITEM_PUT;
@@ -238,7 +231,7 @@ static int send_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, stru
  * previous op's block (its credit not back) is left alone: that op may still complete. A
  * peer in a gated op here gets our signature, which its gate waits for.
  */
-static int eager_abort(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal)
+int dpa_eager_abort(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal)
 {
 	const struct dpa_team *team = &eng->teams[op->team_id];
 	uint32_t p = (team->my_rank + i) % team->size;
@@ -251,7 +244,7 @@ static int eager_abort(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, st
 		return DPA_HAL_EAGAIN;
 	if (it->flags & DPA_ITEM_SIGNALED) {
 		if (OFFLOAD_EAGER_SEQ(off_load_acquire(dpa_my_credit(eng, hal, op->team_id,
-								     eager_slot(op), p))) == op->seq)
+								     dpa_eager_slot(op), p))) == op->seq)
 			return 0;  /* it took the block already */
 	} else if (!credit_ok(eng, op, hal, p)) {
 		return 0;
@@ -273,7 +266,7 @@ static int fallback_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 		return 0;
 	if (!(it->flags & DPA_ITEM_SIGNALED))
 		return work;
-	team->eager_skip[eager_slot(op)][p] = op->seq;
+	team->eager_skip[dpa_eager_slot(op)][p] = op->seq;
 	it->flags |= DPA_ITEM_COPIED | DPA_ITEM_RECVD;
 	return work + 1;
 }
@@ -314,48 +307,73 @@ static int judge_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, str
 	return 1;
 }
 
+int dpa_eager_judge(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal,
+		    uint32_t p)
+{
+	struct dpa_item *it = &op->items[i];
+	const struct offload_eager_slot *slot = dpa_eager_slot_ptr(eng, op, hal, p);
+
+	if (it->flags & DPA_ITEM_FALLBACK)
+		return fallback_step(eng, op, i, hal, p);
+	if (it->flags & DPA_ITEM_JUDGED)
+		return 0;
+	return judge_step(eng, op, i, hal, p, slot);
+}
+
+const struct offload_eager_slot *dpa_eager_slot_ptr(struct dpa_engine *eng, const struct dpa_op *op,
+						     struct dpa_hal *hal, uint32_t p)
+{
+	return dpa_hal_window_ptr(hal, DPA_HAL_WIN_CTRL,
+				  dpa_ctrl_eager_off(eng, op->team_id, p, dpa_eager_slot(op)),
+				  sizeof(struct offload_eager_slot));
+}
+
+int dpa_eager_credit(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal,
+		     uint32_t p)
+{
+	const struct dpa_team *team = &eng->teams[op->team_id];
+	const struct offload_peer *me = &team->peers[team->my_rank], *peer = &team->peers[p];
+	uint64_t off = dpa_ctrl_eager_off(eng, op->team_id, p, dpa_eager_slot(op));
+
+	/* The credit is the slot's seq word itself, read from our control region by the write. */
+	return dpa_eager_write(eng, op, i, hal, p,
+			       me->ctrl_addr + off + offsetof(struct offload_eager_slot, sig.seq),
+			       me->ctrl_key,
+			       peer->ctrl_addr + dpa_ctrl_credit_off(eng, op->team_id,
+								     dpa_eager_slot(op), team->my_rank),
+			       peer->ctrl_key, sizeof(uint64_t), EAGER_W_CREDIT);
+}
+
 /* Peer p's block: judge its header, copy the block out of its slot here once every
  * header agreed, then hand the slot back. */
 static int recv_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal,
 		     uint32_t p)
 {
 	const struct dpa_team *team = &eng->teams[op->team_id];
-	const struct offload_peer *me = &team->peers[team->my_rank], *peer = &team->peers[p];
+	const struct offload_peer *me = &team->peers[team->my_rank];
 	struct dpa_item *it = &op->items[i];
 	const struct offload_cmd *cmd = &op->cmd;
-	uint64_t off = dpa_ctrl_eager_off(eng, op->team_id, p, eager_slot(op));
-	const struct offload_eager_slot *slot = dpa_hal_window_ptr(hal, DPA_HAL_WIN_CTRL, off,
-								  sizeof(*slot));
-	int work = 0, allowed;
+	uint64_t off = dpa_ctrl_eager_off(eng, op->team_id, p, dpa_eager_slot(op));
+	const struct offload_eager_slot *slot = dpa_eager_slot_ptr(eng, op, hal, p);
+	int work = dpa_eager_judge(eng, op, i, hal, p), allowed;
 
-	if (it->flags & DPA_ITEM_FALLBACK)
-		return fallback_step(eng, op, i, hal, p);
-	if (!(it->flags & DPA_ITEM_JUDGED)) {
-		work = judge_step(eng, op, i, hal, p, slot);
-		if (!(it->flags & DPA_ITEM_JUDGED) ||
-		    (it->flags & (DPA_ITEM_RECVD | DPA_ITEM_FALLBACK)))
-			return work;
-	}
+	if (!(it->flags & DPA_ITEM_JUDGED) || (it->flags & (DPA_ITEM_RECVD | DPA_ITEM_FALLBACK)))
+		return work;
 	if (!(it->flags & DPA_ITEM_COPIED)) {
-		allowed = copies_allowed(op);
+		allowed = dpa_eager_copies_allowed(op);
 		if (allowed < 0)
 			return work;
 		/* Ours until we hand it back: the sender rewrites nothing of it before. */
 		if (allowed && cmd->count && !(off_read_once(&slot->sig.seq) & OFFLOAD_EAGER_ERROR))
-			return work + eager_write(eng, op, i, hal, team->my_rank,
-						  me->ctrl_addr + off +
-						  offsetof(struct offload_eager_slot, data),
-						  me->ctrl_key, cmd->dst_addr + (uint64_t)p * cmd->count,
-						  cmd->dst_key, cmd->count, EAGER_W_COPY);
+			return work + dpa_eager_write(eng, op, i, hal, team->my_rank,
+						      me->ctrl_addr + off +
+						      offsetof(struct offload_eager_slot, data),
+						      me->ctrl_key,
+						      cmd->dst_addr + (uint64_t)p * cmd->count,
+						      cmd->dst_key, cmd->count, EAGER_W_COPY);
 		it->flags |= DPA_ITEM_COPIED;
 	}
-	/* The credit is the slot's seq word itself, read from our control region by the write. */
-	return work + eager_write(eng, op, i, hal, p,
-				  me->ctrl_addr + off + offsetof(struct offload_eager_slot, sig.seq),
-				  me->ctrl_key,
-				  peer->ctrl_addr + dpa_ctrl_credit_off(eng, op->team_id, eager_slot(op),
-									team->my_rank),
-				  peer->ctrl_key, sizeof(uint64_t), EAGER_W_CREDIT);
+	return work + dpa_eager_credit(eng, op, i, hal, p);
 }
 
 static int eager_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
@@ -369,13 +387,13 @@ static int eager_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 	if (it->inflight)
 		return 0;  /* its completion comes with the next poll */
 	if (it->round != EAGER_W_NONE) {
-		settle(it);
+		dpa_eager_settle(it);
 		work++;
 	}
 	if (i == 0)
 		return work + self_step(eng, op, hal);
 	if (!(it->flags & DPA_ITEM_SIGNALED))
-		work += send_step(eng, op, i, hal, p);
+		work += dpa_eager_send(eng, op, i, hal, p, (uint64_t)p * op->cmd.count);
 	if (!it->inflight && !(it->flags & DPA_ITEM_RECVD))
 		work += recv_step(eng, op, i, hal, p);
 	if ((it->flags & DPA_ITEM_SIGNALED) && (it->flags & DPA_ITEM_RECVD) && !it->inflight)
@@ -386,7 +404,7 @@ static int eager_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i,
 /* Sent everything, and waits for nothing but the peers' headers (none passed on): the op
  * can copy out only once all are in. Anything else (a credit, a fallback, a write in
  * flight, a copy that may run) may move on with any event. */
-static uint32_t eager_events_needed(const struct dpa_op *op)
+uint32_t dpa_eager_events_needed(const struct dpa_op *op)
 {
 	uint32_t need = 0, pending = __atomic_load_n(&op->alg.hdr_pending, __ATOMIC_SEQ_CST);
 
@@ -410,7 +428,7 @@ static uint32_t eager_events_needed(const struct dpa_op *op)
 const struct dpa_algo dpa_algo_alltoall_eager = {
 	.start = eager_start,
 	.progress = eager_progress,
-	.abort = eager_abort,
-	.events_needed = eager_events_needed,
+	.abort = dpa_eager_abort,
+	.events_needed = dpa_eager_events_needed,
 	.carries_sig = 1,
 };

@@ -82,6 +82,11 @@ struct dpa_team {
 	 * another op (only that peer's item touches it). */
 	uint32_t eager_last[OFFLOAD_EAGER_SLOTS];
 	uint32_t *eager_skip[OFFLOAD_EAGER_SLOTS];  /* [slot][size] */
+	/* Eager allreduce: its own vector goes into our slot for ourselves, which no peer
+	 * credits: the seq of the last such op started per slot (intake), and of the last
+	 * one finished (release-stored): the next may write the slot once it is the former. */
+	uint32_t eager_self_last[OFFLOAD_EAGER_SLOTS];
+	uint32_t eager_self_done[OFFLOAD_EAGER_SLOTS];
 };
 
 struct dpa_engine;
@@ -204,6 +209,8 @@ struct dpa_op {
 			 * agreed. */
 			uint32_t hdr_pending;
 			uint32_t hdr_fail;
+			uint32_t eager_self_prev;  /* allreduce_eager.c: see eager_self_last */
+			uint32_t eager_reduced;    /* allreduce_eager.c: the peers' slots are read */
 		};
 		struct {  /* reductions: reduce_scatter.c, allreduce.c (reduce.h) */
 			uint32_t red_flags;   /* DPA_RED_* (the reducer sets, other items read) */

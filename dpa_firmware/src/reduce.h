@@ -79,5 +79,6 @@ static inline void dpa_red_raise(struct dpa_op *op, struct dpa_hal *hal, uint32_
 
 extern const struct dpa_algo dpa_algo_reduce_scatter;
 extern const struct dpa_algo dpa_algo_allreduce;
+extern const struct dpa_algo dpa_algo_allreduce_eager;
 
 #endif /* DPA_REDUCE_H */

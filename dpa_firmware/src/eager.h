@@ -1,0 +1,57 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The eager slot protocol (alltoall_eager.c), shared by the eager all-to-all and the eager
+ * allreduce (allreduce_eager.c), firmware-private: a block goes straight into the
+ * receiver's slot for us, its header (our signature) behind it; the receiver judges the
+ * header as the gate would and hands the slot back with a credit. Items: one per team
+ * peer, item j with peer me + j.
+ */
+#ifndef DPA_EAGER_H
+#define DPA_EAGER_H
+
+#include <stdint.h>
+
+#include "engine_internal.h"
+
+#define DPA_EAGER_CREDIT_POLL_NS 20000u  /* credits wake nobody: look again this often */
+
+enum dpa_eager_w {
+	EAGER_W_NONE = 0,
+	EAGER_W_BLOCK,   /* our block into the peer's slot (item 0: into our dst) */
+	EAGER_W_COPY,    /* a block out of a slot here into our dst */
+	EAGER_W_CREDIT,  /* the consumed slot's word back to the peer */
+};
+
+static inline uint32_t dpa_eager_slot(const struct dpa_op *op)
+{
+	return op->seq % OFFLOAD_EAGER_SLOTS;
+}
+
+/* At start: mark the protocol in our signature, note the slot's previous eager op. */
+void dpa_eager_begin(struct dpa_engine *eng, struct dpa_op *op);
+/* A data write of item i to team peer `peer` (to ourselves: EAGER_W_COPY); 1 if posted
+ * (or failed for good), 0 to try again. */
+int dpa_eager_write(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal,
+		    uint32_t peer, uint64_t laddr, uint32_t lkey, uint64_t raddr, uint32_t rkey,
+		    uint64_t len, enum dpa_eager_w what);
+/* The item's write completed: PUT, COPIED or RECVD (credit) raised, or posted again. */
+void dpa_eager_settle(struct dpa_item *it);
+/* Every header judged: 1 if blocks may be used, 0 if nothing may move, -1 not yet. */
+int dpa_eager_copies_allowed(const struct dpa_op *op);
+/* Our block (src + src_off, cmd.count bytes) and header to peer p; 1 once SIGNALED. */
+int dpa_eager_send(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal,
+		   uint32_t p, uint64_t src_off);
+/* Judge peer p's header (or its gated signature, or its absence); DPA_ITEM_JUDGED once
+ * done, with RECVD (nothing to hand back) or FALLBACK set where there is no block. */
+int dpa_eager_judge(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal,
+		    uint32_t p);
+/* Hand peer p's slot back (its credit); RECVD once it completed. */
+int dpa_eager_credit(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal,
+		     uint32_t p);
+const struct offload_eager_slot *dpa_eager_slot_ptr(struct dpa_engine *eng,
+						     const struct dpa_op *op, struct dpa_hal *hal,
+						     uint32_t p);
+int dpa_eager_abort(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal);
+uint32_t dpa_eager_events_needed(const struct dpa_op *op);
+
+#endif /* DPA_EAGER_H */
