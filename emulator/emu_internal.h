@@ -277,6 +277,9 @@ struct emu_device {
 	uint64_t wake_cost_ns;        /* measured futex wake-up latency (moving average) */
 	uint64_t host_ops;            /* ops completed by passes host threads ran */
 	uint64_t host_passes;
+	uint64_t host_waits;          /* drives until a completion (host_wait's) */
+	uint64_t host_sleeps;         /* ... sleeps between their rounds */
+	uint64_t handoff_yields;      /* ... and yields instead (host_idle's hand-off) */
 	uint64_t doorbells;           /* emu_doorbell_rank() calls on our rank ... */
 	uint64_t doorbell_wakes;      /* ... that woke a sleeping progress thread */
 	uint32_t rail_faults;         /* a rail of this rank is set to fail */

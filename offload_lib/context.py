@@ -573,6 +573,12 @@ class Context:
             # (the rest found it in its idle poll: idle_poll_us)
             "doorbells": int(host.doorbells),
             "doorbell_wakes": int(host.doorbell_wakes),
+            # cooperative waits (host threads running the firmware until a completion),
+            # their sleeps between passes, and the yields that handed the core to a thread
+            # of the job waiting for one instead (at most one per wait and one per sleep)
+            "host_waits": int(host.waits),
+            "host_sleeps": int(host.sleeps),
+            "handoff_yields": int(host.handoff_yields),
             # memory registrations made (host_post's and persistent requests'), op buffers
             # the registration cache already held, and the registrations it holds now
             "registrations": int(mr[0]),

@@ -4,7 +4,8 @@ One ``nice -n 19`` busy loop per core runs for the whole job (as ``dpa-offload b
 --background-load`` starts them). No 1 KiB all-to-all may take longer than 50 ms: a hang
 check, not a speed check (they take tens of microseconds), for waits that would hand the
 core away to the loops for whole slices, or sleep without being woken. Cooperative progress
-and the progress threads alone, more ranks than cores.
+and the progress threads alone, more ranks than cores; the drivers' yields to a peer waiting
+for a core stay within one per wait and one per sleep.
 """
 from __future__ import annotations
 
@@ -37,6 +38,16 @@ for i in range(300):
     worst = max(worst, took)
     assert took < 0.05, f"all-to-all {i} took {took * 1e3:.1f} ms with the background load"
     check_equal(dst, want, f"all-to-all {i}")
+st = ctx.stats()
+# The hand-off (emulator/emu_progress.c host_idle): a waiting driver yields its core to a
+# thread of the job waiting for one, at most once per wait and once after each sleep,
+# never in a loop; the ranks outnumber the cores here, so it happens; the progress
+# threads alone never yield.
+assert st["handoff_yields"] <= st["host_waits"] + st["host_sleeps"], st
+if os.environ["OFFLOAD_PROGRESS"] == "cooperative":
+    assert st["handoff_yields"] > 0 and st["host_waits"] > 0, st
+else:
+    assert st["handoff_yields"] == 0 and st["host_waits"] == 0, st
 print(f"worst {worst * 1e6:.0f} us")
 ctx.close()
 '''

@@ -181,6 +181,9 @@ struct host_drive_stats {
 	uint64_t passes;          /* ... and the passes they ran */
 	uint64_t doorbells;       /* work handed to the progress threads (posts, bulk hand-overs) */
 	uint64_t doorbell_wakes;  /* ... that had to wake one (none was in its idle poll) */
+	uint64_t waits;           /* cooperative progress: waits that ran the firmware */
+	uint64_t sleeps;          /* ... the sleeps between their passes */
+	uint64_t handoff_yields;  /* ... and the yields to a peer waiting for a core instead */
 };
 void host_drive_stats(struct host_ctx *ctx, struct host_drive_stats *out);
 /* cffi:end */

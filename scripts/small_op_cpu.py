@@ -1,0 +1,119 @@
+#!/usr/bin/env python3
+"""Where a small all-to-all's CPU goes, per rank (issue 16).
+
+    dpa-offload run -n 4 -- python scripts/small_op_cpu.py --size 1K --iters 3000 [--split]
+
+Each rank runs ``--iters`` of ``team.alltoall(src, dst).wait()`` on the same numpy arrays,
+each after a barrier as ``dpa-offload bench`` times them (``--no-barrier``: back to back).
+Per rank, per op: wall (slowest rank's median is what bench reports), the calling thread's
+CPU (``time.thread_time``, median) and, over the whole loop (barriers included), its user
+and system time, voluntary and involuntary switches (``getrusage(RUSAGE_THREAD)``) and the
+progress threads' CPU (``/proc/self/task/*/schedstat``). With ``--split`` the C calls
+``host_post`` and ``host_wait`` are timed on their own (thread_time around each: ~0.5 us
+of each figure is the timer's own system call), the rest of the op being Python.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import time
+
+import numpy as np
+
+import offload_lib as ol
+from offload_lib import context as _context_mod
+from offload_lib import request as _request_mod
+from offload_lib.config import parse_size
+
+
+class _TimedLib:
+    """lib with host_post and host_wait timed (thread CPU ns summed per name)."""
+
+    def __init__(self, lib, spent):
+        self._lib, self._spent = lib, spent
+
+    def __getattr__(self, name):
+        fn = getattr(self._lib, name)
+        if name not in ("host_post", "host_wait"):
+            return fn
+        spent, clock = self._spent, time.thread_time_ns
+
+        def timed(*a):
+            t0 = clock()
+            rc = fn(*a)
+            spent[name] += clock() - t0
+            return rc
+        return timed
+
+
+def _progress_cpu_ns() -> int:
+    total = 0
+    for tid in os.listdir("/proc/self/task"):
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                if not f.read().startswith("dpa-r"):
+                    continue
+            with open(f"/proc/self/task/{tid}/schedstat") as f:
+                total += int(f.read().split()[0])
+        except OSError:
+            pass
+    return total
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", default="1K", help="bytes per peer")
+    ap.add_argument("--iters", type=int, default=3000)
+    ap.add_argument("--warmup", type=int, default=300)
+    ap.add_argument("--no-barrier", action="store_true")
+    ap.add_argument("--split", action="store_true", help="time host_post/host_wait apart")
+    args = ap.parse_args()
+    with ol.init() as ctx:
+        n, me, team = ctx.size, ctx.rank, ctx.world
+        count = parse_size(args.size) // 4
+        src = np.arange(count * n, dtype=np.float32) + me * 1e6
+        dst = np.empty_like(src)
+        spent = {"host_post": 0, "host_wait": 0}
+        if args.split:
+            _context_mod.lib = _request_mod.lib = _TimedLib(_context_mod.lib, spent)
+        barrier = (lambda: None) if args.no_barrier else (lambda: team.barrier().wait())
+        wall, cpu = np.empty(args.iters), np.empty(args.iters)
+        for _ in range(args.warmup):
+            barrier()
+            team.alltoall(src, dst).wait()
+        for k in spent:
+            spent[k] = 0
+        ru0 = resource.getrusage(resource.RUSAGE_THREAD)
+        pc0 = _progress_cpu_ns()
+        for i in range(args.iters):
+            barrier()
+            c0, t0 = time.thread_time(), time.perf_counter()
+            team.alltoall(src, dst).wait()
+            t1, c1 = time.perf_counter(), time.thread_time()
+            wall[i], cpu[i] = t1 - t0, c1 - c0
+        ru1 = resource.getrusage(resource.RUSAGE_THREAD)
+        pc1 = _progress_cpu_ns()
+        want = np.concatenate([np.arange(count * me, count * (me + 1), dtype=np.float32)
+                               + q * 1e6 for q in range(n)])
+        assert np.array_equal(dst, want), "wrong result"
+        k = args.iters
+        row = {
+            "rank": me, "wall_us": float(np.median(wall)) * 1e6, "cpu_us": float(np.median(cpu)) * 1e6,
+            "loop_user_us": (ru1.ru_utime - ru0.ru_utime) / k * 1e6,
+            "loop_sys_us": (ru1.ru_stime - ru0.ru_stime) / k * 1e6,
+            "nvcsw": (ru1.ru_nvcsw - ru0.ru_nvcsw) / k, "nivcsw": (ru1.ru_nivcsw - ru0.ru_nivcsw) / k,
+            "progress_threads_us": (pc1 - pc0) / k / 1e3,
+        }
+        if args.split:
+            row["host_post_us"] = spent["host_post"] / k / 1e3
+            row["host_wait_us"] = spent["host_wait"] / k / 1e3
+        walls = team.allgather_obj(wall) if hasattr(team, "allgather_obj") else None
+        print(json.dumps(row), flush=True)
+        del walls
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
