@@ -116,9 +116,8 @@ def forged_keys(real: int) -> list[int]:
     return out
 
 
-@pytest.fixture
-def fw():
-    """(context, raw handle, registrations) of a one-rank job."""
+def _one_rank_job():
+    """(context, raw handle, registrations) of a one-rank job, closed after."""
     c = ol.init()
     regs = Regs(c._handle())
     try:
@@ -126,6 +125,12 @@ def fw():
     finally:
         regs.release()
         c.close()
+
+
+@pytest.fixture
+def fw():
+    """(context, raw handle, registrations) of a one-rank job."""
+    yield from _one_rank_job()
 
 
 def alltoall_op(src, dst, src_key, dst_key, team=0, **over):
@@ -542,13 +547,7 @@ def fw_reduce(request, monkeypatch):
     """fw, with small allreduces eager (allreduce_eager.c) or not (allreduce.c)."""
     if request.param == "rendezvous":
         monkeypatch.setenv("OFFLOAD_EAGER_MAX", "0")
-    c = ol.init()
-    regs = Regs(c._handle())
-    try:
-        yield c, c._handle(), regs
-    finally:
-        regs.release()
-        c.close()
+    yield from _one_rank_job()
 
 
 @pytest.mark.timeout(30)

@@ -289,7 +289,7 @@ static int decide(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa_agree 
 			if (w->fp != ag->mine.fp && !d.extra)
 				d.extra = team->peers[q].world_rank + 1;
 			for (uint32_t k = 0; k < chunks; k++)
-				for (uint32_t i = 0; i < 3; i++)
+				for (uint32_t i = 0; i < OFFLOAD_AGREE_CHUNK_RANKS / 64u; i++)
 					dc[k].bits[i] |= c[k].bits[i];
 		}
 		if (gone(eng, hal, team, q))

@@ -143,26 +143,7 @@ static int recv_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, stru
 
 static int are_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal)
 {
-	const struct dpa_team *team = &eng->teams[op->team_id];
-	struct dpa_item *it = &op->items[i];
-	uint32_t p = (team->my_rank + i) % team->size;
-	int work = 0;
-
-	if (it->inflight)
-		return 0;  /* its completion comes with the next poll */
-	if (it->round != EAGER_W_NONE) {
-		dpa_eager_settle(it);
-		work++;
-	}
-	if (i == 0)
-		return work + self_step(eng, op, hal);
-	if (!(it->flags & DPA_ITEM_SIGNALED))
-		work += dpa_eager_send(eng, op, i, hal, p, 0);
-	if (!it->inflight && !(it->flags & DPA_ITEM_RECVD))
-		work += recv_step(eng, op, i, hal, p);
-	if ((it->flags & DPA_ITEM_SIGNALED) && (it->flags & DPA_ITEM_RECVD) && !it->inflight)
-		it->flags |= DPA_ITEM_FINISHED;
-	return work;
+	return dpa_eager_item_step(eng, op, i, hal, 0, self_step, recv_step);  /* one vector for all */
 }
 
 /* Every item is done (nothing in flight): our own slot is free for the slot's next op. */

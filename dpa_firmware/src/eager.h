@@ -51,6 +51,37 @@ int dpa_eager_credit(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, stru
 const struct offload_eager_slot *dpa_eager_slot_ptr(struct dpa_engine *eng,
 						     const struct dpa_op *op, struct dpa_hal *hal,
 						     uint32_t p);
+/* Item i's step in either eager algorithm: settle its last write; item 0 runs the
+ * algorithm's own part (self), the others send our data from src + peer x src_stride to
+ * their peer and take the peer's (recv); FINISHED once both are done and nothing is in
+ * flight. Inline, so the steps are direct calls in each algorithm. */
+static inline int dpa_eager_item_step(
+	struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal,
+	uint64_t src_stride, int (*self)(struct dpa_engine *, struct dpa_op *, struct dpa_hal *),
+	int (*recv)(struct dpa_engine *, struct dpa_op *, uint32_t, struct dpa_hal *, uint32_t))
+{
+	const struct dpa_team *team = &eng->teams[op->team_id];
+	struct dpa_item *it = &op->items[i];
+	uint32_t p = (team->my_rank + i) % team->size;
+	int work = 0;
+
+	if (it->inflight)
+		return 0;  /* its completion comes with the next poll */
+	if (it->round != EAGER_W_NONE) {
+		dpa_eager_settle(it);
+		work++;
+	}
+	if (i == 0)
+		return work + self(eng, op, hal);
+	if (!(it->flags & DPA_ITEM_SIGNALED))
+		work += dpa_eager_send(eng, op, i, hal, p, (uint64_t)p * src_stride);
+	if (!it->inflight && !(it->flags & DPA_ITEM_RECVD))
+		work += recv(eng, op, i, hal, p);
+	if ((it->flags & DPA_ITEM_SIGNALED) && (it->flags & DPA_ITEM_RECVD) && !it->inflight)
+		it->flags |= DPA_ITEM_FINISHED;
+	return work;
+}
+
 int dpa_eager_abort(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struct dpa_hal *hal);
 uint32_t dpa_eager_events_needed(const struct dpa_op *op);
 

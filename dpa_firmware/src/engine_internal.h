@@ -480,8 +480,8 @@ static inline uint32_t dpa_wr_op(uint64_t wr_id)    { return (uint32_t)(wr_id >>
 static inline uint32_t dpa_wr_seq16(uint64_t wr_id) { return (uint32_t)(wr_id >> 32) & 0xffffu; }
 static inline uint32_t dpa_wr_item(uint64_t wr_id)  { return (uint32_t)(wr_id >> 8) & DPA_WR_ITEM_MAX; }
 static inline uint32_t dpa_wr_kind(uint64_t wr_id)  { return (uint32_t)wr_id & 0xffu; }
-/* The op and seq bits: every word of one op shares them (dpa_ctrl_pending). */
-static inline uint64_t dpa_wr_opseq(uint64_t wr_id) { return wr_id & ~0xffffffffull; }
+#define DPA_WR_OP_MASK    (~0ull << 48)     /* the op index's bits */
+#define DPA_WR_OPSEQ_MASK (~0xffffffffull)  /* op and seq: every word of one op shares them */
 
 #define DPA_WR_DATA   1u
 #define DPA_WR_READY  2u   /* control words: wr_id's item is the team peer */

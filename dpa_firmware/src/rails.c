@@ -228,30 +228,28 @@ int dpa_ctrl_resend(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa_wr_f
 	return work;
 }
 
-int dpa_ctrl_word_pending(struct dpa_engine *eng, uint64_t wr_id)
+/* Does any thread still owe a control word whose wr_id, masked, is `want`? */
+static int log_owes(struct dpa_engine *eng, uint64_t mask, uint64_t want)
 {
 	for (uint32_t t = 0; t < eng->params.num_threads; t++)
 		for (uint32_t i = 0; i < DPA_CTRL_LOG; i++) {
 			const struct dpa_ctrl_msg *m = &eng->ctrl_log[t][i];
 
 			if (__atomic_load_n(&m->pending, __ATOMIC_ACQUIRE) &&
-			    __atomic_load_n(&m->wr_id, __ATOMIC_RELAXED) == wr_id)
+			    (__atomic_load_n(&m->wr_id, __ATOMIC_RELAXED) & mask) == want)
 				return 1;
 		}
 	return 0;
 }
 
+int dpa_ctrl_word_pending(struct dpa_engine *eng, uint64_t wr_id)
+{
+	return log_owes(eng, ~0ull, wr_id);
+}
+
 int dpa_ctrl_opi_pending(struct dpa_engine *eng, uint32_t opi)
 {
-	for (uint32_t t = 0; t < eng->params.num_threads; t++)
-		for (uint32_t i = 0; i < DPA_CTRL_LOG; i++) {
-			const struct dpa_ctrl_msg *m = &eng->ctrl_log[t][i];
-
-			if (__atomic_load_n(&m->pending, __ATOMIC_ACQUIRE) &&
-			    dpa_wr_op(__atomic_load_n(&m->wr_id, __ATOMIC_RELAXED)) == opi)
-				return 1;
-		}
-	return 0;
+	return log_owes(eng, DPA_WR_OP_MASK, dpa_wr_tag(opi, 0, 0, 0));
 }
 
 /* Does any thread still owe a control word of this op (not yet acknowledged by the NIC, or
@@ -259,15 +257,5 @@ int dpa_ctrl_opi_pending(struct dpa_engine *eng, uint32_t opi)
  * would wait forever for a word whose sender already closed its context. */
 int dpa_ctrl_pending(struct dpa_engine *eng, const struct dpa_op *op)
 {
-	uint64_t mine = dpa_wr_opseq(dpa_wr_id(op, 0, 0));
-
-	for (uint32_t t = 0; t < eng->params.num_threads; t++)
-		for (uint32_t i = 0; i < DPA_CTRL_LOG; i++) {
-			const struct dpa_ctrl_msg *m = &eng->ctrl_log[t][i];
-
-			if (__atomic_load_n(&m->pending, __ATOMIC_ACQUIRE) &&
-			    dpa_wr_opseq(__atomic_load_n(&m->wr_id, __ATOMIC_RELAXED)) == mine)
-				return 1;
-		}
-	return 0;
+	return log_owes(eng, DPA_WR_OPSEQ_MASK, dpa_wr_id(op, 0, 0) & DPA_WR_OPSEQ_MASK);
 }
