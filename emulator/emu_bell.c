@@ -9,6 +9,7 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <limits.h>
+#include <sched.h>
 #include <linux/futex.h>
 #include <sys/syscall.h>
 #include <time.h>
@@ -24,6 +25,13 @@ uint64_t emu_now_ns(void)
 
 	clock_gettime(CLOCK_MONOTONIC, &ts);
 	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+uint32_t emu_cpu_now(void)
+{
+	int cpu = sched_getcpu();
+
+	return cpu < 0 ? 0 : (uint32_t)cpu;
 }
 
 struct timespec emu_ns_to_ts(int64_t ns)
@@ -116,8 +124,10 @@ static int wake(struct emu_device *dev, uint32_t rank, enum wake_kind kind, stru
 		uint64_t taken, asleep = off_read_once(&r->sleepers);
 
 		/* A doorbell finding every sleeper napping leaves them be: each looks at the
-		 * event again within its nap (a sleeper sets its napping bit first). */
+		 * event again within its nap (a sleeper sets its napping bit first). A peer's
+		 * write leaves them be while the host's lease holds (emu_progress.c). */
 		if (!asleep || (!force && off_read_once(&r->load) == DPA_ENGINE_IDLE) ||
+		    (!force && emu_host_leased(dev, rank, emu_now_ns())) ||
 		    (kind == WAKE_DOORBELL && !(asleep & ~off_read_once(&r->napping))) ||
 		    !(taken = __atomic_exchange_n(&r->sleepers, 0, __ATOMIC_ACQ_REL)))
 			return 0;
@@ -165,8 +175,16 @@ int emu_wait_word(struct emu_device *dev, uint32_t *word, uint32_t seen, int64_t
 	struct timespec ts = emu_ns_to_ts(timeout_ns);
 	long rc;
 
+	uint32_t *cpu = dev->ranks ? &dev->ranks[dev->attr.rank].host_cpu : NULL;
+
 	off_fetch_add(&dev->hdr->asleep, 1);
+	if (cpu) {  /* asleep here: not back for its firmware on its own (no lease) */
+		off_write_once(&dev->ranks[dev->attr.rank].host_lease_ns, 0);
+		off_write_once(cpu, EMU_CPU_ASLEEP);
+	}
 	rc = emu_futex(word, FUTEX_WAIT_PRIVATE, seen, timeout_ns >= 0 ? &ts : NULL, 0);
+	if (cpu)
+		off_write_once(cpu, emu_cpu_now());
 	if (rc != 0)
 		off_fetch_sub(&dev->hdr->asleep, 1);  /* nobody woke us: we count ourselves out */
 	return rc < 0 && errno == ETIMEDOUT ? -ETIMEDOUT : 0;

@@ -94,7 +94,11 @@ struct emu_rank {
 	uint32_t ctrl_key;
 	uint32_t rails_down;  /* this rank's failed ports (bit per rail), set by the rank */
 	uint64_t resv_dead;
-	uint32_t resv0[8];
+	/* The host's lease (emu_progress.c): until then a peer's write need not wake the
+	 * rank's one progress thread, asleep at most until dpa_sleep_until. */
+	uint64_t host_lease_ns;
+	uint64_t dpa_sleep_until;
+	uint32_t resv0[4];
 	/* Own line: bumped by doorbells and remote signals, slept on by progress threads
 	 * (futex bitset EMU_WAKE_DPA) and by a host thread driving the engine (EMU_WAKE_HOST). */
 	uint32_t event;
@@ -113,7 +117,11 @@ struct emu_rank {
 	 * thread): they look at the queue again within a nap, so a doorbell need not wake
 	 * them (io_uring SQPOLL's NEED_WAKEUP, inverted). Set before the sleepers bit. */
 	uint64_t napping;
-	uint32_t resv2[2];
+	/* The CPU this rank's host thread last ran on in the library (a drive round, a wake),
+	 * EMU_CPU_ASLEEP while it sleeps in a wait: a waiter spins only if no other awake
+	 * thread of the job shares its CPU (emu_progress.c). */
+	uint32_t host_cpu;
+	uint32_t resv2;
 };
 
 struct emu_mr {
@@ -472,8 +480,13 @@ void emu_wake_waiters(struct host_device *hd, uint32_t *word);
 /* Would a waiting host thread's spin help: no rank copies in bulk (it would take the
  * copiers' core) and every awake thread of the job has a core? */
 int emu_spin_worthwhile(const struct emu_device *dev);
+/* Need a peer's write to rank not wake its progress thread (the host's lease holds)? */
+int emu_host_leased(const struct emu_device *dev, uint32_t rank, uint64_t now);
 
 /* emu_bell.c: the job's bell, private futex words, the clock */
+#define EMU_CPU_ASLEEP 0xffffffffu      /* emu_rank.host_cpu of a host thread asleep */
+#define EMU_HOST_LEASE_NS 1000000ull    /* a host that drove small ops is back within this */
+uint32_t emu_cpu_now(void);             /* the calling thread's CPU (rseq: no system call) */
 #define EMU_WAKE_DPA  1u                /* futex bitset: progress threads */
 #define EMU_WAKE_HOST 2u                /* futex bitset: the host thread driving */
 /* The bell's bits of rank's progress threads (EMU_WAKE_DPA) or driver (EMU_WAKE_HOST). */

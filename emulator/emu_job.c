@@ -199,6 +199,7 @@ int emu_job_open(struct emu_device *dev)
 			off_store_release(&dev->mrs[(uint64_t)me * EMU_MAX_MRS + i].key, 0);
 		emu_mcast_forget(dev);
 	}
+	off_write_once(&self->host_cpu, emu_cpu_now());
 	off_store_release(&self->pid, pid);
 	if (getrandom(&dev->rng, sizeof(dev->rng), 0) != sizeof(dev->rng))
 		dev->rng = (uint64_t)pid * 0x9e3779b97f4a7c15ull ^ emu_now_ns();

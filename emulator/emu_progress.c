@@ -80,6 +80,30 @@ static int cores_to_spare(const struct emu_device *dev)
 	return threads - (int64_t)off_read_once(&dev->hdr->asleep) <= (int64_t)dev->ncores;
 }
 
+/* Is this CPU ours alone among the job's threads: no other rank's host thread last ran
+ * on it and is awake, and no progress thread is awake anywhere (they publish no CPU)?
+ * Then a spinner keeps nobody of the job off a core, even where the job's threads
+ * outnumber the cores: 4 ranks on 2 vCPUs, the two on the other vCPU sending what we
+ * wait for while the other rank of ours sleeps. Sleeping there would halt this vCPU,
+ * and the peers' wake-up would cost an inter-processor interrupt into a halted vCPU
+ * (~30 us in this VM, against a spin the peers end in a few). */
+static int cpu_alone(const struct emu_device *dev)
+{
+	uint32_t me = dev->attr.rank, cpu = emu_cpu_now(), hosts_awake = 0;
+	int64_t threads = (int64_t)dev->attr.size * (1 + dev->attr.num_threads);
+
+	for (uint32_t i = 0; i < dev->attr.size; i++) {
+		uint32_t at = off_read_once(&dev->ranks[i].host_cpu);
+
+		if (at == EMU_CPU_ASLEEP)
+			continue;
+		if (at == cpu && i != me)
+			return 0;
+		hosts_awake++;
+	}
+	return threads - (int64_t)off_read_once(&dev->hdr->asleep) <= (int64_t)hosts_awake;
+}
+
 /* Was a sleeper woken more than EMU_WAKING_NS ago and has not run yet? Then it is likely
  * queued behind us (a woken thread lands on its waker's core): stop spinning for it. */
 static int woken_waiting(const struct emu_device *dev, uint64_t now)
@@ -91,6 +115,26 @@ static int woken_waiting(const struct emu_device *dev, uint64_t now)
 			return 1;
 	}
 	return 0;
+}
+
+/*
+ * The host's lease. A host thread leaving a drive (a post, a test(), a wait that ends)
+ * with small ops still in flight is back within microseconds as a rule: its wait(), its
+ * next test() or post. A peer's write meanwhile would wake the rank's progress thread for
+ * a pass the host runs anyway, at the price of a wake-up and a switch (an inter-processor
+ * interrupt where it sleeps on the other vCPU): 0.6 of them per barrier + 1 KiB
+ * all-to-all at n=4. So for EMU_HOST_LEASE_NS after such a drive, peers' writes leave the
+ * progress thread asleep, and it sleeps at most until the lease ends: a host that went
+ * off to other work has its ops taken over within about a lease. Only with one progress
+ * thread per rank (the ranks fill the cores), whose sleep's end is published exactly
+ * (dpa_sleep_until); a sleeper that went to bed before the lease, for longer, is woken.
+ */
+int emu_host_leased(const struct emu_device *dev, uint32_t rank, uint64_t now)
+{
+	const struct emu_rank *r = &dev->ranks[rank];
+	uint64_t lease = off_read_once(&r->host_lease_ns);
+
+	return now < lease && off_read_once(&r->dpa_sleep_until) <= lease + EMU_HOST_LEASE_NS;
 }
 
 /* Is any rank of the job in the middle of a bulk op (long copies hogging cores)? */
@@ -149,6 +193,7 @@ static void thread_sleep(struct emu_device *dev, uint32_t thread, uint32_t snap,
 
 	if (nap)  /* before the sleepers bit: a doorbell that sees that one sees this */
 		__atomic_fetch_or(&r->napping, bit, __ATOMIC_SEQ_CST);
+	off_write_once(&r->dpa_sleep_until, emu_now_ns() + (uint64_t)ns);  /* emu_host_leased() */
 	off_fetch_add(&dev->hdr->asleep, 1);
 	__atomic_fetch_or(&r->sleepers, bit, __ATOMIC_SEQ_CST);
 	off_fence();
@@ -193,9 +238,11 @@ static void driver_sleep(struct emu_device *dev, uint32_t snap, uint32_t need, i
 
 	off_write_once(&r->wake_event, snap + need);
 	off_fetch_add(&dev->hdr->asleep, 1);
+	off_write_once(&r->host_cpu, EMU_CPU_ASLEEP);
 	__atomic_store_n(&r->armed, 1, __ATOMIC_SEQ_CST);
 	off_fence();
 	sleep_on_event(dev, snap, EMU_WAKE_HOST, ns);
+	off_write_once(&r->host_cpu, emu_cpu_now());
 	if (off_cas(&r->armed, &armed, 0))  /* no waker took us: take ourselves out */
 		off_fetch_sub(&dev->hdr->asleep, 1);
 }
@@ -283,8 +330,12 @@ static void thread_idle(struct emu_device *dev, struct dpa_hal *hal, uint32_t sn
 		int64_t ns = nap ? (int64_t)poll : poll ? (int64_t)(EMU_NAP_AFTER_NS - idle) :
 			     EMU_SLEEP_SLICE_NS;
 
+		uint64_t lease = off_read_once(&self_rank(dev)->host_lease_ns);
+
 		if (timer && timer - now < (uint64_t)ns)
 			ns = (int64_t)(timer - now);
+		if (lease > now && lease - now < (uint64_t)ns)  /* peers' writes may not wake us */
+			ns = (int64_t)(lease - now);
 		thread_sleep(dev, hal->index, snap, ns, nap);
 		now = emu_now_ns();
 		if (!poll || thread_called(dev, snap, timer, now))
@@ -410,7 +461,8 @@ static void host_idle(struct emu_device *dev, uint32_t snap, uint32_t *word, uin
 
 	if (timer == 1)
 		return;
-	while (now < spin_end && cores_to_spare(dev) && !woken_waiting(dev, now)) {
+	while (now < spin_end && (cores_to_spare(dev) || cpu_alone(dev)) &&
+	       !woken_waiting(dev, now)) {
 		if (off_load_acquire(&r->event) != snap || off_load_acquire(word) != seen ||
 		    off_read_once(&dev->stop) || off_read_once(&dev->closing) || now >= deadline ||
 		    (timer && now >= timer))
@@ -477,6 +529,10 @@ int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t tim
 		off_write_once(&dev->host_waits, off_read_once(&dev->host_waits) + 1);
 	while (!off_read_once(&dev->stop) && !off_load_acquire(&dev->closing)) {
 		snap = event_snapshot(dev);
+		uint32_t cpu = emu_cpu_now();
+
+		if (off_read_once(&r->host_cpu) != cpu)  /* cpu_alone() of the others reads it */
+			off_write_once(&r->host_cpu, cpu);
 		int work = drive_round(dev, &all);
 
 		quiet = !work && all;
@@ -506,15 +562,21 @@ int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t tim
 		if (quiet)
 			host_idle(dev, snap, word, seen, deadline, &yielded);
 	}
+	/* Small ops left in flight: back soon, as a rule (emu_host_leased). */
+	int leased = !bulk && dev->attr.num_threads == 1 &&
+		     dpa_engine_load(dev->fw_state) == DPA_ENGINE_SMALL;
+
+	off_write_once(&r->host_lease_ns, leased ? emu_now_ns() + EMU_HOST_LEASE_NS : 0);
 	off_store_release(&r->driving, 0);
 	/* Pairs with a progress thread's sleepers increment and fence before it sleeps: it
 	 * either sees driving clear, or we see it asleep. It needs waking only if we leave
-	 * work behind that no later event would announce. */
+	 * work behind that no later event would announce (or, leased, its sleep's end). */
 	off_fence();
 	if (bulk)  /* handed over as a post would: a thread in its idle poll sees it */
 		emu_doorbell_rank(dev, dev->attr.rank);
 	else if (off_read_once(&r->sleepers) &&
-		 (!quiet || off_load_acquire(&r->event) != snap || work_waiting(dev)))
+		 (!quiet || work_waiting(dev) || (off_load_acquire(&r->event) != snap &&
+						  !emu_host_leased(dev, dev->attr.rank, emu_now_ns()))))
 		emu_kick_rank(dev, dev->attr.rank);
 	off_unlock(&dev->drive_lock);
 	return rc;
