@@ -477,6 +477,11 @@ void emu_drive_stats(struct host_device *hd, struct host_drive_stats *out);
 /* host_device_ops.wake_waiters: host_ctx_shutdown() wants every host thread out of the
  * device (drivers, sleepers on the completion ring `word`); called until they left. */
 void emu_wake_waiters(struct host_device *hd, uint32_t *word);
+/* emu_spin.c: who may spin, and when a peer's write need not wake a progress thread */
+uint64_t emu_spin_budget_ns(const struct emu_device *dev);
+int emu_cores_to_spare(const struct emu_device *dev);
+int emu_cpu_alone(const struct emu_device *dev);
+int emu_woken_waiting(const struct emu_device *dev, uint64_t now);
 /* Would a waiting host thread's spin help: no rank copies in bulk (it would take the
  * copiers' core) and every awake thread of the job has a core? */
 int emu_spin_worthwhile(const struct emu_device *dev);

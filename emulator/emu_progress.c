@@ -18,11 +18,13 @@
  * wakes a driver asleep between rounds; a driver sees the mark after its pass and leaves,
  * and a drive that starts after it refuses, so the closer's wait ends promptly.
  *
- * Waiting: spin at most spin_us (and at most what a wake-up was measured to cost), and
- * only while every awake thread of the job has a core (the job header counts those
- * asleep) and no thread woken a while ago still waits for one (then it is queued behind
+ * Waiting (emu_spin.c): spin at most spin_us (and at most what a wake-up was measured to
+ * cost), and only while every awake thread of the job has a core (the job header counts
+ * those asleep), or, a driver, while no other awake thread of the job last ran on its
+ * vCPU, and no thread woken a while ago still waits for one (then it is queued behind
  * the spinner); else sleep until a doorbell, a peer's write or a sibling's notify bumps
- * the rank's event word. Every sleeper of the job waits on one futex, the job's bell,
+ * the rank's event word. A peer's write does not wake the progress thread while the
+ * host's lease holds (a host that drove small ops is back within microseconds). Every sleeper of the job waits on one futex, the job's bell,
  * with a bit of its own, so that one FUTEX_WAKE at the end of a pass wakes every rank the
  * pass wrote to; a driver asks to sleep through peers' writes until as many came in as
  * its ops need (dpa_engine_events_needed: an eager all-to-all waits for every block).
@@ -46,7 +48,6 @@
 #define EMU_SLEEP_SLICE_NS 50000000ll   /* re-check the stop flag at least this often */
 #define EMU_WAKE_COST_INIT 20000ull     /* ns, until a wake-up has been measured */
 #define EMU_DRIVE_ROUNDS 64             /* passes a post or a test() runs at most */
-#define EMU_WAKING_NS 3000ull           /* a woken thread normally runs within this */
 #define EMU_NAP_AFTER_NS 2000000ull     /* an idle poll naps from this much idle time on... */
 #define EMU_NAP_MAX_NS 1000000ull       /* ... at most this long */
 
@@ -60,96 +61,6 @@ static uint32_t event_snapshot(struct emu_device *dev)
 	return off_load_acquire(&self_rank(dev)->event);
 }
 
-/* How long a waiter spins before it sleeps: never longer than a wake-up costs (nor
- * spin_us). */
-static uint64_t spin_budget_ns(const struct emu_device *dev)
-{
-	uint64_t cap = (uint64_t)dev->attr.spin_us * 1000u;
-	uint64_t cost = off_read_once(&dev->wake_cost_ns);
-
-	return cost < cap ? cost : cap;
-}
-
-/* Does every awake thread of the job have a core? Else a spinner keeps one of them off
- * its core: sleep instead. (Every rank has one host thread and num_threads progress
- * threads; others, like a stager's, are not counted.) */
-static int cores_to_spare(const struct emu_device *dev)
-{
-	int64_t threads = (int64_t)dev->attr.size * (1 + dev->attr.num_threads);
-
-	return threads - (int64_t)off_read_once(&dev->hdr->asleep) <= (int64_t)dev->ncores;
-}
-
-/* Is this CPU ours alone among the job's threads: no other rank's host thread last ran
- * on it and is awake, and no progress thread is awake anywhere (they publish no CPU)?
- * Then a spinner keeps nobody of the job off a core, even where the job's threads
- * outnumber the cores: 4 ranks on 2 vCPUs, the two on the other vCPU sending what we
- * wait for while the other rank of ours sleeps. Sleeping there would halt this vCPU,
- * and the peers' wake-up would cost an inter-processor interrupt into a halted vCPU
- * (~30 us in this VM, against a spin the peers end in a few). */
-static int cpu_alone(const struct emu_device *dev)
-{
-	uint32_t me = dev->attr.rank, cpu = emu_cpu_now(), hosts_awake = 0;
-	int64_t threads = (int64_t)dev->attr.size * (1 + dev->attr.num_threads);
-
-	for (uint32_t i = 0; i < dev->attr.size; i++) {
-		uint32_t at = off_read_once(&dev->ranks[i].host_cpu);
-
-		if (at == EMU_CPU_ASLEEP)
-			continue;
-		if (at == cpu && i != me)
-			return 0;
-		hosts_awake++;
-	}
-	return threads - (int64_t)off_read_once(&dev->hdr->asleep) <= (int64_t)hosts_awake;
-}
-
-/* Was a sleeper woken more than EMU_WAKING_NS ago and has not run yet? Then it is likely
- * queued behind us (a woken thread lands on its waker's core): stop spinning for it. */
-static int woken_waiting(const struct emu_device *dev, uint64_t now)
-{
-	for (uint32_t i = 0; i < dev->attr.size; i++) {
-		uint64_t at = off_read_once(&dev->ranks[i].waking_ns);
-
-		if (at && now > at + EMU_WAKING_NS)
-			return 1;
-	}
-	return 0;
-}
-
-/*
- * The host's lease. A host thread leaving a drive (a post, a test(), a wait that ends)
- * with small ops still in flight is back within microseconds as a rule: its wait(), its
- * next test() or post. A peer's write meanwhile would wake the rank's progress thread for
- * a pass the host runs anyway, at the price of a wake-up and a switch (an inter-processor
- * interrupt where it sleeps on the other vCPU): 0.6 of them per barrier + 1 KiB
- * all-to-all at n=4. So for EMU_HOST_LEASE_NS after such a drive, peers' writes leave the
- * progress thread asleep, and it sleeps at most until the lease ends: a host that went
- * off to other work has its ops taken over within about a lease. Only with one progress
- * thread per rank (the ranks fill the cores), whose sleep's end is published exactly
- * (dpa_sleep_until); a sleeper that went to bed before the lease, for longer, is woken.
- */
-int emu_host_leased(const struct emu_device *dev, uint32_t rank, uint64_t now)
-{
-	const struct emu_rank *r = &dev->ranks[rank];
-	uint64_t lease = off_read_once(&r->host_lease_ns);
-
-	return now < lease && off_read_once(&r->dpa_sleep_until) <= lease + EMU_HOST_LEASE_NS;
-}
-
-/* Is any rank of the job in the middle of a bulk op (long copies hogging cores)? */
-static int job_bulk(const struct emu_device *dev)
-{
-	for (uint32_t i = 0; i < dev->attr.size; i++)
-		if (off_read_once(&dev->ranks[i].load) == DPA_ENGINE_BULK)
-			return 1;
-	return 0;
-}
-
-int emu_spin_worthwhile(const struct emu_device *dev)
-{
-	return !job_bulk(dev) && cores_to_spare(dev);
-}
 
 /*
  * Sleep (bits: EMU_WAKE_DPA or EMU_WAKE_HOST) while the rank's event still reads snap,
@@ -312,11 +223,11 @@ static int thread_called(struct emu_device *dev, uint32_t snap, uint64_t timer, 
 static void thread_idle(struct emu_device *dev, struct dpa_hal *hal, uint32_t snap, int spin)
 {
 	uint64_t now = emu_now_ns(), timer = dpa_engine_wake_at(dev->fw_state, hal->index, now);
-	uint64_t spin_end = now + (spin ? spin_budget_ns(dev) : 0);
+	uint64_t spin_end = now + (spin ? emu_spin_budget_ns(dev) : 0);
 
 	if (timer && timer <= now)
 		return;  /* a firmware timeout expired: no event will say so */
-	while (now < spin_end && cores_to_spare(dev) && !woken_waiting(dev, now)) {
+	while (now < spin_end && emu_cores_to_spare(dev) && !emu_woken_waiting(dev, now)) {
 		if (thread_called(dev, snap, timer, now) || off_read_once(&self_rank(dev)->driving))
 			return;
 		for (int i = 0; i < 64; i++)
@@ -457,12 +368,12 @@ static void host_idle(struct emu_device *dev, uint32_t snap, uint32_t *word, uin
 {
 	struct emu_rank *r = self_rank(dev);
 	uint64_t now = emu_now_ns(), timer = next_timer(dev, now);
-	uint64_t spin_end = now + spin_budget_ns(dev), until = deadline;
+	uint64_t spin_end = now + emu_spin_budget_ns(dev), until = deadline;
 
 	if (timer == 1)
 		return;
-	while (now < spin_end && (cores_to_spare(dev) || cpu_alone(dev)) &&
-	       !woken_waiting(dev, now)) {
+	while (now < spin_end && (emu_cores_to_spare(dev) || emu_cpu_alone(dev)) &&
+	       !emu_woken_waiting(dev, now)) {
 		if (off_load_acquire(&r->event) != snap || off_load_acquire(word) != seen ||
 		    off_read_once(&dev->stop) || off_read_once(&dev->closing) || now >= deadline ||
 		    (timer && now >= timer))
@@ -477,7 +388,7 @@ static void host_idle(struct emu_device *dev, uint32_t snap, uint32_t *word, uin
 		until = now + (uint64_t)EMU_SLEEP_SLICE_NS;
 	if (until <= now)
 		return;
-	if (!*yielded && !cores_to_spare(dev)) {
+	if (!*yielded && !emu_cores_to_spare(dev)) {
 		*yielded = 1;
 		off_write_once(&dev->handoff_yields, off_read_once(&dev->handoff_yields) + 1);
 		sched_yield();

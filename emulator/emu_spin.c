@@ -1,0 +1,108 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * When a waiting thread of the emulated DPU may spin, and when a peer's write need not
+ * wake a rank's progress thread (emu_progress.c has the whole picture of who runs the
+ * firmware and how it sleeps). In this VM a wake-up is the expensive part of a small op:
+ * a futex wake of a thread on the other vCPU is an inter-processor interrupt, ~30 us
+ * when that vCPU had halted, against ~3 us for a switch on one vCPU and ~0.1 us for a
+ * spinner to see a peer's write.
+ */
+#define _GNU_SOURCE
+#include <stdint.h>
+
+#include "dpa_engine.h"
+#include "emu_internal.h"
+#include "offload_atomic.h"
+
+#define EMU_WAKING_NS 3000ull           /* a woken thread normally runs within this */
+
+/* How long a waiter spins before it sleeps: never longer than a wake-up costs (nor
+ * spin_us). */
+uint64_t emu_spin_budget_ns(const struct emu_device *dev)
+{
+	uint64_t cap = (uint64_t)dev->attr.spin_us * 1000u;
+	uint64_t cost = off_read_once(&dev->wake_cost_ns);
+
+	return cost < cap ? cost : cap;
+}
+
+/* Does every awake thread of the job have a core? Else a spinner keeps one of them off
+ * its core: sleep instead. (Every rank has one host thread and num_threads progress
+ * threads; others, like a stager's, are not counted.) */
+int emu_cores_to_spare(const struct emu_device *dev)
+{
+	int64_t threads = (int64_t)dev->attr.size * (1 + dev->attr.num_threads);
+
+	return threads - (int64_t)off_read_once(&dev->hdr->asleep) <= (int64_t)dev->ncores;
+}
+
+/* Is this CPU ours alone among the job's threads: no other rank's host thread last ran
+ * on it and is awake, and no progress thread is awake anywhere (they publish no CPU)?
+ * Then a spinner keeps nobody of the job off a core, even where the job's threads
+ * outnumber the cores: 4 ranks on 2 vCPUs, the two on the other vCPU sending what we
+ * wait for while the other rank of ours sleeps. Sleeping there would halt this vCPU,
+ * and the peers' wake-up would cost an inter-processor interrupt into a halted vCPU
+ * (~30 us in this VM, against a spin the peers end in a few). */
+int emu_cpu_alone(const struct emu_device *dev)
+{
+	uint32_t me = dev->attr.rank, cpu = emu_cpu_now(), hosts_awake = 0;
+	int64_t threads = (int64_t)dev->attr.size * (1 + dev->attr.num_threads);
+
+	for (uint32_t i = 0; i < dev->attr.size; i++) {
+		uint32_t at = off_read_once(&dev->ranks[i].host_cpu);
+
+		if (at == EMU_CPU_ASLEEP)
+			continue;
+		if (at == cpu && i != me)
+			return 0;
+		hosts_awake++;
+	}
+	return threads - (int64_t)off_read_once(&dev->hdr->asleep) <= (int64_t)hosts_awake;
+}
+
+/* Was a sleeper woken more than EMU_WAKING_NS ago and has not run yet? Then it is likely
+ * queued behind us (a woken thread lands on its waker's core): stop spinning for it. */
+int emu_woken_waiting(const struct emu_device *dev, uint64_t now)
+{
+	for (uint32_t i = 0; i < dev->attr.size; i++) {
+		uint64_t at = off_read_once(&dev->ranks[i].waking_ns);
+
+		if (at && now > at + EMU_WAKING_NS)
+			return 1;
+	}
+	return 0;
+}
+
+/*
+ * The host's lease. A host thread leaving a drive (a post, a test(), a wait that ends)
+ * with small ops still in flight is back within microseconds as a rule: its wait(), its
+ * next test() or post. A peer's write meanwhile would wake the rank's progress thread for
+ * a pass the host runs anyway, at the price of a wake-up and a switch (an inter-processor
+ * interrupt where it sleeps on the other vCPU): 0.6 of them per barrier + 1 KiB
+ * all-to-all at n=4. So for EMU_HOST_LEASE_NS after such a drive, peers' writes leave the
+ * progress thread asleep, and it sleeps at most until the lease ends: a host that went
+ * off to other work has its ops taken over within about a lease. Only with one progress
+ * thread per rank (the ranks fill the cores), whose sleep's end is published exactly
+ * (dpa_sleep_until); a sleeper that went to bed before the lease, for longer, is woken.
+ */
+int emu_host_leased(const struct emu_device *dev, uint32_t rank, uint64_t now)
+{
+	const struct emu_rank *r = &dev->ranks[rank];
+	uint64_t lease = off_read_once(&r->host_lease_ns);
+
+	return now < lease && off_read_once(&r->dpa_sleep_until) <= lease + EMU_HOST_LEASE_NS;
+}
+
+/* Is any rank of the job in the middle of a bulk op (long copies hogging cores)? */
+static int job_bulk(const struct emu_device *dev)
+{
+	for (uint32_t i = 0; i < dev->attr.size; i++)
+		if (off_read_once(&dev->ranks[i].load) == DPA_ENGINE_BULK)
+			return 1;
+	return 0;
+}
+
+int emu_spin_worthwhile(const struct emu_device *dev)
+{
+	return !job_bulk(dev) && emu_cores_to_spare(dev);
+}
