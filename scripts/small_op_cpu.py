@@ -8,7 +8,9 @@ each after a barrier as ``dpa-offload bench`` times them (``--no-barrier``: back
 Per rank, per op: wall (slowest rank's median is what bench reports), the calling thread's
 CPU (``time.thread_time``, median) and, over the whole loop (barriers included), its user
 and system time, voluntary and involuntary switches (``getrusage(RUSAGE_THREAD)``) and the
-progress threads' CPU (``/proc/self/task/*/schedstat``). With ``--split`` the C calls
+progress threads' CPU (``/proc/self/task/*/schedstat``), the loop's wall time per
+iteration (``loop_wall_us``) and, from ``ctx.stats()``, the host's waits, sleeps and
+hand-off yields per iteration. With ``--split`` the C calls
 ``host_post`` and ``host_wait`` are timed on their own (thread_time around each: ~0.5 us
 of each figure is the timer's own system call), the rest of the op being Python.
 """
@@ -87,12 +89,14 @@ def main() -> int:
             spent[k] = 0
         ru0 = resource.getrusage(resource.RUSAGE_THREAD)
         pc0 = _progress_cpu_ns()
+        st0, l0 = ctx.stats(), time.perf_counter()
         for i in range(args.iters):
             barrier()
             c0, t0 = time.thread_time(), time.perf_counter()
             team.alltoall(src, dst).wait()
             t1, c1 = time.perf_counter(), time.thread_time()
             wall[i], cpu[i] = t1 - t0, c1 - c0
+        l1, st1 = time.perf_counter(), ctx.stats()
         ru1 = resource.getrusage(resource.RUSAGE_THREAD)
         pc1 = _progress_cpu_ns()
         want = np.concatenate([np.arange(count * me, count * (me + 1), dtype=np.float32)
@@ -105,7 +109,10 @@ def main() -> int:
             "loop_sys_us": (ru1.ru_stime - ru0.ru_stime) / k * 1e6,
             "nvcsw": (ru1.ru_nvcsw - ru0.ru_nvcsw) / k, "nivcsw": (ru1.ru_nivcsw - ru0.ru_nivcsw) / k,
             "progress_threads_us": (pc1 - pc0) / k / 1e3,
+            "loop_wall_us": (l1 - l0) / k * 1e6,
         }
+        for key in ("host_waits", "host_sleeps", "handoff_yields"):
+            row[key] = (st1[key] - st0[key]) / k
         if args.split:
             row["host_post_us"] = spent["host_post"] / k / 1e3
             row["host_wait_us"] = spent["host_wait"] / k / 1e3
