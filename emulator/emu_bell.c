@@ -175,11 +175,14 @@ int emu_wait_word(struct emu_device *dev, uint32_t *word, uint32_t seen, int64_t
 	struct timespec ts = emu_ns_to_ts(timeout_ns);
 	long rc;
 
-	uint32_t *cpu = dev->ranks ? &dev->ranks[dev->attr.rank].host_cpu : NULL;
+	struct emu_rank *self = dev->ranks ? &dev->ranks[dev->attr.rank] : NULL;
+	/* The rank's host thread sleeps here (unless another of its threads drives: that one's
+	 * CPU stays published): not back for its firmware on its own, so no lease either. */
+	uint32_t *cpu = self && !off_read_once(&self->driving) ? &self->host_cpu : NULL;
 
 	off_fetch_add(&dev->hdr->asleep, 1);
-	if (cpu) {  /* asleep here: not back for its firmware on its own (no lease) */
-		off_write_once(&dev->ranks[dev->attr.rank].host_lease_ns, 0);
+	if (cpu) {
+		off_write_once(&self->host_lease_ns, 0);
 		off_write_once(cpu, EMU_CPU_ASLEEP);
 	}
 	rc = emu_futex(word, FUTEX_WAIT_PRIVATE, seen, timeout_ns >= 0 ? &ts : NULL, 0);
