@@ -23,16 +23,11 @@ from offload_lib._native import ffi, lib
 from offload_lib.bootstrap import World, allgather
 from offload_lib.config import MAX_RAILS, Config, parse_rail_faults
 from offload_lib.errors import ConfigError, InvalidArgument, OffloadError, Unsupported, check_rc
-from offload_lib.request import PersistentRequest, Request, Result
+from offload_lib.request import SMALL_MAX_BYTES, PersistentRequest, Request, Result
 from offload_lib.team import DST_ACCESS, SRC_ACCESS, Team
 
 __all__ = ["Context", "Team", "SRC_ACCESS", "DST_ACCESS", "MAX_TEAMS", "MAX_RANKS"]
 
-# Ops this small are driven by the calling thread (cooperative progress), or else waited
-# for spinning briefly before sleeping: a wake-up costs tens of microseconds here, which
-# only small ops notice, while spinning through a long op would take the CPU that
-# offloading is meant to free.
-_SMALL_MAX_BYTES = 1024 * 1024
 
 # cffi types looked up once: a small op's whole call costs a few microseconds
 _TAG = ffi.typeof("uint32_t *")
@@ -454,7 +449,7 @@ class Context:
               nbytes: int = 0, itemsize: int | None = None) -> Request:
         tag = self._post_tag(op, what, nbytes, ffi.new(_TAG))
         return Request(self, tag, what, keep, result,
-                       self._poll_ns if nbytes <= _SMALL_MAX_BYTES else 0, itemsize)
+                       self._poll_ns if nbytes <= SMALL_MAX_BYTES else 0, itemsize)
 
     def _post_prepared(self, prepared: Prepared, keep: tuple[Any, ...]) -> Request:
         """Post a command kept from an earlier call on the same host buffers (_prepared.py):
@@ -476,7 +471,7 @@ class Context:
             self._stager.drain()  # staged ops called earlier take their place in line first
         if self._orphans:
             self._reap_orphans()
-        op.small = nbytes <= _SMALL_MAX_BYTES
+        op.small = nbytes <= SMALL_MAX_BYTES
         rc = lib.host_post(self._handle(), op, self._post_timeout_ns, tagp)
         if rc:
             self._check(rc, f"posting {what}")
