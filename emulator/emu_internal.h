@@ -94,7 +94,7 @@ struct emu_rank {
 	uint32_t ctrl_key;
 	uint32_t rails_down;  /* this rank's failed ports (bit per rail), set by the rank */
 	uint64_t resv_dead;
-	/* The host's lease (emu_progress.c): until then a peer's write need not wake the
+	/* The host's lease (emu_spin.c): until then a peer's write need not wake the
 	 * rank's one progress thread, asleep at most until dpa_sleep_until. */
 	uint64_t host_lease_ns;
 	uint64_t dpa_sleep_until;
@@ -118,8 +118,8 @@ struct emu_rank {
 	 * them (io_uring SQPOLL's NEED_WAKEUP, inverted). Set before the sleepers bit. */
 	uint64_t napping;
 	/* The CPU this rank's host thread last ran on in the library (a drive round, a wake),
-	 * EMU_CPU_ASLEEP while it sleeps in a wait: a waiter spins only if no other awake
-	 * thread of the job shares its CPU (emu_progress.c). */
+	 * EMU_CPU_ASLEEP while it sleeps in a wait: a driver may spin where no other awake
+	 * thread of the job last ran on its CPU (emu_spin.c). */
 	uint32_t host_cpu;
 	uint32_t resv2;
 };

@@ -24,10 +24,11 @@
  * vCPU, and no thread woken a while ago still waits for one (then it is queued behind
  * the spinner); else sleep until a doorbell, a peer's write or a sibling's notify bumps
  * the rank's event word. A peer's write does not wake the progress thread while the
- * host's lease holds (a host that drove small ops is back within microseconds). Every sleeper of the job waits on one futex, the job's bell,
- * with a bit of its own, so that one FUTEX_WAKE at the end of a pass wakes every rank the
- * pass wrote to; a driver asks to sleep through peers' writes until as many came in as
- * its ops need (dpa_engine_events_needed: an eager all-to-all waits for every block).
+ * host's lease holds (a host that drove small ops is back within microseconds). Every
+ * sleeper of the job waits on one futex, the job's bell, with a bit of its own, so that
+ * one FUTEX_WAKE at the end of a pass wakes every rank the pass wrote to; a driver asks
+ * to sleep through peers' writes until as many came in as its ops need
+ * (dpa_engine_events_needed: an eager all-to-all waits for every block).
  * No yield-polling: a yielding thread hands its core to any runnable task for a slice
  * and, not being "woken", does not preempt it when its event arrives. The one yield is
  * the driver's hand-off (host_idle): once per wait, and once after each sleep, while a
@@ -60,7 +61,6 @@ static uint32_t event_snapshot(struct emu_device *dev)
 {
 	return off_load_acquire(&self_rank(dev)->event);
 }
-
 
 /*
  * Sleep (bits: EMU_WAKE_DPA or EMU_WAKE_HOST) while the rank's event still reads snap,
