@@ -19,6 +19,7 @@ with ol.init() as ctx:
     ctx.world.alltoall(src, dst).wait()  # first touch maps the peers' buffers
 
     ctx.world.barrier().wait()
+    before = ctx.stats()
     t0, cpu0 = time.perf_counter(), time.thread_time()
     request = ctx.world.alltoall(src, dst)
     request.wait()  # the calling thread sleeps while the DPA threads move the data
@@ -26,10 +27,11 @@ with ol.init() as ctx:
 
     expected = np.repeat(np.arange(n, dtype=np.float32) * 1000 + me, per_peer)
     assert np.array_equal(dst, expected), "all-to-all delivered wrong data"
-    ctx.world.barrier().wait()
     stats = ctx.stats()
+    ctx.world.barrier().wait()
+    wrote, writes = stats["bytes"] - before["bytes"], stats["chunks"] - before["chunks"]
     print(
         f"rank {me}/{n}: all-to-all of {src.nbytes >> 20} MiB correct in {elapsed * 1e6:.0f} us "
         f"({cpu * 1e6:.0f} us of host CPU) on the {ctx.backend} with {ctx.dpa_threads} DPA "
-        f"thread(s); the DPA wrote {stats['bytes'] >> 20} MiB in {stats['chunks']} RDMA writes"
+        f"thread(s); for it the DPA wrote {wrote / 2**20:g} MiB in {writes} RDMA writes"
     )

@@ -99,9 +99,9 @@ def _mismatch_error(what: str, peer: int, result0: int, theirs: int,
         how = ("eagerly (the size is within its eager_max)", "with a ready (the size is above"
                " its eager_max)")
         mine, other = (how[0], how[1]) if ours & eager else (how[1], how[0])
-        return InvalidArgument(f"{what}: rank {peer} sends its all-to-all blocks {other} where"
-                               f" this rank sends them {mine}: set the same eager_max on every"
-                               " rank; nothing was moved and the team goes on")
+        return InvalidArgument(f"{what}: rank {peer} sends its data {other} where this rank"
+                               f" sends its data {mine}: set the same eager_max on every rank;"
+                               " nothing was moved and the team goes on")
     if kind == lib.OFFLOAD_MISMATCH_OP:
         return InvalidArgument(f"{what}: rank {peer} runs {_op_name(theirs)} where this rank"
                                f" runs {_op_name(ours)}{tail}")
