@@ -94,11 +94,10 @@ struct emu_rank {
 	uint32_t ctrl_key;
 	uint32_t rails_down;  /* this rank's failed ports (bit per rail), set by the rank */
 	uint64_t resv_dead;
-	/* The host's lease (emu_spin.c): until then a peer's write need not wake the
-	 * rank's one progress thread, asleep at most until dpa_sleep_until. */
-	uint64_t host_lease_ns;
+	/* The end of the sleep of the rank's one progress thread (emu_host_leased). Written
+	 * once a sleep: peers read this line on every write (rails_down, state). */
 	uint64_t dpa_sleep_until;
-	uint32_t resv0[4];
+	uint32_t resv0[6];
 	/* Own line: bumped by doorbells and remote signals, slept on by progress threads
 	 * (futex bitset EMU_WAKE_DPA) and by a host thread driving the engine (EMU_WAKE_HOST). */
 	uint32_t event;
@@ -110,18 +109,20 @@ struct emu_rank {
 	uint32_t driving;     /* a host thread runs this rank's engine (cooperative progress) */
 	uint32_t armed;       /* that host thread sleeps: the first waker clears it and wakes it */
 	uint32_t wake_event;  /* ... once event reaches this (peers' writes; kicks ignore it) */
-	uint32_t resv1;
+	/* The CPU this rank's host thread last ran on in the library (a drive round, a wake),
+	 * EMU_CPU_ASLEEP while it sleeps in a wait: a driver may spin where no other awake
+	 * thread of the job last ran on its CPU (emu_spin.c). */
+	uint32_t host_cpu;
 	uint64_t wake_ns;     /* when the last futex wake of this rank was issued */
 	uint64_t waking_ns;   /* a sleeper of this rank was woken then and has not run yet */
 	/* Progress threads of `sleepers` only napping (idle poll after bulk work, a bit per
 	 * thread): they look at the queue again within a nap, so a doorbell need not wake
 	 * them (io_uring SQPOLL's NEED_WAKEUP, inverted). Set before the sleepers bit. */
 	uint64_t napping;
-	/* The CPU this rank's host thread last ran on in the library (a drive round, a wake),
-	 * EMU_CPU_ASLEEP while it sleeps in a wait: a driver may spin where no other awake
-	 * thread of the job last ran on its CPU (emu_spin.c). */
-	uint32_t host_cpu;
-	uint32_t resv2;
+	/* The host's lease (emu_spin.c): until then a peer's write need not wake the rank's
+	 * one progress thread, asleep at most until dpa_sleep_until. Written at every drive's
+	 * end, so on this line, which wakers write anyway. */
+	uint64_t host_lease_ns;
 };
 
 struct emu_mr {
