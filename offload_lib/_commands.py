@@ -13,7 +13,7 @@ import numpy as np
 
 from offload_lib._buffers import Buffer, as_buffer
 from offload_lib._native import ffi, lib
-from offload_lib.errors import InvalidArgument
+from offload_lib.errors import InvalidArgument, brief
 from offload_lib.request import McastStats, Result
 
 if TYPE_CHECKING:
@@ -156,7 +156,7 @@ def _row_index(obj: Any, name: str, size: int, bound: int | None, what: str) -> 
 def integer(value: Any, name: str) -> int:
     """``value`` as an int, if it is one (numpy integers too; not bool, float or str)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise InvalidArgument(f"{name} must be an integer, got {value!r}")
+        raise InvalidArgument(f"{name} must be an integer, got {brief(value)}")
     return int(value)
 
 
@@ -165,7 +165,7 @@ def dtype_of(dtype: Any) -> np.dtype:
     try:
         dt = np.dtype(dtype)
     except (TypeError, ValueError) as e:
-        raise InvalidArgument(f"dtype {dtype!r} is not a numpy dtype: {e}") from None
+        raise InvalidArgument(f"dtype {brief(dtype)} is not a numpy dtype: {e}") from None
     if dt.hasobject:
         raise InvalidArgument(f"dtype {dt} holds Python objects: shared buffers hold plain "
                               "numbers or bytes")
@@ -319,7 +319,7 @@ def alltoallv_place(team: Team, src: Any, rows_per_rank: Any, dst: Any, place: A
 def broadcast(team: Team, buf: Any, root: int) -> Command:
     if isinstance(root, bool) or not isinstance(root, (int, np.integer)) or \
             not 0 <= int(root) < team.size:
-        raise InvalidArgument(f"root must be a team rank from 0 to {team.size - 1}, got {root!r}")
+        raise InvalidArgument(f"root must be a team rank from 0 to {team.size - 1}, got {brief(root)}")
     root = int(root)
     b = as_buffer(buf, writable=team.rank != root, name="buf")
     op = new_op(lib.OFFLOAD_OP_BROADCAST, team)

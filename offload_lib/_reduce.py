@@ -20,7 +20,7 @@ import numpy as np
 from offload_lib._buffers import Buffer, as_buffer
 from offload_lib._native import ffi, lib
 from offload_lib._posting import Posting
-from offload_lib.errors import InvalidArgument
+from offload_lib.errors import InvalidArgument, brief
 
 if TYPE_CHECKING:
     from offload_lib.context import Context, Team
@@ -39,10 +39,14 @@ _ALL_ACCESS = (lib.OFFLOAD_ACCESS_LOCAL_READ | lib.OFFLOAD_ACCESS_LOCAL_WRITE |
 
 def redop_word(op: Any, buf: Buffer) -> int:
     """OFFLOAD_REDOP(op, dtype), or InvalidArgument naming what is accepted."""
-    name = str(getattr(op, "value", op)).lower()
+    value = getattr(op, "value", op)
+    name = value.lower() if isinstance(value, str) else None
     if name not in OPS:
-        raise InvalidArgument(f"op {op!r} is not a reduction the DPA runs: use one of "
-                              f"{', '.join(OPS)}")
+        # An array passed as op (allreduce(buf, out) for allreduce(buf, out=out)) is named
+        # by its type, with where it goes.
+        hint = "" if isinstance(value, str) else " (an output buffer goes in out=)"
+        raise InvalidArgument(f"op {brief(op)} is not a reduction the DPA runs: use one of "
+                              f"{', '.join(OPS)}{hint}")
     dt = DTYPES.get(buf.dtype)
     if dt is None:
         raise InvalidArgument(f"the DPA reduces {_DTYPE_NAMES}, not {buf.dtype_name}")

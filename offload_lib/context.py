@@ -22,7 +22,7 @@ from offload_lib._regcache import Cookies
 from offload_lib._native import ffi, lib
 from offload_lib.bootstrap import World, allgather
 from offload_lib.config import MAX_RAILS, Config, parse_rail_faults
-from offload_lib.errors import ConfigError, InvalidArgument, OffloadError, Unsupported, check_rc
+from offload_lib.errors import ConfigError, InvalidArgument, OffloadError, Unsupported, brief, check_rc
 from offload_lib.request import SMALL_MAX_BYTES, PersistentRequest, Request, Result
 from offload_lib.team import DST_ACCESS, SRC_ACCESS, Team
 
@@ -330,7 +330,7 @@ class Context:
         list makes it fail on every rank (InvalidArgument naming it)."""
         self._check_open()
         if isinstance(ranks, (str, bytes)) or not hasattr(ranks, "__iter__"):
-            raise InvalidArgument(f"team ranks must be a sequence of world ranks, got {ranks!r}")
+            raise InvalidArgument(f"team ranks must be a sequence of world ranks, got {brief(ranks)}")
         members = [_commands.integer(r, "a team rank") for r in ranks]
         if not members or len(set(members)) != len(members):
             raise InvalidArgument(f"team ranks {members} must be non-empty and distinct")
@@ -512,7 +512,7 @@ class Context:
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or \
                     not 0.0 <= float(value) <= 1.0:
-                raise InvalidArgument(f"{name} must be a fraction from 0 to 1, got {value!r}")
+                raise InvalidArgument(f"{name} must be a fraction from 0 to 1, got {brief(value)}")
             new[i] = float(value)
         rc = lib.host_set_mcast_faults(self._handle(), int(round(new[0] * 1e6)),
                                        int(round(new[1] * 1e6)))

@@ -11,6 +11,13 @@ import os
 from offload_lib._native import lib
 
 
+def brief(value: object) -> str:
+    """``value`` for an error message: its repr if short, else its type (an array passed
+    where a number or a name goes would print whole)."""
+    text = repr(value)
+    return text if len(text) <= 80 else f"a {type(value).__module__}.{type(value).__name__}"
+
+
 class OffloadError(Exception):
     """Base class of every error raised by offload_lib."""
 

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 from types import FrameType
 from typing import IO, Any, TextIO
 
-from offload_lib.errors import InvalidArgument
+from offload_lib.errors import InvalidArgument, brief
 
 __all__ = ["launch", "new_job_name", "cleanup_stale_segments", "job_segments", "SHM_DIR"]
 
@@ -244,15 +244,15 @@ def _stop(procs: Sequence[subprocess.Popen[bytes]]) -> list[int]:
 
 def _check_args(nprocs: int, cmd: Sequence[str], grace: float, timeout: float | None) -> None:
     if isinstance(nprocs, bool) or not isinstance(nprocs, int) or nprocs < 1:
-        raise InvalidArgument(f"number of ranks must be an integer >= 1, got {nprocs!r}")
+        raise InvalidArgument(f"number of ranks must be an integer >= 1, got {brief(nprocs)}")
     if isinstance(cmd, str) or not cmd or not all(isinstance(a, str) for a in cmd):
         raise InvalidArgument(
             f"cmd must be a non-empty list of strings, e.g. ['python', 'script.py'], got {cmd!r}"
         )
     if grace < 0:
-        raise InvalidArgument(f"grace must be >= 0 seconds, got {grace!r}")
+        raise InvalidArgument(f"grace must be >= 0 seconds, got {brief(grace)}")
     if timeout is not None and timeout <= 0:
-        raise InvalidArgument(f"timeout must be > 0 seconds or None, got {timeout!r}")
+        raise InvalidArgument(f"timeout must be > 0 seconds or None, got {brief(timeout)}")
 
 
 def _free_port() -> int:

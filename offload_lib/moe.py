@@ -28,7 +28,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 
-from offload_lib.errors import InvalidArgument, OffloadError
+from offload_lib.errors import InvalidArgument, OffloadError, brief
 
 __all__ = ["Dispatcher", "Handle", "get_layout"]
 
@@ -59,7 +59,7 @@ def _payload(dtype: Any) -> _Payload:
             name = repr(dtype)
     if name not in _PAYLOADS:
         raise InvalidArgument(
-            f"dtype {dtype!r} is not a supported payload: use float32, float16, bfloat16 "
+            f"dtype {brief(dtype)} is not a supported payload: use float32, float16, bfloat16 "
             "(torch.bfloat16, or the string 'bfloat16' for uint16 bit patterns) or float64"
         )
     return _PAYLOADS[name]
@@ -277,12 +277,12 @@ class Dispatcher:
                  dtype: Any) -> None:
         if not all(hasattr(team, a) for a in ("size", "rank", "alltoallv_rows")):
             raise InvalidArgument(f"team must be a Team (ctx.world, ctx.create_team(...)), "
-                                  f"got {team!r}")
+                                  f"got {brief(team)}")
         size, rank = int(team.size), int(team.rank)
         for name, value in (("num_experts", num_experts), ("hidden", hidden),
                             ("max_tokens_per_rank", max_tokens_per_rank)):
             if not isinstance(value, (int, np.integer)) or isinstance(value, bool) or value < 1:
-                raise InvalidArgument(f"{name} must be a positive integer, got {value!r}")
+                raise InvalidArgument(f"{name} must be a positive integer, got {brief(value)}")
         if num_experts % size:
             raise InvalidArgument(
                 f"num_experts={num_experts} does not split evenly over {size} ranks: "

@@ -14,6 +14,7 @@ from offload_lib.errors import (
     InvalidArgument,
     OffloadError,
     Timeout,
+    brief,
     completion_error,
 )
 
@@ -135,7 +136,7 @@ class Request:
         """Block until the op completes; raise Timeout after ``timeout`` seconds."""
         if timeout is not None and (isinstance(timeout, bool) or
                                     not isinstance(timeout, (int, float, np.integer))):
-            raise InvalidArgument(f"timeout must be a number of seconds or None, got {timeout!r}")
+            raise InvalidArgument(f"timeout must be a number of seconds or None, got {brief(timeout)}")
         if self._done:
             return self._outcome()
         comp = ffi.new(_COMP)

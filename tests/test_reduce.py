@@ -98,6 +98,10 @@ n, r = t.size, t.rank
 x = np.arange(6 * n, dtype=np.int64)
 for call, words in ((lambda: t.allreduce(x.copy(), "avg"), "avg of int64"),
                     (lambda: t.allreduce(x.copy(), "band"), "not a reduction"),
+                    # an output passed where the op goes: named by type, not printed whole
+                    (lambda: t.allreduce(x.copy(), np.empty(6 * n, np.int64)),
+                     "op a numpy.ndarray is not a reduction the DPA runs: use one of sum, prod,"
+                     " max, min, avg (an output buffer goes in out=)"),
                     (lambda: t.allreduce(x.astype(np.int8), "sum"), "the DPA reduces"),
                     (lambda: t.reduce_scatter(x, np.empty(5, np.int64)), "gives each rank"),
                     (lambda: t.reduce_scatter(x, np.empty(6, np.int32)), "same dtype"),
