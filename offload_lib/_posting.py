@@ -16,6 +16,8 @@ a Posting over the context instead of reaching into its members:
   completed), so that a poster thread never raises for a race with the completion.
 - ``register(buf, access)``: (key, owned) for a host buffer; ``owned``: this call made the
   registration and its caller releases it.
+- ``cookie(buf)``: the registration cache's cookie for a host buffer's exporter (0: none
+  kept), for a command whose buffers host_post registers.
 - ``register_dmabuf(base, length, fd, access)``: the key of GPU memory exported as a
   dma-buf (GPUDirect); raises OffloadError where the device cannot register it.
 - ``release(key)``: give back a key from either register call (a no-op once closed).
@@ -59,6 +61,9 @@ class Posting:
 
     def register(self, buf: Buffer, access: int) -> tuple[int, bool]:
         return self._ctx._register(buf, access)
+
+    def cookie(self, buf: Buffer) -> int:
+        return self._ctx._cookies.cookie(buf)
 
     def register_dmabuf(self, base: int, length: int, fd: int, access: int) -> int:
         key = ffi.new("uint32_t *")

@@ -1,8 +1,9 @@
 """Commands kept for the next call on the same buffers (a small op's fast path).
 
-A loop that calls ``team.alltoall(src, dst)`` on the same two numpy arrays again and again
-(MoE decode steps, the benchmark) would check and encode the same command each time: at
-1 KiB per peer that is most of the call's CPU. The first call takes the full way
+A loop that calls ``team.alltoall(src, dst)`` (or ``team.allreduce(buf, op, out=out)``,
+eager-sized, out apart from buf) on the same two numpy arrays again and again (MoE decode
+steps, small gradients, the benchmark) would check and encode the same command each time:
+at 1 KiB per peer that is most of the call's CPU. The first call takes the full way
 (_commands.py) and leaves its encoded command here; the next ones check, cheaply, that
 each array is still the same object with the same dtype, size, address, C-contiguity and
 (dst) writability, which is everything the full check looked at that can change in an
@@ -30,9 +31,11 @@ _PTR = ffi.typeof("char *")
 class Prepared:
     """One encoded command on (src, dst), posted again while ``matches`` says so."""
 
-    __slots__ = ("src", "dst", "dtype", "nbytes", "src_ptr", "dst_ptr", "op", "what")
+    __slots__ = ("src", "dst", "dtype", "nbytes", "src_ptr", "dst_ptr", "op", "what", "variant",
+                 "itemsize")
 
-    def __init__(self, src: np.ndarray, dst: np.ndarray, op: Any, what: str) -> None:
+    def __init__(self, src: np.ndarray, dst: np.ndarray, op: Any, what: str,
+                 variant: str | None, itemsize: int | None) -> None:
         self.src = weakref.ref(src)
         self.dst = weakref.ref(dst)
         self.dtype = src.dtype
@@ -44,6 +47,8 @@ class Prepared:
         op_copy[0] = op[0]  # posted: with its cookies and size class (host_post copies it)
         self.op = op_copy
         self.what = what
+        self.variant = variant  # what else the command encodes from the call (a reduction op)
+        self.itemsize = itemsize  # as the full way's Request has it (sizes in errors)
 
     def matches(self, src: Any, dst: Any) -> bool:
         """Still the same arrays, as the full check saw them?"""
@@ -66,11 +71,12 @@ class PreparedCache:
     def __init__(self) -> None:
         self._entries: dict[tuple[int, int], Prepared] = {}
 
-    def get(self, src: Any, dst: Any) -> Prepared | None:
+    def get(self, src: Any, dst: Any, variant: str | None = None) -> Prepared | None:
         p = self._entries.get((id(src), id(dst)))
-        return p if p is not None and p.matches(src, dst) else None
+        return p if p is not None and p.variant == variant and p.matches(src, dst) else None
 
-    def keep(self, src: Any, dst: Any, op: Any, what: str) -> None:
+    def keep(self, src: Any, dst: Any, op: Any, what: str, variant: str | None = None,
+             itemsize: int | None = None) -> None:
         """Keep op (encoded, with its cookies) for the next call on exactly these numpy
         arrays; other buffer types always take the full way."""
         if type(src) is not np.ndarray or type(dst) is not np.ndarray or \
@@ -82,7 +88,7 @@ class PreparedCache:
             dead = [k for k, p in entries.items() if p.src() is None or p.dst() is None]
             for k in dead or [next(iter(entries))]:
                 del entries[k]
-        entries[(id(src), id(dst))] = Prepared(src, dst, op, what)
+        entries[(id(src), id(dst))] = Prepared(src, dst, op, what, variant, itemsize)
 
     def clear(self) -> None:
         self._entries.clear()

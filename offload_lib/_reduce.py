@@ -127,7 +127,9 @@ class _Lease:
 
 
 def post(team: Team, opcode: int, s: Buffer, d: Buffer, word: int, what: str) -> Any:
-    """Post a reduction command on checked buffers, with scratch from the pool."""
+    """Post a reduction command on checked buffers, with scratch from the pool; the
+    Request, and the command when another call on the same buffers may post it again
+    (no scratch, no registration of its own: eager, out apart from buf), else None."""
     posting = Posting(team._ctx)
     n = team.size
     stride = s.nbytes // n if opcode == lib.OFFLOAD_OP_REDUCE_SCATTER else order_block(s.nbytes, s.itemsize, n)
@@ -149,16 +151,24 @@ def post(team: Team, opcode: int, s: Buffer, d: Buffer, word: int, what: str) ->
         keep = (lease,)
     if s.on_gpu or d.on_gpu:
         raise InvalidArgument(f"{what} takes host buffers (GPU buffers: copy to the host first)")
+    # Distinct buffers: host_post registers them under their exporters' cookies once and
+    # keeps that for the next op on them (the registration cache), as for the collectives.
     # In place (src is dst or holds it): one registration with both rights, as host_post
     # would otherwise register the same pages twice with different ones.
-    if s.overlaps(d):
+    if not s.overlaps(d):
+        if s.nbytes:
+            op.src_cookie = posting.cookie(s)
+        if d.nbytes:
+            op.dst_cookie = posting.cookie(d)
+    else:
         lo, hi = min(s.addr, d.addr), max(s.addr + s.nbytes, d.addr + d.nbytes)
         span = Buffer(lo, hi - lo, 1, "|u1", (s.obj, d.obj))
         key, owned = posting.register(span, _ALL_ACCESS)
         op.src_key = op.dst_key = key
         if owned:
             keep = (*keep, _KeyLease(posting, key))
-    return posting.op(op, what, (s.obj, d.obj, *keep), None, s.nbytes, s.itemsize)
+    req = posting.op(op, what, (s.obj, d.obj, *keep), None, s.nbytes, s.itemsize)
+    return req, (op if not keep and not s.overlaps(d) else None)
 
 
 class _KeyLease:

@@ -463,7 +463,7 @@ class Context:
         if rc:
             self._check(rc, f"posting {prepared.what}")
         return Request(self, int(tagp[0]), prepared.what, keep, None,
-                       self._poll_ns if prepared.op.small else 0)
+                       self._poll_ns if prepared.op.small else 0, prepared.itemsize)
 
     def _post_tag(self, op: Any, what: str, nbytes: int, tagp: Any) -> int:
         """Post op (moving nbytes per rank) and return its tag."""

@@ -31,6 +31,7 @@ class Team:
         self.rank = self.ranks.index(ctx.rank)
         self._barrier_op: Any = None
         self._alltoalls = PreparedCache()  # the next call on the same arrays posts these
+        self._allreduces = PreparedCache()
 
     def __repr__(self) -> str:
         return f"<Team id={self.id} rank={self.rank}/{self.size}>"
@@ -135,15 +136,23 @@ class Team:
         self._ctx._check_open()
         s, d = _reduce.check_reduce_scatter(self, src, dst)
         word = _reduce.redop_word(op, s)
-        return _reduce.post(self, lib.OFFLOAD_OP_REDUCE_SCATTER, s, d, word, "reduce_scatter")
+        return _reduce.post(self, lib.OFFLOAD_OP_REDUCE_SCATTER, s, d, word, "reduce_scatter")[0]
 
     def allreduce(self, buf: Any, op: str = "sum", *, out: Any = None) -> Request:
         """Post an allreduce of every rank's ``buf``: in place, or into ``out`` (same size
         and dtype). Ops and dtypes as reduce_scatter; the same fixed order."""
-        self._ctx._check_open()
+        ctx = self._ctx
+        ctx._check_open()
+        if out is not None and isinstance(op, str):
+            prepared = self._allreduces.get(buf, out, op)
+            if prepared is not None:  # the same arrays and op as a call before: checked already
+                return ctx._post_prepared(prepared, (buf, out))
         s, d = _reduce.check_allreduce(buf, out)
         word = _reduce.redop_word(op, s)
-        return _reduce.post(self, lib.OFFLOAD_OP_ALLREDUCE, s, d, word, "allreduce")
+        req, kept = _reduce.post(self, lib.OFFLOAD_OP_ALLREDUCE, s, d, word, "allreduce")
+        if kept is not None and isinstance(op, str):
+            self._allreduces.keep(buf, out, kept, "allreduce", op, s.itemsize)
+        return req
 
     # -- shrink -----------------------------------------------------------------------------
     def shrink(self) -> Team:

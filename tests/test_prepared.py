@@ -1,5 +1,6 @@
-"""The small op's fast path (offload_lib/_prepared.py): team.alltoall on the same numpy arrays
-as a call before posts the command that call encoded. It must give exactly what the full
+"""The small op's fast path (offload_lib/_prepared.py): team.alltoall (and an eager
+team.allreduce into another array) on the same numpy arrays as a call before posts the
+command that call encoded. It must give exactly what the full
 way gives, every time, and anything the full check looked at that changed since (dtype,
 writability, contiguity, size, address, the arrays themselves) must take the full way
 again: the same errors, never a command for memory that is no longer what it was."""
@@ -167,3 +168,63 @@ assert errors and not isinstance(errors[0], ol.Timeout), errors
 @pytest.mark.timeout(60)
 def test_close_from_another_thread_ends_a_fast_path_loop():
     run_ranks(1, CLOSE_RACE, timeout=45)
+
+
+# The allreduce's kept command (eager-sized, out apart from buf, op named by a string): the
+# same exactness; another op on the same arrays, a read-only out, a dtype changed in place,
+# in place and above eager_max all take the full way (and the full way's errors).
+ALLREDUCE = r'''
+ctx = ol.init()
+n = ctx.size
+team = ctx.world
+buf = np.zeros(64, np.float32)
+out = np.zeros(64, np.float32)
+for i in range(100):
+    buf[:] = np.arange(64) + rank + i
+    out[:] = -1
+    op = ("sum", "max", "min")[i % 3]
+    team.allreduce(buf, op, out=out).wait(timeout=20)
+    ranks = np.arange(n, dtype=np.float32)[:, None]
+    want = {"sum": np.sum, "max": np.max, "min": np.min}[op](np.arange(64) + ranks + i, axis=0)
+    check_equal(out, want.astype(np.float32), f"op {i} ({op})")
+# One entry per (buf, out) pair, whose op is the last one posted.
+assert len(team._allreduces._entries) == 1, team._allreduces._entries
+team.allreduce(buf, "sum", out=out).wait(timeout=20)
+team.allreduce(buf, "sum", out=out).wait(timeout=20)
+assert team._allreduces.get(buf, out, "sum") is not None
+
+out.flags.writeable = False
+try:
+    team.allreduce(buf, "sum", out=out)
+    raise AssertionError("a read-only out was posted")
+except ol.InvalidArgument as e:
+    assert "read-only" in str(e), e
+out.flags.writeable = True
+
+buf.dtype = np.int32
+try:
+    team.allreduce(buf, "sum", out=out)
+    raise AssertionError("differing dtypes were posted")
+except ol.InvalidArgument as e:
+    assert "must match" in str(e), e
+buf.dtype = np.float32
+
+# In place and above eager_max: never kept, exact.
+x = np.ones(16, np.float32) * (rank + 1)
+team.allreduce(x).wait(timeout=20)
+check_equal(x, np.full(16, n * (n + 1) / 2, np.float32), "in place")
+big = np.ones(4096, np.float32)
+big_out = np.zeros_like(big)
+for _ in range(2):
+    team.allreduce(big, out=big_out).wait(timeout=20)
+check_equal(big_out, np.full(4096, n, np.float32), "rendezvous")
+assert team._allreduces.get(x, x, "sum") is None
+assert team._allreduces.get(big, big_out, "sum") is None
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("n", [1, 3])
+def test_repeated_allreduce_on_the_same_arrays_is_exact(n):
+    run_ranks(n, ALLREDUCE, timeout=90)
