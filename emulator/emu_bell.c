@@ -127,7 +127,7 @@ static int wake(struct emu_device *dev, uint32_t rank, enum wake_kind kind, stru
 		 * event again within its nap (a sleeper sets its napping bit first). A peer's
 		 * write leaves them be while the host's lease holds (emu_spin.c). */
 		if (!asleep || (!force && off_read_once(&r->load) == DPA_ENGINE_IDLE) ||
-		    (!force && emu_host_leased(dev, rank, emu_now_ns())) ||
+		    (!force && emu_host_leased(dev, rank)) ||
 		    (kind == WAKE_DOORBELL && !(asleep & ~off_read_once(&r->napping))) ||
 		    !(taken = __atomic_exchange_n(&r->sleepers, 0, __ATOMIC_ACQ_REL)))
 			return 0;

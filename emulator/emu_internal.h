@@ -487,7 +487,7 @@ int emu_woken_waiting(const struct emu_device *dev, uint64_t now);
  * copiers' core) and every awake thread of the job has a core? */
 int emu_spin_worthwhile(const struct emu_device *dev);
 /* Need a peer's write to rank not wake its progress thread (the host's lease holds)? */
-int emu_host_leased(const struct emu_device *dev, uint32_t rank, uint64_t now);
+int emu_host_leased(const struct emu_device *dev, uint32_t rank);
 
 /* emu_bell.c: the job's bell, private futex words, the clock */
 #define EMU_CPU_ASLEEP 0xffffffffu      /* emu_rank.host_cpu of a host thread asleep */

@@ -473,11 +473,14 @@ int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t tim
 		if (quiet)
 			host_idle(dev, snap, word, seen, deadline, &yielded);
 	}
-	/* Small ops left in flight: back soon, as a rule (emu_host_leased). */
-	int leased = !bulk && dev->attr.num_threads == 1 &&
-		     dpa_engine_load(dev->fw_state) == DPA_ENGINE_SMALL;
+	/* Small ops left in flight (the load the last pass published): back soon, as a rule
+	 * (emu_host_leased). The line is written only when the lease changes. */
+	int small_left = !bulk && dev->attr.num_threads == 1 &&
+			 off_read_once(&r->load) == DPA_ENGINE_SMALL;
+	uint64_t lease = small_left ? emu_now_ns() + EMU_HOST_LEASE_NS : 0;
 
-	off_write_once(&r->host_lease_ns, leased ? emu_now_ns() + EMU_HOST_LEASE_NS : 0);
+	if (lease || off_read_once(&r->host_lease_ns))
+		off_write_once(&r->host_lease_ns, lease);
 	off_store_release(&r->driving, 0);
 	/* Pairs with a progress thread's sleepers increment and fence before it sleeps: it
 	 * either sees driving clear, or we see it asleep. It needs waking only if we leave
@@ -487,7 +490,7 @@ int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t tim
 		emu_doorbell_rank(dev, dev->attr.rank);
 	else if (off_read_once(&r->sleepers) &&
 		 (!quiet || work_waiting(dev) || (off_load_acquire(&r->event) != snap &&
-						  !emu_host_leased(dev, dev->attr.rank, emu_now_ns()))))
+						  !emu_host_leased(dev, dev->attr.rank))))
 		emu_kick_rank(dev, dev->attr.rank);
 	off_unlock(&dev->drive_lock);
 	return rc;

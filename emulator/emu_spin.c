@@ -26,14 +26,20 @@ uint64_t emu_spin_budget_ns(const struct emu_device *dev)
 	return cost < cap ? cost : cap;
 }
 
-/* Does every awake thread of the job have a core? Else a spinner keeps one of them off
- * its core: sleep instead. (Every rank has one host thread and num_threads progress
- * threads; others, like a stager's, are not counted.) */
-int emu_cores_to_spare(const struct emu_device *dev)
+/* The job's threads not asleep in a wait (woken ones count as awake). Every rank has one
+ * host thread and num_threads progress threads; others, like a stager's, are not counted. */
+static int64_t job_awake(const struct emu_device *dev)
 {
 	int64_t threads = (int64_t)dev->attr.size * (1 + dev->attr.num_threads);
 
-	return threads - (int64_t)off_read_once(&dev->hdr->asleep) <= (int64_t)dev->ncores;
+	return threads - (int64_t)off_read_once(&dev->hdr->asleep);
+}
+
+/* Does every awake thread of the job have a core? Else a spinner keeps one of them off
+ * its core: sleep instead. */
+int emu_cores_to_spare(const struct emu_device *dev)
+{
+	return job_awake(dev) <= (int64_t)dev->ncores;
 }
 
 /* Is this CPU ours alone among the job's threads: no other rank's host thread last ran
@@ -46,7 +52,6 @@ int emu_cores_to_spare(const struct emu_device *dev)
 int emu_cpu_alone(const struct emu_device *dev)
 {
 	uint32_t me = dev->attr.rank, cpu = emu_cpu_now(), hosts_awake = 0;
-	int64_t threads = (int64_t)dev->attr.size * (1 + dev->attr.num_threads);
 
 	for (uint32_t i = 0; i < dev->attr.size; i++) {
 		uint32_t at = off_read_once(&dev->ranks[i].host_cpu);
@@ -57,7 +62,7 @@ int emu_cpu_alone(const struct emu_device *dev)
 			return 0;
 		hosts_awake++;
 	}
-	return threads - (int64_t)off_read_once(&dev->hdr->asleep) <= (int64_t)hosts_awake;
+	return job_awake(dev) <= (int64_t)hosts_awake;
 }
 
 /* Was a sleeper woken more than EMU_WAKING_NS ago and has not run yet? Then it is likely
@@ -85,12 +90,14 @@ int emu_woken_waiting(const struct emu_device *dev, uint64_t now)
  * thread per rank (the ranks fill the cores), whose sleep's end is published exactly
  * (dpa_sleep_until); a sleeper that went to bed before the lease, for longer, is woken.
  */
-int emu_host_leased(const struct emu_device *dev, uint32_t rank, uint64_t now)
+int emu_host_leased(const struct emu_device *dev, uint32_t rank)
 {
 	const struct emu_rank *r = &dev->ranks[rank];
 	uint64_t lease = off_read_once(&r->host_lease_ns);
 
-	return now < lease && off_read_once(&r->dpa_sleep_until) <= lease + EMU_HOST_LEASE_NS;
+	/* No lease (the usual case outside small ops): no clock read on the waker's path. */
+	return lease && emu_now_ns() < lease &&
+	       off_read_once(&r->dpa_sleep_until) <= lease + EMU_HOST_LEASE_NS;
 }
 
 /* Is any rank of the job in the middle of a bulk op (long copies hogging cores)? */

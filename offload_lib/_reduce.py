@@ -155,7 +155,8 @@ def post(team: Team, opcode: int, s: Buffer, d: Buffer, word: int, what: str) ->
     # keeps that for the next op on them (the registration cache), as for the collectives.
     # In place (src is dst or holds it): one registration with both rights, as host_post
     # would otherwise register the same pages twice with different ones.
-    if not s.overlaps(d):
+    in_place = s.overlaps(d)
+    if not in_place:
         if s.nbytes:
             op.src_cookie = posting.cookie(s)
         if d.nbytes:
@@ -168,7 +169,7 @@ def post(team: Team, opcode: int, s: Buffer, d: Buffer, word: int, what: str) ->
         if owned:
             keep = (*keep, _KeyLease(posting, key))
     req = posting.op(op, what, (s.obj, d.obj, *keep), None, s.nbytes, s.itemsize)
-    return req, (op if not keep and not s.overlaps(d) else None)
+    return req, (op if not keep and not in_place else None)
 
 
 class _KeyLease:
