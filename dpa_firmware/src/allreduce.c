@@ -15,6 +15,7 @@
  * item i's own push of that block completed (step 1), and nothing else reads dst.
  * A failed op reads nothing and still signals (with the error), so that every peer ends.
  */
+#include "eager.h"
 #include "reduce.h"
 
 static int ar_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
@@ -74,13 +75,11 @@ static int ar_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, st
 	return work + 1;
 }
 
-/* Vectors within the rank's eager_max go eagerly (allreduce_eager.c) in teams of at most
- * OFFLOAD_EAGER_MAX_TEAM members, as the all-to-all's blocks do: every rank has the same
- * count and team and is told the same eager_max (the op signature checks it). */
+/* Vectors that fit go eagerly (allreduce_eager.c), as the all-to-all's blocks do. */
 static const struct dpa_algo *ar_select(const struct dpa_engine_params *p,
 					const struct offload_cmd *cmd, uint32_t team_size)
 {
-	if (p->eager_max && cmd->count <= p->eager_max && team_size <= OFFLOAD_EAGER_MAX_TEAM)
+	if (dpa_eager_fits(p, cmd, team_size))
 		return &dpa_algo_allreduce_eager;
 	return &dpa_algo_allreduce;
 }

@@ -29,7 +29,7 @@ static int are_start(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *
 	uint32_t es = dpa_dtype_size(OFFLOAD_REDOP_DT(c->root)), k = dpa_eager_slot(op);
 
 	(void)hal;
-	/* The host never sends more than its eager_max here (are_select); a forged command
+	/* The host never sends more than its eager_max here (ar_select); a forged command
 	 * is refused, moving nothing. */
 	if (team->size > OFFLOAD_EAGER_MAX_TEAM || c->flags || !dpa_redop_valid(c->root) ||
 	    c->count % es || c->count > OFFLOAD_EAGER_BYTES ||

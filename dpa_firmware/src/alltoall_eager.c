@@ -311,13 +311,12 @@ int dpa_eager_judge(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, struc
 		    uint32_t p)
 {
 	struct dpa_item *it = &op->items[i];
-	const struct offload_eager_slot *slot = dpa_eager_slot_ptr(eng, op, hal, p);
 
 	if (it->flags & DPA_ITEM_FALLBACK)
 		return fallback_step(eng, op, i, hal, p);
 	if (it->flags & DPA_ITEM_JUDGED)
 		return 0;
-	return judge_step(eng, op, i, hal, p, slot);
+	return judge_step(eng, op, i, hal, p, dpa_eager_slot_ptr(eng, op, hal, p));
 }
 
 const struct offload_eager_slot *dpa_eager_slot_ptr(struct dpa_engine *eng, const struct dpa_op *op,
@@ -353,13 +352,14 @@ static int recv_step(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, stru
 	const struct offload_peer *me = &team->peers[team->my_rank];
 	struct dpa_item *it = &op->items[i];
 	const struct offload_cmd *cmd = &op->cmd;
-	uint64_t off = dpa_ctrl_eager_off(eng, op->team_id, p, dpa_eager_slot(op));
-	const struct offload_eager_slot *slot = dpa_eager_slot_ptr(eng, op, hal, p);
 	int work = dpa_eager_judge(eng, op, i, hal, p), allowed;
 
 	if (!(it->flags & DPA_ITEM_JUDGED) || (it->flags & (DPA_ITEM_RECVD | DPA_ITEM_FALLBACK)))
 		return work;
 	if (!(it->flags & DPA_ITEM_COPIED)) {
+		uint64_t off = dpa_ctrl_eager_off(eng, op->team_id, p, dpa_eager_slot(op));
+		const struct offload_eager_slot *slot = dpa_eager_slot_ptr(eng, op, hal, p);
+
 		allowed = dpa_eager_copies_allowed(op);
 		if (allowed < 0)
 			return work;

@@ -7,6 +7,7 @@
  * the same size, so each receiver knows its layout up front and publishes all its readies
  * at intake; the rest is the shared exchange step (p2p.c).
  */
+#include "eager.h"
 #include "engine_internal.h"
 #include "p2p.h"
 
@@ -108,13 +109,11 @@ static uint32_t a2a_horizon(const struct dpa_engine *eng, struct dpa_op *op, uin
 	return r < op->nitems && r >= i ? r + 1 : i;
 }
 
-/* Blocks within the rank's eager_max go eagerly (alltoall_eager.c) in teams of at most
- * OFFLOAD_EAGER_MAX_TEAM members (the eager slots' width): every rank has the same count
- * and team, and is told to use the same eager_max (the op signature checks it). */
+/* Blocks that fit go eagerly (alltoall_eager.c). */
 static const struct dpa_algo *a2a_select(const struct dpa_engine_params *p,
 					 const struct offload_cmd *cmd, uint32_t team_size)
 {
-	if (p->eager_max && cmd->count <= p->eager_max && team_size <= OFFLOAD_EAGER_MAX_TEAM)
+	if (dpa_eager_fits(p, cmd, team_size))
 		return &dpa_algo_alltoall_eager;
 	return &dpa_algo_alltoall_pairwise;
 }

@@ -22,6 +22,15 @@ enum dpa_eager_w {
 	EAGER_W_CREDIT,  /* the consumed slot's word back to the peer */
 };
 
+/* Does a command of count bytes go eagerly? Within the rank's eager_max, in a team of at
+ * most OFFLOAD_EAGER_MAX_TEAM members (the eager slots' width): every rank has the same
+ * count and team, and is told to use the same eager_max (the op signature checks it). */
+static inline int dpa_eager_fits(const struct dpa_engine_params *p,
+				 const struct offload_cmd *cmd, uint32_t team_size)
+{
+	return p->eager_max && cmd->count <= p->eager_max && team_size <= OFFLOAD_EAGER_MAX_TEAM;
+}
+
 static inline uint32_t dpa_eager_slot(const struct dpa_op *op)
 {
 	return op->seq % OFFLOAD_EAGER_SLOTS;

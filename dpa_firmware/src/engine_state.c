@@ -73,12 +73,12 @@ int dpa_engine_init(void *state, const struct dpa_engine_params *p)
 	if (!params_ok(p))
 		return DPA_HAL_EINVAL;
 	c = carve(p);
-	/* Zero it, storing only into words that are not zero yet: a loader that hands over
-	 * fresh anonymous pages (one process that holds thousands of ranks) then keeps
-	 * the parts no team ever uses unbacked. c.total is a multiple of 64 bytes. */
-	for (uint64_t i = 0; i < c.total / 8u; i++)
-		if (words[i])
-			words[i] = 0;
+	/* Zero all but the team arena (last in the state): carve_team() zeroes a team's part
+	 * of it when the team is made, so the parts no team uses are never written (a loader
+	 * that hands over fresh anonymous pages keeps them unbacked). c.arena is a multiple
+	 * of 64 bytes. */
+	for (uint64_t i = 0; i < c.arena / 8u; i++)
+		words[i] = 0;
 	eng->params = *p;
 	eng->rank_words = offload_rank_words(p->world_size);
 	eng->failed = (uint64_t *)(bytes + c.failed);

@@ -264,7 +264,7 @@ static struct mpi_op *alltoallv_op(enum dpo_mpi_coll c, const void *sbuf, const 
 				   MPI_Comm comm, enum dpo_mpi_reason *why)
 {
 	struct comm_state *cs = NULL;
-	uint64_t *sc, *sd, *rc, *rd;
+	uint64_t small[4 * 64], *sc, *sd, *rc, *rd;
 	int n, packed = 0;
 	dpo_coll_args_t a;
 	struct mpi_op *op;
@@ -282,12 +282,21 @@ static struct mpi_op *alltoallv_op(enum dpo_mpi_coll c, const void *sbuf, const 
 	if (!op)
 		return NULL;
 	/* Byte counts and displacements, one of each per member each way; the op copies them
-	 * (dpo_collective_init), so they live only through the build. */
-	sc = malloc(4 * sizeof(uint64_t) * (size_t)n);
-	sd = sc ? sc + n : NULL, rc = sc ? sd + n : NULL, rd = sc ? rc + n : NULL;
-	if (!sc || v_side(op, 1, sbuf, scounts, sdispls, stype, n, sc, sd, &s, &packed) ||
+	 * (dpo_collective_init), so they live only through the build: on the stack up to 64
+	 * members, allocated past that. */
+	sc = n <= 64 ? small : malloc(4 * sizeof(uint64_t) * (size_t)n);
+	if (!sc) {
+		dpo_mpi_op_free(op);
+		*why = R_BAD_ARGS;  /* out of memory, counted as dpo_mpi_op_new's: MPI runs it */
+		return NULL;
+	}
+	sd = sc + n;
+	rc = sd + n;
+	rd = rc + n;
+	if (v_side(op, 1, sbuf, scounts, sdispls, stype, n, sc, sd, &s, &packed) ||
 	    v_side(op, 0, rbuf, rcounts, rdispls, rtype, n, rc, rd, &d, &packed)) {
-		free(sc);
+		if (sc != small)
+			free(sc);
 		dpo_mpi_op_free(op);
 		*why = R_BAD_ARGS;
 		return NULL;
@@ -297,7 +306,8 @@ static struct mpi_op *alltoallv_op(enum dpo_mpi_coll c, const void *sbuf, const 
 	a.src.info_v = (dpo_coll_buffer_info_v_t){ s, sc, sd, DPO_DT_BYTE };
 	a.dst.info_v = (dpo_coll_buffer_info_v_t){ d, rc, rd, DPO_DT_BYTE };
 	op = dpo_mpi_build(c, cs, &a, 0, packed, why, op);
-	free(sc);
+	if (sc != small)
+		free(sc);
 	return op;
 }
 

@@ -145,9 +145,13 @@ static struct dpa_flexio_qp *qp_at(struct dpa_hal *hal, uint32_t i)
 	return &hal->host_qp;
 }
 
+/* Fibonacci hashing: the product's mix is in its high bits, folded down before the
+ * caller masks (the low bits alone depend only on the QP number's low bits). */
 static uint32_t qpn_hash(uint32_t qpn)
 {
-	return qpn * 0x9e3779b1u;
+	uint32_t h = qpn * 0x9e3779b1u;
+
+	return h ^ (h >> 16);
 }
 
 void dpa_flexio_index_qpns(struct dpa_hal *hal)

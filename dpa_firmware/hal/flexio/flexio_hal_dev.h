@@ -125,7 +125,7 @@ struct dpa_hal {
 	/* The tables behind this struct, in the same allocation (dpa_flexio_hal_layout). */
 	struct dpa_flexio_qp *qps;  /* [num_rails * world_size]: rail r, peer p at r * W + p */
 	uint8_t *rail_of;           /* [world_size]: the rail each peer's work goes out on */
-	uint32_t *qpn_slots;        /* open addressing, qpn -> 1 + QP index (dpa_flexio_qp_at) */
+	uint32_t *qpn_slots;        /* open addressing, qpn -> 1 + QP index (dpa_flexio_qp_of) */
 	uint32_t qpn_mask;          /* slots - 1 */
 	uint32_t soft_head;     /* completions made up here: posts to a broken QP, flushes */
 	uint32_t soft_tail;

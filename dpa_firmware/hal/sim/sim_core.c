@@ -224,8 +224,8 @@ int sim_world_init(struct sim_world *w, uint32_t size, uint32_t nthreads, uint32
 		state_bytes = (dpa_engine_state_size(&p) + 63) & ~63ull;
 		if (state_bytes == 63)
 			return -2;
-		/* Zero pages: the firmware stores only into words that are not zero, so the
-		 * team arena's unused members (O(W) a rank) stay unbacked. */
+		/* Zero pages: the firmware writes the team arena only where a team is carved,
+		 * so its unused members (O(W) a rank) stay unbacked. */
 		r->state = mmap(NULL, state_bytes, PROT_READ | PROT_WRITE,
 				MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 		if (r->state == MAP_FAILED)

@@ -12,7 +12,6 @@
 
 #include "sim_driver.h"
 
-#define RING_ENTRIES 64u
 #define RESCUE_PS SIM_PS(50000000ull)      /* the emulator's 50 ms sleep slice */
 #define RESCUES_MAX 24u                    /* > 2 x the firmware's 0.2 s dead grace */
 #define MAX_VIRTUAL_PS SIM_PS(20000000000ull)
@@ -186,7 +185,7 @@ void sim_drv_params(const struct sim_job *job, const struct sim_model *model,
 {
 	*out = (struct dpa_engine_params){
 		.abi_version = OFFLOAD_ABI_VERSION, .num_threads = job->threads,
-		.sq_entries = RING_ENTRIES, .cq_entries = 2 * RING_ENTRIES,
+		.sq_entries = SIM_RING_ENTRIES, .cq_entries = 2 * SIM_RING_ENTRIES,
 		.chunk_size = job->chunk_size, .chunks_per_pass = job->chunks_per_pass,
 		.op_timeout_ms = job->op_timeout_ms, .link_mbps = (uint32_t)(model->link_gbps * 125),
 		.mcast_roots = job->mcast_roots, .eager_max = job->eager_max,
@@ -225,7 +224,7 @@ int sim_drv_init(struct sim_drv *d, const struct sim_job *job, const struct sim_
 	for (uint32_t i = 0; i < job->n; i++) {
 		struct sim_rank *r = &d->w.ranks[i];
 		struct sim_host *h = &d->hosts[i];
-		uint64_t len = offload_ring_bytes(RING_ENTRIES, 2 * RING_ENTRIES, job->n);
+		uint64_t len = offload_ring_bytes(SIM_RING_ENTRIES, 2 * SIM_RING_ENTRIES, job->n);
 
 		r->host = h;
 		r->ring = aligned_alloc(64, len);
@@ -236,12 +235,12 @@ int sim_drv_init(struct sim_drv *d, const struct sim_job *job, const struct sim_
 		memset(r->ring, 0, len);
 		h->hdr = (struct offload_ring_hdr *)r->ring;
 		h->sq = (struct offload_cmd *)(h->hdr + 1);
-		h->cq = (struct offload_cqe *)(h->sq + RING_ENTRIES);
-		h->sq_entries = RING_ENTRIES;
-		h->cq_entries = 2 * RING_ENTRIES;
-		h->hdr->sq_entries = RING_ENTRIES;
-		h->hdr->cq_entries = 2 * RING_ENTRIES;
-		offload_ring_set_ranks(h->hdr, RING_ENTRIES, 2 * RING_ENTRIES, job->n);
+		h->cq = (struct offload_cqe *)(h->sq + SIM_RING_ENTRIES);
+		h->sq_entries = SIM_RING_ENTRIES;
+		h->cq_entries = 2 * SIM_RING_ENTRIES;
+		h->hdr->sq_entries = SIM_RING_ENTRIES;
+		h->hdr->cq_entries = 2 * SIM_RING_ENTRIES;
+		offload_ring_set_ranks(h->hdr, SIM_RING_ENTRIES, 2 * SIM_RING_ENTRIES, job->n);
 		h->hdr->cq_waiters = 1;  /* the host waits: the firmware notifies every completion */
 	}
 	return 0;

@@ -11,6 +11,8 @@
 /* Ranks of a simulated job (the ABI takes up to OFFLOAD_RANKS_LIMIT): tables of the world
  * size are allocated per job, and 4096 ranks of default firmware state fit in a few GB. */
 #define SIM_MAX_RANKS 4096u
+#define SIM_RING_ENTRIES 64u  /* each rank's command ring (completions: twice as many) */
+#define SIM_GUARD 64u         /* bytes of guard pattern after every op buffer */
 
 #include "sim.h"
 

@@ -12,8 +12,6 @@
 
 #include "sim_driver.h"
 
-#define RING_ENTRIES 64u
-#define GUARD 64u
 /* The process itself, the event heap and the messages in flight (measured: tens of MB at
  * n=1024). */
 #define SLACK (96ull << 20)
@@ -51,9 +49,9 @@ void sim_mem_need(const struct sim_job *job, const struct sim_model *model, uint
 
 	sim_drv_params(job, model, &p);
 	memset(out, 0, sizeof(*out));
-	/* The state is mapped zero pages and dpa_engine_init() stores no zeros: what gets
-	 * written is the fixed part and the members of the world team (n of the arena's 2n:
-	 * the state sized for a pool of n). */
+	/* The state is mapped zero pages and dpa_engine_init() leaves the team arena to the
+	 * teams: what gets written is the fixed part and the members of the world team (n of
+	 * the arena's 2n: the state sized for a pool of n). */
 	mapped_state = align64(dpa_engine_state_size(&p));
 	p.team_pool_ranks = job->n;
 	out->state = align64(dpa_engine_state_size(&p));
@@ -62,11 +60,11 @@ void sim_mem_need(const struct sim_job *job, const struct sim_model *model, uint
 	out->ctrl_touched = OFFLOAD_CTRL_ENTRY_BYTES * n;
 	per_thread = sizeof(struct dpa_hal) + n + 8 * n * job->rails +
 		     model->nic_sq_depth * sizeof(struct dpa_hal_cqe);
-	ring = align64(offload_ring_bytes(RING_ENTRIES, 2 * RING_ENTRIES, job->n));
+	ring = align64(offload_ring_bytes(SIM_RING_ENTRIES, 2 * SIM_RING_ENTRIES, job->n));
 	out->tables = sizeof(struct sim_rank) + sizeof(struct sim_host) + ring +
 		      8 * n * job->rails + job->threads * per_thread;
 	if (job->payload == SIM_REAL)
-		out->payload = n * job->window * (op_buffers(opcode, job->n, size) + 2 * GUARD + 128);
+		out->payload = n * job->window * (op_buffers(opcode, job->n, size) + 2 * SIM_GUARD + 128);
 	if (opcode == OFFLOAD_OP_ALLTOALLV && vmode == SIM_V_MOE)
 		out->payload += 8 * n * n;  /* the dispatch's count table */
 	out->touched = n * (out->state + out->ctrl_touched + out->tables) + out->payload + SLACK;

@@ -11,7 +11,6 @@
 
 #include "sim_driver.h"
 
-#define GUARD 64u
 #define GUARD_BYTE 0xa5u
 #define PHANTOM_BASE 0xf000000000000000ull
 
@@ -165,10 +164,10 @@ static uint8_t *buf_new(struct sim_drv *d, struct sim_rank *r, struct sim_inst *
 					   ((uint64_t)in->nkeys << 34));
 		*key = sim_mr_reg(&d->w, r, (uint64_t)(uintptr_t)p, len ? len : 1, access, 1);
 	} else {
-		p = aligned_alloc(64, (len + GUARD + 63) & ~63ull);
+		p = aligned_alloc(64, (len + SIM_GUARD + 63) & ~63ull);
 		if (!p)
 			return NULL;
-		memset(p + len, GUARD_BYTE, GUARD);
+		memset(p + len, GUARD_BYTE, SIM_GUARD);
 		*key = sim_mr_reg(&d->w, r, (uint64_t)(uintptr_t)p, len ? len : 1, access, 0);
 	}
 	if (in->nkeys < 4)
@@ -352,7 +351,7 @@ int sim_op_build(struct sim_drv *d, struct sim_rank *r, uint32_t k, struct offlo
 
 static int guard_ok(const struct sim_inst *in)
 {
-	for (uint32_t i = 0; i < GUARD; i++)
+	for (uint32_t i = 0; i < SIM_GUARD; i++)
 		if (in->dst[in->dst_len + i] != GUARD_BYTE)
 			return 0;
 	return 1;
