@@ -215,11 +215,22 @@ static int fx_open_host_cq(struct fx_device *d)
 	return d->hcq ? 0 : -EIO;
 }
 
+/* Every rank reaches this point before any goes on: an allgather of one word, whose values
+ * nobody reads (its return is the only result). */
+static int fx_all_reached(struct fx_device *d)
+{
+	int one = 1, *all = calloc(d->attr.size, sizeof(*all));
+	int rc = all ? d->attr.allgather(d->attr.allgather_arg, &one, sizeof(one), all) : -ENOMEM;
+
+	free(all);
+	return rc;
+}
+
 static int fx_open(const struct host_ctx_params *attr, struct host_device **out)
 {
 	struct fx_device *d;
 	uint32_t *qpns = NULL;
-	int rc, one = 1, *all;
+	int rc;
 
 	if (!host_params_known(attr))
 		return -EPROTONOSUPPORT;
@@ -268,10 +279,8 @@ static int fx_open(const struct host_ctx_params *attr, struct host_device **out)
 		rc = fx_keepalive_connect(d);
 	free(qpns);
 	/* Nobody sends before every rank's queues are ready to receive. */
-	all = rc ? NULL : calloc(attr->size, sizeof(*all));
 	if (!rc)
-		rc = all ? attr->allgather(attr->allgather_arg, &one, sizeof(one), all) : -ENOMEM;
-	free(all);
+		rc = fx_all_reached(d);
 	if (rc) {
 		fx_close((struct host_device *)d);
 		return rc;
@@ -286,7 +295,7 @@ static int fx_start(struct host_device *hd, const struct dpa_engine_params *para
 	struct fx_device *d = to_fx(hd);
 	flexio_uintptr_t state = 0, params_d = 0;
 	uint64_t ret = 0;
-	int rc, one = 1, *all;
+	int rc;
 
 	/* The DPA reaches the ring and stats only inside the arena (fw_memory). */
 	if ((uint8_t *)win->ring != d->arena || (uint8_t *)win->stats != d->arena + d->stats_off ||
@@ -316,9 +325,7 @@ static int fx_start(struct host_device *hd, const struct dpa_engine_params *para
 	/* A CQE that comes before run() finds no running handler: its event is "blocked and
 	 * lost" (NVIDIA's samples) and the CQ, armed at creation, stays disarmed. No rank may
 	 * send before every rank's handlers run. */
-	all = calloc(d->attr.size, sizeof(*all));
-	rc = all ? d->attr.allgather(d->attr.allgather_arg, &one, sizeof(one), all) : -ENOMEM;
-	free(all);
+	rc = fx_all_reached(d);
 	if (rc)
 		return rc;
 	/* run() only makes a handler runnable: the first CQE of its CQ invokes it. A thread
