@@ -11,6 +11,7 @@ import subprocess
 
 import pytest
 
+from _sim import sim
 from offload_lib import cli, sim_cli, sim_model
 
 
@@ -154,6 +155,27 @@ def test_a_job_too_large_for_the_memory_limit_is_refused(capsys, monkeypatch):
     monkeypatch.setattr(sim_cli.subprocess, "run", functools.partial(ran, preexec_fn=cap))
     rc, _, err = _run(capsys, "barrier", "-n", "64")
     assert rc == 2 and "RLIMIT_AS allows" in err and "dpa-sim failed" not in err
+
+
+@pytest.mark.parametrize("coll,held", [
+    ("alltoall", lambda s, n: 2 * s * n),
+    ("allgather", lambda s, n: s + s * n),
+    ("broadcast", lambda s, n: s),                 # one buffer under two keys
+    ("allreduce", lambda s, n: 3 * s),             # src, dst and the scratch (aux)
+    ("reduce_scatter", lambda s, n: s + s // n + s),
+])
+def test_the_memory_estimate_holds_every_buffer_an_op_allocates(coll, held):
+    """The estimate the refusal above compares grows with an op's size by exactly the
+    buffers dpa-sim allocates for it (on every rank, for every op of the window): a
+    reduction's scratch too, which the estimate once left out."""
+    n, window, size = 4, 2, 64 << 10
+
+    def est(s: int) -> int:
+        out = sim("run", f"coll={coll}", f"n={n}", f"size={s}", f"window={window}", "iters=1")
+        assert out[-1]["ok"], out
+        return out[-1]["mem_touched_est"]
+
+    assert est(2 * size) - est(size) == n * window * held(size, n)
 
 
 def test_a_killed_simulator_is_named_by_its_signal(capsys, monkeypatch, tmp_path):

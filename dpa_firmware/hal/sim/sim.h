@@ -250,6 +250,12 @@ struct sim_world {
 int sim_world_init(struct sim_world *w, uint32_t size, uint32_t nthreads, uint32_t rails,
 		   const struct dpa_engine_params *params, uint64_t seed);
 void sim_world_free(struct sim_world *w);
+/* Bytes sim_world_init allocates for each rank of a world of `size` beside its engine
+ * state and control region: struct sim_rank, its threads, ports and per-peer NIC tables. */
+uint64_t sim_rank_tables_bytes(uint32_t size, uint32_t nthreads, uint32_t rails,
+			       const struct sim_model *m);
+/* The length of a rank's engine-state mapping for params (0: the firmware refuses them). */
+uint64_t sim_state_bytes(const struct dpa_engine_params *p);
 void sim_schedule(struct sim_world *w, uint64_t t, uint32_t type, uint32_t rank, uint32_t thr,
 		  uint32_t aux, void *ptr);
 /* Run until the heap is empty or stop() says so; returns events processed. */

@@ -182,10 +182,44 @@ static const char *const ev_names[] = {
 	[SIM_EV_DOORBELL] = "DOORBELL", [SIM_EV_FAULT] = "FAULT", [SIM_EV_POST] = "POST",
 };
 
+/* The lengths of a rank's tables: what sim_world_init allocates and what
+ * sim_rank_tables_bytes() reports come from here alone. */
+struct rank_tables {
+	uint64_t thr, port, last_arrive;  /* the rank's */
+	uint64_t rail, last_cqe, cq;      /* each of its threads' (struct dpa_hal) */
+};
+
+static void rank_tables(uint32_t size, uint32_t nthreads, uint32_t rails,
+			const struct sim_model *m, struct rank_tables *t)
+{
+	t->thr = (uint64_t)nthreads * sizeof(struct dpa_hal);
+	t->port = (uint64_t)rails * sizeof(struct sim_port);
+	t->last_arrive = (uint64_t)size * rails * sizeof(uint64_t);
+	t->rail = size;
+	t->last_cqe = (uint64_t)size * rails * sizeof(uint64_t);
+	t->cq = m->nic_sq_depth * sizeof(struct dpa_hal_cqe);
+}
+
+uint64_t sim_rank_tables_bytes(uint32_t size, uint32_t nthreads, uint32_t rails,
+			       const struct sim_model *m)
+{
+	struct rank_tables t;
+
+	rank_tables(size, nthreads, rails, m, &t);
+	return sizeof(struct sim_rank) + t.thr + t.port + t.last_arrive +
+	       nthreads * (t.rail + t.last_cqe + t.cq);
+}
+
+uint64_t sim_state_bytes(const struct dpa_engine_params *p)
+{
+	return (dpa_engine_state_size(p) + 63) & ~63ull;  /* 0 stays 0: params refused */
+}
+
 int sim_world_init(struct sim_world *w, uint32_t size, uint32_t nthreads, uint32_t rails,
 		   const struct dpa_engine_params *params, uint64_t seed)
 {
 	uint64_t ctrl_bytes = offload_ctrl_bytes(size), state_bytes;
+	struct rank_tables tab;
 
 	for (uint32_t s = 0; s < SIM_RNG_STREAMS; s++)
 		sim_rng_seed(&w->rng[s], seed, s + 1);
@@ -196,6 +230,7 @@ int sim_world_init(struct sim_world *w, uint32_t size, uint32_t nthreads, uint32
 	w->ranks = calloc(size, sizeof(*w->ranks));
 	if (!w->ranks)
 		return -1;
+	rank_tables(size, nthreads, rails, &w->model, &tab);
 	if (w->model.topo_hosts_per_leaf) {
 		struct sim_fabric *f = &w->fab;
 		uint64_t links;
@@ -221,8 +256,8 @@ int sim_world_init(struct sim_world *w, uint32_t size, uint32_t nthreads, uint32
 		p.world_rank = i;
 		p.world_size = size;
 		p.num_threads = nthreads;
-		state_bytes = (dpa_engine_state_size(&p) + 63) & ~63ull;
-		if (state_bytes == 63)
+		state_bytes = sim_state_bytes(&p);
+		if (!state_bytes)
 			return -2;
 		/* Zero pages: the firmware writes the team arena only where a team is carved,
 		 * so its unused members (O(W) a rank) stay unbacked. */
@@ -231,9 +266,9 @@ int sim_world_init(struct sim_world *w, uint32_t size, uint32_t nthreads, uint32
 		if (r->state == MAP_FAILED)
 			r->state = NULL;
 		r->state_bytes = state_bytes;
-		r->thr = calloc(nthreads, sizeof(*r->thr));
-		r->port = calloc(rails, sizeof(*r->port));
-		r->last_arrive = calloc((uint64_t)size * rails, 8);
+		r->thr = calloc(1, tab.thr);
+		r->port = calloc(1, tab.port);
+		r->last_arrive = calloc(1, tab.last_arrive);
 		r->ctrl = mmap(NULL, ctrl_bytes, PROT_READ | PROT_WRITE,
 			       MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
 		if (r->ctrl == MAP_FAILED)
@@ -252,9 +287,9 @@ int sim_world_init(struct sim_world *w, uint32_t size, uint32_t nthreads, uint32
 			h->w = w;
 			h->r = r;
 			h->index = t;
-			h->rail = calloc(size, 1);
-			h->last_cqe = calloc((uint64_t)size * rails, 8);
-			h->cq = calloc(w->model.nic_sq_depth, sizeof(*h->cq));
+			h->rail = calloc(1, tab.rail);
+			h->last_cqe = calloc(1, tab.last_cqe);
+			h->cq = calloc(1, tab.cq);
 			if (!h->rail || !h->last_cqe || !h->cq)
 				return -1;
 		}

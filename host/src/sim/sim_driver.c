@@ -185,7 +185,7 @@ void sim_drv_params(const struct sim_job *job, const struct sim_model *model,
 {
 	*out = (struct dpa_engine_params){
 		.abi_version = OFFLOAD_ABI_VERSION, .num_threads = job->threads,
-		.sq_entries = SIM_RING_ENTRIES, .cq_entries = 2 * SIM_RING_ENTRIES,
+		.sq_entries = SIM_RING_ENTRIES, .cq_entries = SIM_CQ_ENTRIES,
 		.chunk_size = job->chunk_size, .chunks_per_pass = job->chunks_per_pass,
 		.op_timeout_ms = job->op_timeout_ms, .link_mbps = (uint32_t)(model->link_gbps * 125),
 		.mcast_roots = job->mcast_roots, .eager_max = job->eager_max,
@@ -195,6 +195,12 @@ void sim_drv_params(const struct sim_job *job, const struct sim_model *model,
 		 * 1024-rank job's state at ~2 MB a rank. */
 		.team_pool_ranks = 2 * job->n, .world_size = job->n,
 	};
+}
+
+uint64_t sim_host_bytes(const struct sim_job *job)
+{
+	return sizeof(struct sim_host) + sim_ring_bytes(job->n) +
+	       job->threads * sizeof(struct offload_thread_stats);
 }
 
 int sim_drv_init(struct sim_drv *d, const struct sim_job *job, const struct sim_model *model)
@@ -224,7 +230,7 @@ int sim_drv_init(struct sim_drv *d, const struct sim_job *job, const struct sim_
 	for (uint32_t i = 0; i < job->n; i++) {
 		struct sim_rank *r = &d->w.ranks[i];
 		struct sim_host *h = &d->hosts[i];
-		uint64_t len = offload_ring_bytes(SIM_RING_ENTRIES, 2 * SIM_RING_ENTRIES, job->n);
+		uint64_t len = sim_ring_bytes(job->n);
 
 		r->host = h;
 		r->ring = aligned_alloc(64, len);
@@ -237,10 +243,10 @@ int sim_drv_init(struct sim_drv *d, const struct sim_job *job, const struct sim_
 		h->sq = (struct offload_cmd *)(h->hdr + 1);
 		h->cq = (struct offload_cqe *)(h->sq + SIM_RING_ENTRIES);
 		h->sq_entries = SIM_RING_ENTRIES;
-		h->cq_entries = 2 * SIM_RING_ENTRIES;
+		h->cq_entries = SIM_CQ_ENTRIES;
 		h->hdr->sq_entries = SIM_RING_ENTRIES;
-		h->hdr->cq_entries = 2 * SIM_RING_ENTRIES;
-		offload_ring_set_ranks(h->hdr, SIM_RING_ENTRIES, 2 * SIM_RING_ENTRIES, job->n);
+		h->hdr->cq_entries = SIM_CQ_ENTRIES;
+		offload_ring_set_ranks(h->hdr, SIM_RING_ENTRIES, SIM_CQ_ENTRIES, job->n);
 		h->hdr->cq_waiters = 1;  /* the host waits: the firmware notifies every completion */
 	}
 	return 0;

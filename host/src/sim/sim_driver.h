@@ -11,10 +11,23 @@
 /* Ranks of a simulated job (the ABI takes up to OFFLOAD_RANKS_LIMIT): tables of the world
  * size are allocated per job, and 4096 ranks of default firmware state fit in a few GB. */
 #define SIM_MAX_RANKS 4096u
-#define SIM_RING_ENTRIES 64u  /* each rank's command ring (completions: twice as many) */
+#define SIM_RING_ENTRIES 64u  /* each rank's command ring */
+#define SIM_CQ_ENTRIES (2 * SIM_RING_ENTRIES)  /* and its completions */
 #define SIM_GUARD 64u         /* bytes of guard pattern after every op buffer */
 
 #include "sim.h"
+
+/* Each rank's ring (struct offload_ring_hdr, SQ, CQ), as sim_drv_init allocates it. */
+static inline uint64_t sim_ring_bytes(uint32_t n)
+{
+	return offload_ring_bytes(SIM_RING_ENTRIES, SIM_CQ_ENTRIES, n);
+}
+
+/* What an op buffer of len bytes takes: its guard, rounded up to a 64-byte line. */
+static inline uint64_t sim_buf_bytes(uint64_t len)
+{
+	return (len + SIM_GUARD + 63) & ~63ull;
+}
 
 enum sim_vmode { SIM_V_PLAIN = 0, SIM_V_EXPECT = 1, SIM_V_SLOTS = 2, SIM_V_MOE = 3 };
 
@@ -85,6 +98,8 @@ int sim_drv_init(struct sim_drv *d, const struct sim_job *job, const struct sim_
 /* The engine parameters sim_drv_init() gives every rank (world_rank 0). */
 void sim_drv_params(const struct sim_job *job, const struct sim_model *model,
 		    struct dpa_engine_params *out);
+/* Bytes sim_drv_init allocates for each rank's host: its struct sim_host, ring and stats. */
+uint64_t sim_host_bytes(const struct sim_job *job);
 void sim_drv_free(struct sim_drv *d);
 int sim_drv_team(struct sim_drv *d, uint32_t id, uint32_t size, const uint32_t *members);
 /* A fault may make ops of rank's teams fail (a named error is then accepted there). */
@@ -100,6 +115,17 @@ uint64_t sim_vcount(struct sim_drv *d, uint32_t op, uint32_t src, uint32_t dst, 
 
 /* sim_ops.c */
 int sim_team_rank(const struct sim_team *t, uint32_t world);
+/* The buffers op has on each rank of a team of n, in bytes: sim_op_build allocates these,
+ * sim_mem_need counts them. Exact, but all-to-all-v's src and dst depend on its counts:
+ * there they bound a rank's mean (every peer's largest block; MoE: each token to as many
+ * ranks as it has experts). aux (arguments, a reduction's scratch) is held in phantom
+ * payload too; dst_is_src: one buffer (broadcast). */
+struct sim_op_bytes {
+	uint64_t src, dst, aux;
+	uint32_t dst_is_src;
+};
+void sim_op_bytes(const struct sim_job *job, const struct sim_opdesc *op, uint32_t n,
+		  struct sim_op_bytes *out);
 int sim_op_build(struct sim_drv *d, struct sim_rank *r, uint32_t k, struct offload_cmd *c);
 void sim_op_check(struct sim_drv *d, struct sim_rank *r, uint32_t k, const struct offload_cqe *c);
 void sim_op_release(struct sim_drv *d, struct sim_rank *r, struct sim_inst *in);

@@ -16,55 +16,41 @@
  * n=1024). */
 #define SLACK (96ull << 20)
 
-static uint64_t align64(uint64_t v)
+/* Real bytes of one op on one rank, as sim_op_build allocates them: src and dst with
+ * real payload only (phantom buffers are addresses), the command's aux always. */
+static uint64_t op_buffers(const struct sim_job *job, uint32_t opcode, uint64_t size,
+			   uint32_t vmode)
 {
-	return (v + 63u) & ~63ull;
-}
+	struct sim_opdesc op = { .opcode = opcode, .vmode = vmode, .size = size };
+	struct sim_op_bytes b;
+	uint64_t bytes = 0;
 
-/* Real bytes of one op on one rank: its src and dst buffers (sim_op_build). */
-static uint64_t op_buffers(uint32_t opcode, uint32_t n, uint64_t size)
-{
-	switch (opcode) {
-	case OFFLOAD_OP_ALLTOALL:
-	case OFFLOAD_OP_ALLTOALLV:
-		return 2 * size * n;
-	case OFFLOAD_OP_ALLGATHER:
-		return size + size * n;
-	case OFFLOAD_OP_BROADCAST:
-		return size;
-	case OFFLOAD_OP_REDUCE_SCATTER:
-		return size + size / n;
-	case OFFLOAD_OP_ALLREDUCE:
-		return 2 * size;
-	default:
-		return 0;
-	}
+	sim_op_bytes(job, &op, job->n, &b);
+	if (job->payload == SIM_REAL)
+		bytes = sim_buf_bytes(b.src) + (b.dst_is_src ? 0 : sim_buf_bytes(b.dst));
+	return bytes + (b.aux ? sim_buf_bytes(b.aux) : 0);
 }
 
 void sim_mem_need(const struct sim_job *job, const struct sim_model *model, uint32_t opcode,
 		  uint64_t size, uint32_t vmode, struct sim_mem_need *out)
 {
 	struct dpa_engine_params p;
-	uint64_t n = job->n, per_thread, ring, mapped_rank, mapped_state;
+	uint64_t n = job->n, mapped_rank, mapped_state;
 
 	sim_drv_params(job, model, &p);
 	memset(out, 0, sizeof(*out));
 	/* The state is mapped zero pages and dpa_engine_init() leaves the team arena to the
 	 * teams: what gets written is the fixed part and the members of the world team (n of
 	 * the arena's 2n: the state sized for a pool of n). */
-	mapped_state = align64(dpa_engine_state_size(&p));
+	mapped_state = sim_state_bytes(&p);
 	p.team_pool_ranks = job->n;
-	out->state = align64(dpa_engine_state_size(&p));
+	out->state = sim_state_bytes(&p);
 	/* Of the control region only the world team's block is written by peers: its entries
 	 * (ready, done, counts, signals, credits) of n sources; the rest stays unbacked. */
 	out->ctrl_touched = OFFLOAD_CTRL_ENTRY_BYTES * n;
-	per_thread = sizeof(struct dpa_hal) + n + 8 * n * job->rails +
-		     model->nic_sq_depth * sizeof(struct dpa_hal_cqe);
-	ring = align64(offload_ring_bytes(SIM_RING_ENTRIES, 2 * SIM_RING_ENTRIES, job->n));
-	out->tables = sizeof(struct sim_rank) + sizeof(struct sim_host) + ring +
-		      8 * n * job->rails + job->threads * per_thread;
-	if (job->payload == SIM_REAL)
-		out->payload = n * job->window * (op_buffers(opcode, job->n, size) + 2 * SIM_GUARD + 128);
+	out->tables = sim_rank_tables_bytes(job->n, job->threads, job->rails, model) +
+		      sim_host_bytes(job);
+	out->payload = n * job->window * op_buffers(job, opcode, size, vmode);
 	if (opcode == OFFLOAD_OP_ALLTOALLV && vmode == SIM_V_MOE)
 		out->payload += 8 * n * n;  /* the dispatch's count table */
 	out->touched = n * (out->state + out->ctrl_touched + out->tables) + out->payload + SLACK;

@@ -151,6 +151,47 @@ static uint64_t order_block(uint64_t total, uint64_t esize, uint64_t n)
 
 /* ---- buffers ---- */
 
+void sim_op_bytes(const struct sim_job *job, const struct sim_opdesc *op, uint32_t n,
+		  struct sim_op_bytes *out)
+{
+	uint64_t m = op->size;
+
+	memset(out, 0, sizeof(*out));
+	switch (op->opcode) {
+	case OFFLOAD_OP_TEAM_CREATE:
+		out->aux = offload_team_desc_bytes(n);
+		break;
+	case OFFLOAD_OP_ALLTOALL:
+		out->src = out->dst = m * n;
+		break;
+	case OFFLOAD_OP_ALLTOALLV:
+		out->aux = offload_a2av_args_bytes(n);
+		/* sim_vcount: at most m a peer; MoE: m a token and (rank) destination */
+		out->src = out->dst = op->vmode == SIM_V_MOE ?
+			job->moe_tokens * (n < SIM_MOE_TOPK ? n : SIM_MOE_TOPK) * m : m * n;
+		break;
+	case OFFLOAD_OP_BROADCAST:
+		out->src = out->dst = m;
+		out->dst_is_src = 1;
+		break;
+	case OFFLOAD_OP_ALLGATHER:
+		out->src = m;
+		out->dst = m * n;
+		break;
+	case OFFLOAD_OP_REDUCE_SCATTER:
+		out->src = m;
+		out->dst = m / n;
+		out->aux = m / n * n;  /* the scratch: a block per member */
+		break;
+	case OFFLOAD_OP_ALLREDUCE:
+		out->src = out->dst = m;
+		out->aux = order_block(m, 8, n) * n;
+		break;
+	default:
+		break;
+	}
+}
+
 static uint8_t *buf_new(struct sim_drv *d, struct sim_rank *r, struct sim_inst *in, uint64_t len,
 			uint32_t access, int aux, uint32_t *key)
 {
@@ -164,7 +205,7 @@ static uint8_t *buf_new(struct sim_drv *d, struct sim_rank *r, struct sim_inst *
 					   ((uint64_t)in->nkeys << 34));
 		*key = sim_mr_reg(&d->w, r, (uint64_t)(uintptr_t)p, len ? len : 1, access, 1);
 	} else {
-		p = aligned_alloc(64, (len + SIM_GUARD + 63) & ~63ull);
+		p = aligned_alloc(64, sim_buf_bytes(len));
 		if (!p)
 			return NULL;
 		memset(p + len, GUARD_BYTE, SIM_GUARD);
@@ -209,9 +250,11 @@ int sim_op_build(struct sim_drv *d, struct sim_rank *r, uint32_t k, struct offlo
 	const struct sim_opdesc *op = &d->ops[k];
 	const struct sim_team *t = &d->teams[op->team];
 	struct sim_inst *in = &((struct sim_host *)r->host)->inst[k];
-	uint32_t n = t->size, me = (uint32_t)sim_team_rank(t, r->rank), key = 0;
+	uint32_t n = t->size, me = (uint32_t)sim_team_rank(t, r->rank);
 	uint64_t m = op->size;
+	struct sim_op_bytes b;
 
+	sim_op_bytes(&d->job, op, n, &b);
 	memset(c, 0, sizeof(*c));
 	c->opcode = (uint8_t)op->opcode;
 	c->team = (uint16_t)op->team;
@@ -220,11 +263,11 @@ int sim_op_build(struct sim_drv *d, struct sim_rank *r, uint32_t k, struct offlo
 	case OFFLOAD_OP_TEAM_CREATE: {
 		struct offload_team_desc *desc;
 
-		in->aux = buf_new(d, r, in, offload_team_desc_bytes(n), AUX_ACCESS, 1, &c->aux_key);
+		in->aux = buf_new(d, r, in, b.aux, AUX_ACCESS, 1, &c->aux_key);
 		if (!in->aux)
 			return -1;
 		desc = (struct offload_team_desc *)in->aux;
-		memset(desc, 0, offload_team_desc_bytes(n));
+		memset(desc, 0, b.aux);
 		desc->team_id = op->team;
 		desc->size = n;
 		desc->my_rank = me;
@@ -240,7 +283,8 @@ int sim_op_build(struct sim_drv *d, struct sim_rank *r, uint32_t k, struct offlo
 	case OFFLOAD_OP_BARRIER:
 		return 0;
 	case OFFLOAD_OP_ALLTOALL:
-		in->src_len = in->dst_len = m * n;
+		in->src_len = b.src;
+		in->dst_len = b.dst;
 		in->src = buf_new(d, r, in, in->src_len, SRC_ACCESS, 0, &c->src_key);
 		in->dst = buf_new(d, r, in, in->dst_len, DST_ACCESS, 0, &c->dst_key);
 		if (!in->src || !in->dst)
@@ -255,11 +299,11 @@ int sim_op_build(struct sim_drv *d, struct sim_rank *r, uint32_t k, struct offlo
 		struct offload_alltoallv_args *a;
 		uint64_t sends = 0, recvs = 0, off = 0;
 
-		in->aux = buf_new(d, r, in, offload_a2av_args_bytes(n), AUX_ACCESS, 1, &c->aux_key);
+		in->aux = buf_new(d, r, in, b.aux, AUX_ACCESS, 1, &c->aux_key);
 		if (!in->aux)
 			return -1;
 		a = (struct offload_alltoallv_args *)in->aux;
-		memset(a, 0, offload_a2av_args_bytes(n));
+		memset(a, 0, b.aux);
 		a->nranks = n;
 		for (uint32_t p = 0; p < n; p++) {
 			offload_a2av_send(a)[p] = sim_vcount(d, k, r->rank, t->members[p], m, op->vmode);
@@ -272,7 +316,7 @@ int sim_op_build(struct sim_drv *d, struct sim_rank *r, uint32_t k, struct offlo
 		if (op->vmode == SIM_V_SLOTS) {
 			c->flags = OFFLOAD_CMD_F_SLOTS;
 			a->slot_bytes = m;
-			recvs = m * n;
+			recvs = b.dst;
 		}
 		in->src_len = sends;
 		in->dst_len = recvs;
@@ -291,8 +335,8 @@ int sim_op_build(struct sim_drv *d, struct sim_rank *r, uint32_t k, struct offlo
 		break;
 	}
 	case OFFLOAD_OP_BROADCAST:
-		in->src_len = in->dst_len = m;
-		in->src = in->dst = buf_new(d, r, in, m, SRC_ACCESS, 0, &c->src_key);
+		in->src_len = in->dst_len = b.src;
+		in->src = in->dst = buf_new(d, r, in, b.src, SRC_ACCESS, 0, &c->src_key);
 		if (!in->src)
 			return -1;
 		/* the same memory under a second key, as host/ registers src and dst */
@@ -307,10 +351,10 @@ int sim_op_build(struct sim_drv *d, struct sim_rank *r, uint32_t k, struct offlo
 		c->root = op->root;
 		break;
 	case OFFLOAD_OP_ALLGATHER:
-		in->src_len = m;
-		in->dst_len = m * n;
-		in->src = buf_new(d, r, in, m, SRC_ACCESS, 0, &c->src_key);
-		in->dst = buf_new(d, r, in, m * n, DST_ACCESS, 0, &c->dst_key);
+		in->src_len = b.src;
+		in->dst_len = b.dst;
+		in->src = buf_new(d, r, in, b.src, SRC_ACCESS, 0, &c->src_key);
+		in->dst = buf_new(d, r, in, b.dst, DST_ACCESS, 0, &c->dst_key);
 		if (!in->src || !in->dst)
 			return -1;
 		if (real(d))
@@ -319,15 +363,13 @@ int sim_op_build(struct sim_drv *d, struct sim_rank *r, uint32_t k, struct offlo
 		c->count = m;
 		break;
 	case OFFLOAD_OP_REDUCE_SCATTER:
-	case OFFLOAD_OP_ALLREDUCE: {
-		uint64_t stride = op->opcode == OFFLOAD_OP_REDUCE_SCATTER ? m / n : order_block(m, 8, n);
-
-		in->src_len = m;
-		in->dst_len = op->opcode == OFFLOAD_OP_REDUCE_SCATTER ? m / n : m;
-		in->src = buf_new(d, r, in, m, SRC_ACCESS, 0, &c->src_key);
-		in->dst = buf_new(d, r, in, in->dst_len, DST_ACCESS, 0, &c->dst_key);
-		in->aux_len = stride * n;
-		in->aux = m ? buf_new(d, r, in, in->aux_len, ALL_ACCESS, 1, &c->aux_key) : NULL;
+	case OFFLOAD_OP_ALLREDUCE:
+		in->src_len = b.src;
+		in->dst_len = b.dst;
+		in->src = buf_new(d, r, in, b.src, SRC_ACCESS, 0, &c->src_key);
+		in->dst = buf_new(d, r, in, b.dst, DST_ACCESS, 0, &c->dst_key);
+		in->aux_len = b.aux;
+		in->aux = m ? buf_new(d, r, in, b.aux, ALL_ACCESS, 1, &c->aux_key) : NULL;
 		if (!in->src || !in->dst || (m && !in->aux))
 			return -1;
 		for (uint64_t i = 0; real(d) && i < m / 8; i++)
@@ -336,11 +378,9 @@ int sim_op_build(struct sim_drv *d, struct sim_rank *r, uint32_t k, struct offlo
 		c->root = OFFLOAD_REDOP(OFFLOAD_RED_SUM, OFFLOAD_DT_I64);
 		c->aux_addr = (uint64_t)(uintptr_t)in->aux;
 		break;
-	}
 	default:
 		return -1;
 	}
-	(void)key;
 	c->src_addr = (uint64_t)(uintptr_t)in->src;
 	c->dst_addr = (uint64_t)(uintptr_t)in->dst;
 	c->dst_len = in->dst_len;
