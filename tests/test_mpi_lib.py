@@ -250,3 +250,21 @@ def test_a_communicator_past_64_ranks_is_served(built):
     for coll in ("MPI_Alltoall", "MPI_Alltoallv", "MPI_Ialltoall", "MPI_Ialltoallv"):
         assert expected[coll] == (n, 0) and stats[coll][:2] == (n, 0), (coll, stats.get(coll))
         assert "foreign_procs" not in stats[coll][2], stats[coll]
+
+
+@pytest.mark.timeout(120)
+def test_a_communicator_with_a_spawned_member_passes_through(built):
+    """Two ranks spawn a third process and merge with it: the merged communicator's
+    all-to-all goes to MPI as foreign_procs (its members are not all in the context's
+    world) with MPI's result, while the parents' MPI_COMM_WORLD is still offloaded."""
+    exe = built["tmp"] / "mpi_spawn"
+    res = subprocess.run([MPICC, "-std=gnu11", "-O2", "-Wall", "-Wextra", "-Werror",
+                          str(HERE / "c" / "mpi_spawn.c"), "-o", str(exe)],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    res = _mpirun(2, [str(exe)], built["lib"], 100, DPA_OFFLOAD_MPI_MIN_BYTES="4096",
+                  DPA_OFFLOAD_MPI_STATS="1")
+    assert res.returncode == 0 and "mpi_spawn: 2 ranks merged with a spawned one: ok" in res.stdout, \
+        res.stdout + res.stderr
+    offloaded, passed, reasons = _stats(res.stderr)["MPI_Alltoall"]
+    assert (offloaded, passed, reasons) == (2, 2, {"foreign_procs": 2}), res.stderr

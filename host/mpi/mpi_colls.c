@@ -89,7 +89,7 @@ struct mpi_op *dpo_mpi_admit(enum dpo_mpi_coll c, struct comm_state *cs, uint64_
 		return NULL;
 	}
 	if (!dpo_mpi_ensure_team(cs)) {
-		*why = R_NO_TEAM;
+		*why = cs->reason;  /* its verdict for every member: no_team, or foreign_procs */
 		return NULL;
 	}
 	op = dpo_mpi_op_new(c, cs);

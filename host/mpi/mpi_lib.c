@@ -222,27 +222,29 @@ DPO_MPI_API int MPI_Init_thread(int *argc, char ***argv, int required, int *prov
 	return rc;
 }
 
-/* Members of comm, as world ranks; 0 if one is outside our world (spawned, connected). */
+/* Members of comm as world ranks (into out unless NULL); 0 if one is outside
+ * MPI_COMM_WORLD (spawned, connected). A block at a time on the stack, so that a foreign
+ * member is its only failure: classify() must not take a lack of memory for one. */
 static int world_ranks(MPI_Comm comm, int n, uint32_t *out)
 {
+	enum { BLOCK = 64 };
+	int in[BLOCK], w[BLOCK], ok = 1;
 	MPI_Group g;
-	int *in = malloc(sizeof(int) * (size_t)n), *w = malloc(sizeof(int) * (size_t)n), ok = 1;
 
-	if (!in || !w) {
-		free(in), free(w);
-		return 0;
-	}
 	PMPI_Comm_group(comm, &g);
-	for (int i = 0; i < n; i++)
-		in[i] = i;
-	PMPI_Group_translate_ranks(g, n, in, dpo_mpi.world_group, w);
-	PMPI_Group_free(&g);
-	for (int i = 0; i < n && ok; i++) {
-		ok = w[i] != MPI_UNDEFINED;
-		if (out)
-			out[i] = (uint32_t)w[i];
+	for (int base = 0; base < n && ok; base += BLOCK) {
+		int k = n - base < BLOCK ? n - base : BLOCK;
+
+		for (int i = 0; i < k; i++)
+			in[i] = base + i;
+		PMPI_Group_translate_ranks(g, k, in, dpo_mpi.world_group, w);
+		for (int i = 0; i < k && ok; i++) {
+			ok = w[i] != MPI_UNDEFINED;
+			if (out)
+				out[base + i] = (uint32_t)w[i];
+		}
 	}
-	free(in), free(w);
+	PMPI_Group_free(&g);
 	return ok;
 }
 
@@ -303,9 +305,18 @@ int dpo_mpi_ensure_team(struct comm_state *cs)
 	 * fail alone without the others waiting in the OOB for it: an allocation failure here
 	 * is a failed job either way, so it aborts like MPI's own. */
 	map = malloc(sizeof(*map) * (size_t)n);
-	if (!map || !world_ranks(cs->comm, n, map)) {
-		fprintf(stderr, "dpa-offload: out of memory for a team of %d ranks\n", n);
+	if (!map) {
+		fprintf(stderr, "dpa-offload: out of memory for the rank map of a team of %d ranks: "
+			"give the job more memory, or leave collectives to MPI with "
+			"DPA_OFFLOAD_MPI=0\n", n);
 		PMPI_Abort(cs->comm, 1);
+	}
+	if (!world_ranks(cs->comm, n, map)) {
+		/* classify() found every member in MPI_COMM_WORLD and a group never changes;
+		 * were one foreign, every member would see it: all pass through, as there. */
+		free(map);
+		cs->reason = R_FOREIGN;
+		return 0;
 	}
 	PMPI_Comm_dup(cs->comm, &cs->shadow);
 	memset(&tp, 0, sizeof(tp));
