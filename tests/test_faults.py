@@ -224,6 +224,46 @@ def test_cancel_a_request_that_cannot_complete(tmp_path, op):
                                           "CANCEL_OP": op})
 
 
+# Rank 0 posts five eager allreduces while rank 1 is late, so that the first (A) holds
+# rank 0's eager slot for itself (its vector, not yet reduced), and cancels the third (B),
+# which waits for that slot behind A. The fifth (C, the same slot again) was taken in
+# before the cancel poisoned the team, so it still runs: it must not write its vector over
+# A's while A has not reduced it (B's cancel once told C the slot was free).
+EAGER_CANCEL = r'''
+ctx = ol.init()
+w = ctx.world
+w.barrier().wait(timeout=30)
+srcs = [np.full(64, 10.0 * (k + 1) + rank) for k in range(5)]
+outs = [np.zeros(64) for _ in range(5)]
+go = os.path.join(os.environ["FLAG_DIR"], "go")
+if rank == 0:
+    reqs = [w.allreduce(srcs[k], out=outs[k]) for k in range(5)]
+    assert reqs[2].cancel() is True
+    time.sleep(0.3)                      # C runs meanwhile
+    open(go, "w").close()
+else:
+    deadline = time.monotonic() + 30
+    while not os.path.exists(go):
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    reqs = [w.allreduce(srcs[k], out=outs[k]) for k in range(5)]
+reqs[0].wait(timeout=20)
+check_equal(outs[0], np.full(64, 10.0 + 10.0 + 1.0), "the allreduce ahead of the cancelled one")
+for k in range(1, 5):                    # the others end, one way or another
+    try:
+        reqs[k].wait(timeout=20)
+    except ol.OffloadError:
+        pass
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(60)
+def test_a_cancelled_eager_allreduce_keeps_its_slot_turn(tmp_path):
+    run_ranks(2, EAGER_CANCEL, timeout=45, env={"OFFLOAD_OP_TIMEOUT": "1",
+                                                "FLAG_DIR": str(tmp_path)})
+
+
 RING_FULL = r'''
 flag = os.environ["FLAG_DIR"]
 ctx = ol.init()

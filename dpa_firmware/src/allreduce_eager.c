@@ -76,12 +76,26 @@ static void reduce_slots(struct dpa_engine *eng, struct dpa_op *op, struct dpa_h
 			   (t - off < order ? t - off : order) / es);
 }
 
+/* Is it our turn at our own slot: has every earlier op of the slot finished with it? */
 static int self_ok(const struct dpa_engine *eng, const struct dpa_op *op)
 {
+	const struct dpa_team *team = &eng->teams[op->team_id];
 	uint32_t prev = op->alg.eager_self_prev;
-	uint32_t done = __atomic_load_n(&eng->teams[op->team_id].eager_self_done[dpa_eager_slot(op)],
+	uint32_t done = __atomic_load_n(&team->eager_self_done[dpa_eager_slot(op)],
 					__ATOMIC_ACQUIRE);
 
+	/* An op that an abort finished before its turn never wrote the slot and published
+	 * nothing: the turn passes over it to its own predecessor. Only on a poisoned team
+	 * (an abort poisons first), which takes no op again, so that op's slot in the window
+	 * still holds it, FREE or not. */
+	while (prev && (int32_t)(done - prev) < 0 && off_load_acquire(&team->poisoned)) {
+		const struct dpa_op *p = &eng->ops[op->team_id * OFFLOAD_OP_WINDOW +
+						   prev % OFFLOAD_OP_WINDOW];
+
+		if (p->seq != prev || !__atomic_load_n(&p->alg.eager_self_early, __ATOMIC_ACQUIRE))
+			return 0;
+		prev = p->alg.eager_self_prev;
+	}
 	return !prev || (int32_t)(done - prev) >= 0;
 }
 
@@ -146,13 +160,20 @@ static int are_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, s
 	return dpa_eager_item_step(eng, op, i, hal, 0, self_step, recv_step);  /* one vector for all */
 }
 
-/* Every item is done (nothing in flight): our own slot is free for the slot's next op. */
+/* Every item is done (nothing in flight): our own slot is free for the slot's next op, if
+ * it was ours. An op aborted before its turn must not say so while an earlier op may still
+ * reduce in the slot (the next one would write over that op's vector): it marks itself
+ * passed over instead (self_ok). */
 static void are_finish(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal)
 {
 	struct dpa_team *team = &eng->teams[op->team_id];
 
 	(void)hal;
-	__atomic_store_n(&team->eager_self_done[dpa_eager_slot(op)], op->seq, __ATOMIC_RELEASE);
+	if (self_ok(eng, op))
+		__atomic_store_n(&team->eager_self_done[dpa_eager_slot(op)], op->seq,
+				 __ATOMIC_RELEASE);
+	else
+		__atomic_store_n(&op->alg.eager_self_early, 1, __ATOMIC_RELEASE);
 }
 
 const struct dpa_algo dpa_algo_allreduce_eager = {

@@ -83,8 +83,8 @@ struct dpa_team {
 	uint32_t eager_last[OFFLOAD_EAGER_SLOTS];
 	uint32_t *eager_skip[OFFLOAD_EAGER_SLOTS];  /* [slot][size] */
 	/* Eager allreduce: its own vector goes into our slot for ourselves, which no peer
-	 * credits: the seq of the last such op started per slot (intake), and of the last
-	 * one finished (release-stored): the next may write the slot once it is the former. */
+	 * credits: the seq of the last such op started per slot (intake), and of the last one
+	 * done with the slot (release-stored): the next may write it then (self_ok()). */
 	uint32_t eager_self_last[OFFLOAD_EAGER_SLOTS];
 	uint32_t eager_self_done[OFFLOAD_EAGER_SLOTS];
 };
@@ -204,13 +204,13 @@ struct dpa_op {
 		};
 		struct {  /* eager all-to-all: alltoall_eager.c */
 			uint32_t eager_prev;  /* seq of the slot's previous eager op, 0 if none */
-			/* Peers whose slot header (their signature) is not judged yet, and whether
-			 * one disagreed or never came: nothing is copied out before every one
-			 * agreed. */
+			/* Peers whose header (their signature) is not judged yet, and whether one
+			 * disagreed or never came: nothing is copied out before every one agreed. */
 			uint32_t hdr_pending;
 			uint32_t hdr_fail;
 			uint32_t eager_self_prev;  /* allreduce_eager.c: see eager_self_last */
 			uint32_t eager_reduced;    /* allreduce_eager.c: the peers' slots are read */
+			uint32_t eager_self_early; /* allreduce_eager.c: aborted before its turn */
 		};
 		struct {  /* reductions: reduce_scatter.c, allreduce.c (reduce.h) */
 			uint32_t red_flags;   /* DPA_RED_* (the reducer sets, other items read) */
