@@ -166,7 +166,8 @@ void sim_op_bytes(const struct sim_job *job, const struct sim_opdesc *op, uint32
 		break;
 	case OFFLOAD_OP_ALLTOALLV:
 		out->aux = offload_a2av_args_bytes(n);
-		/* sim_vcount: at most m a peer; MoE: m a token and (rank) destination */
+		/* sim_vcount gives at most m a peer; MoE m a token for each rank among its
+		 * experts, bounded here as a rank's mean (the hot experts' ranks get more) */
 		out->src = out->dst = op->vmode == SIM_V_MOE ?
 			job->moe_tokens * (n < SIM_MOE_TOPK ? n : SIM_MOE_TOPK) * m : m * n;
 		break;
