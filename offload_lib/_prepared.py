@@ -1,8 +1,8 @@
 """Commands kept for the next call on the same buffers (a small op's fast path).
 
-A loop that calls ``team.alltoall(src, dst)`` (or ``team.allreduce(buf, op, out=out)``,
-eager-sized, out apart from buf) on the same two numpy arrays again and again (MoE decode
-steps, small gradients, the benchmark) would check and encode the same command each time:
+A loop that calls ``team.alltoall(src, dst)`` (or an eager-sized ``team.allreduce(buf, op)``,
+in place or ``out=out``) on the same numpy arrays again and again (MoE decode steps, small
+gradients, the benchmark) would check and encode the same command each time:
 at 1 KiB per peer that is most of the call's CPU. The first call takes the full way
 (_commands.py) and leaves its encoded command here; the next ones check, cheaply, that
 each array is still the same object with the same dtype, size, address, C-contiguity and

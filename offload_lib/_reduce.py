@@ -151,16 +151,18 @@ def post(team: Team, opcode: int, s: Buffer, d: Buffer, word: int, what: str) ->
         keep = (lease,)
     if s.on_gpu or d.on_gpu:
         raise InvalidArgument(f"{what} takes host buffers (GPU buffers: copy to the host first)")
-    # Distinct buffers: host_post registers them under their exporters' cookies once and
-    # keeps that for the next op on them (the registration cache), as for the collectives.
-    # In place (src is dst or holds it): one registration with both rights, as host_post
-    # would otherwise register the same pages twice with different ones.
-    in_place = s.overlaps(d)
-    if not in_place:
-        if s.nbytes:
-            op.src_cookie = posting.cookie(s)
+    # host_post registers the buffers under their exporters' cookies once and keeps that
+    # for the next op on them (the registration cache), as for the collectives. In place
+    # (dst is src, or its own block of src) under one cookie, it registers src once with
+    # both rights for both keys (host_mr.c); an exporter without a cookie gets that one
+    # registration for this op alone.
+    cookie = posting.cookie(s) if s.nbytes else 0
+    if not s.overlaps(d):
+        op.src_cookie = cookie
         if d.nbytes:
             op.dst_cookie = posting.cookie(d)
+    elif cookie and d.addr >= s.addr and d.addr + d.nbytes <= s.addr + s.nbytes:
+        op.src_cookie = op.dst_cookie = cookie
     else:
         lo, hi = min(s.addr, d.addr), max(s.addr + s.nbytes, d.addr + d.nbytes)
         span = Buffer(lo, hi - lo, 1, "|u1", (s.obj, d.obj))
@@ -169,7 +171,7 @@ def post(team: Team, opcode: int, s: Buffer, d: Buffer, word: int, what: str) ->
         if owned:
             keep = (*keep, _KeyLease(posting, key))
     req = posting.op(op, what, (s.obj, d.obj, *keep), None, s.nbytes, s.itemsize)
-    return req, (op if not keep and not in_place else None)
+    return req, (op if not keep and not op.src_key else None)
 
 
 class _KeyLease:

@@ -23,13 +23,13 @@ from offload_lib._native import ffi, lib
 from offload_lib.bootstrap import World, allgather
 from offload_lib.config import MAX_RAILS, Config, parse_rail_faults
 from offload_lib.errors import ConfigError, InvalidArgument, OffloadError, Unsupported, brief, check_rc
-from offload_lib.request import SMALL_MAX_BYTES, PersistentRequest, Request, Result
+from offload_lib.request import (SMALL_MAX_BYTES, PersistentRequest, Request, Result, give_tag,
+                                  take_tag)
 from offload_lib.team import DST_ACCESS, SRC_ACCESS, Team
 
 __all__ = ["Context", "Team", "SRC_ACCESS", "DST_ACCESS", "MAX_TEAMS", "MAX_RANKS"]
 
 # cffi types looked up once: a small op's whole call costs a few microseconds
-_TAG = ffi.typeof("uint32_t *")
 
 MAX_TEAMS = lib.OFFLOAD_MAX_TEAMS
 MAX_RANKS = lib.OFFLOAD_RANKS_LIMIT  # ranks in a job (the ABI's validation cap)
@@ -446,7 +446,9 @@ class Context:
 
     def _post(self, op: Any, what: str, keep: tuple[Any, ...], result: Result | None = None,
               nbytes: int = 0, itemsize: int | None = None) -> Request:
-        tag = self._post_tag(op, what, nbytes, ffi.new(_TAG))
+        tagp = take_tag()
+        tag = self._post_tag(op, what, nbytes, tagp)
+        give_tag(tagp)
         return Request(self, tag, what, keep, result,
                        self._poll_ns if nbytes <= SMALL_MAX_BYTES else 0, itemsize)
 
@@ -457,11 +459,13 @@ class Context:
             self._stager.drain()
         if self._orphans:
             self._reap_orphans()
-        tagp = ffi.new(_TAG)
+        tagp = take_tag()
         rc = lib.host_post(self._handle(), prepared.op, self._post_timeout_ns, tagp)
         if rc:
             self._check(rc, f"posting {prepared.what}")
-        return Request(self, int(tagp[0]), prepared.what, keep, None,
+        tag = int(tagp[0])
+        give_tag(tagp)
+        return Request(self, tag, prepared.what, keep, None,
                        self._poll_ns if prepared.op.small else 0, prepared.itemsize)
 
     def _post_tag(self, op: Any, what: str, nbytes: int, tagp: Any) -> int:

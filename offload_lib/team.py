@@ -143,15 +143,16 @@ class Team:
         and dtype). Ops and dtypes as reduce_scatter; the same fixed order."""
         ctx = self._ctx
         ctx._check_open()
-        if out is not None and isinstance(op, str):
-            prepared = self._allreduces.get(buf, out, op)
+        dst = buf if out is None else out  # in place: the same array both ways
+        if isinstance(op, str):
+            prepared = self._allreduces.get(buf, dst, op)
             if prepared is not None:  # the same arrays and op as a call before: checked already
-                return ctx._post_prepared(prepared, (buf, out))
+                return ctx._post_prepared(prepared, (buf, dst))
         s, d = _reduce.check_allreduce(buf, out)
         word = _reduce.redop_word(op, s)
         req, kept = _reduce.post(self, lib.OFFLOAD_OP_ALLREDUCE, s, d, word, "allreduce")
         if kept is not None and isinstance(op, str):
-            self._allreduces.keep(buf, out, kept, "allreduce", op, s.itemsize)
+            self._allreduces.keep(buf, dst, kept, "allreduce", op, s.itemsize)
         return req
 
     # -- shrink -----------------------------------------------------------------------------

@@ -209,16 +209,32 @@ except ol.InvalidArgument as e:
     assert "must match" in str(e), e
 buf.dtype = np.float32
 
-# In place and above eager_max: never kept, exact.
-x = np.ones(16, np.float32) * (rank + 1)
-team.allreduce(x).wait(timeout=20)
-check_equal(x, np.full(16, n * (n + 1) / 2, np.float32), "in place")
+# In place, eager-sized: kept as well (src and dst under one cookie: one registration with
+# both rights, cached), exact whatever the data and op of each call.
+x = np.ones(16, np.float32)
+for i in range(30):
+    x[:] = rank + 1 + i
+    op = ("sum", "max")[i % 2]
+    team.allreduce(x, op).wait(timeout=20)
+    want = n * (n + 1) / 2 + n * i if op == "sum" else n + i
+    check_equal(x, np.full(16, want, np.float32), f"in place {i} ({op})")
+assert team._allreduces.get(x, x, "max") is not None
+regs = ctx.stats()["registrations"]
+for _ in range(10):
+    team.allreduce(x, "max").wait(timeout=20)
+assert ctx.stats()["registrations"] == regs, ("in place registered per op", regs, ctx.stats())
+x.flags.writeable = False
+try:
+    team.allreduce(x)
+    raise AssertionError("a read-only buffer was reduced in place")
+except ol.InvalidArgument as e:
+    assert "read-only" in str(e), e
+# Above eager_max: never kept, exact.
 big = np.ones(4096, np.float32)
 big_out = np.zeros_like(big)
 for _ in range(2):
     team.allreduce(big, out=big_out).wait(timeout=20)
 check_equal(big_out, np.full(4096, n, np.float32), "rendezvous")
-assert team._allreduces.get(x, x, "sum") is None
 assert team._allreduces.get(big, big_out, "sum") is None
 ctx.close()
 '''

@@ -181,11 +181,28 @@ static int get_buf(struct host_ctx *ctx, uint64_t addr, uint64_t len, uint32_t a
 	return 0;
 }
 
+/* In place under one cookie (a reduction's dst is its src, or a block of it): one
+ * registration of src with both rights serves both keys, cached like any other; two of
+ * the same pages, one per right, would take two cache entries and two registrations. */
+static int in_place(const struct host_op *op)
+{
+	return op->src_cookie && op->src_cookie == op->dst_cookie && !op->src_key && !op->dst_key &&
+	       op->src_len && op->dst_len && op->dst_addr >= op->src_addr &&
+	       op->dst_len <= op->src_len && op->dst_addr - op->src_addr <= op->src_len - op->dst_len;
+}
+
 int host_mr_get_op(struct host_ctx *ctx, struct host_op *op, struct host_op_mr mr[HOST_OP_BUFS])
 {
 	int rc = 0;
 
-	if (!op->src_key && op->src_len)
+	if (in_place(op)) {
+		rc = get_buf(ctx, op->src_addr, op->src_len,
+			     OFFLOAD_ACCESS_LOCAL_READ | OFFLOAD_ACCESS_LOCAL_WRITE |
+			     OFFLOAD_ACCESS_REMOTE_READ | OFFLOAD_ACCESS_REMOTE_WRITE, op->src_cookie,
+			     &op->src_key, &mr[0]);
+		op->dst_key = op->src_key;
+	}
+	if (!rc && !op->src_key && op->src_len)
 		rc = get_buf(ctx, op->src_addr, op->src_len,
 			     OFFLOAD_ACCESS_LOCAL_READ | OFFLOAD_ACCESS_REMOTE_READ, op->src_cookie,
 			     &op->src_key, &mr[0]);
