@@ -119,6 +119,8 @@ static int wake(struct emu_device *dev, uint32_t rank, enum wake_kind kind, stru
 		    !off_cas(&r->armed, &armed, 0))
 			return 0;
 		off_fetch_sub(&dev->hdr->asleep, 1);
+		if (!force && emu_hand_over(dev, rank))
+			return 1;
 		bits = emu_bell_bits(rank, EMU_WAKE_HOST);
 	} else {
 		uint64_t taken, asleep = off_read_once(&r->sleepers);

@@ -79,7 +79,8 @@ struct emu_job_hdr {
 	 * adds itself; whoever wakes it takes it off (FUTEX_WAKE says how many it woke), so a
 	 * thread woken but not yet running already counts as awake. */
 	uint32_t asleep;
-	uint32_t resv_asleep[15];
+	uint32_t handovers;   /* wake-ups handed over and not taken yet (emu_spin.c) */
+	uint32_t resv_asleep[14];
 	/* Own line: the futex every waiting thread of the job sleeps on, bumped before each
 	 * wake-up, so that one FUTEX_WAKE wakes all the ranks a pass wrote to (bitset: bit
 	 * 2r % 32 for rank r's progress threads, 2r + 1 for its driving host thread). */
@@ -97,7 +98,11 @@ struct emu_rank {
 	/* The end of the sleep of the rank's one progress thread (emu_host_leased). Written
 	 * once a sleep: peers read this line on every write (rails_down, state). */
 	uint64_t dpa_sleep_until;
-	uint32_t resv0[6];
+	/* The CPU the rank's host thread last slept on in a drive, and whether a waker handed
+	 * its wake-up to a thread of the job running there (emu_spin.c: the hand-over). */
+	uint32_t sleep_cpu;
+	uint32_t handed;
+	uint32_t resv0[4];
 	/* Own line: bumped by doorbells and remote signals, slept on by progress threads
 	 * (futex bitset EMU_WAKE_DPA) and by a host thread driving the engine (EMU_WAKE_HOST). */
 	uint32_t event;
@@ -289,6 +294,7 @@ struct emu_device {
 	uint64_t host_waits;          /* drives until a completion (host_wait's) */
 	uint64_t host_sleeps;         /* ... sleeps between their rounds */
 	uint64_t handoff_yields;      /* ... and yields instead (host_idle's hand-off) */
+	uint64_t wake_handovers;      /* our wake-ups of peers taken by a thread on their CPU */
 	uint64_t doorbells;           /* emu_doorbell_rank() calls on our rank ... */
 	uint64_t doorbell_wakes;      /* ... that woke a sleeping progress thread */
 	uint32_t rail_faults;         /* a rail of this rank is set to fail */
@@ -488,6 +494,14 @@ int emu_woken_waiting(const struct emu_device *dev, uint64_t now);
 int emu_spin_worthwhile(const struct emu_device *dev);
 /* Need a peer's write to rank not wake its progress thread (the host's lease holds)? */
 int emu_host_leased(const struct emu_device *dev, uint32_t rank);
+/* The wake-up hand-over: 1 if a driver running on the CPU rank's driver sleeps on takes
+ * the wake-up (the caller owns it: it disarmed the sleeper), 0 to wake it itself. */
+int emu_hand_over(struct emu_device *dev, uint32_t rank);
+/* A driver published on `cpu` wakes the sleepers handed to it there. */
+void emu_take_handovers(struct emu_device *dev, uint32_t cpu);
+/* Publish the CPU this rank's host thread runs on (or EMU_CPU_ASLEEP): one that leaves a
+ * CPU first wakes what was handed to it there. */
+void emu_publish_cpu(struct emu_device *dev, uint32_t cpu);
 
 /* emu_bell.c: the job's bell, private futex words, the clock */
 #define EMU_CPU_ASLEEP 0xffffffffu      /* emu_rank.host_cpu of a host thread asleep */

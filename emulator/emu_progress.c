@@ -149,11 +149,12 @@ static void driver_sleep(struct emu_device *dev, uint32_t snap, uint32_t need, i
 
 	off_write_once(&r->wake_event, snap + need);
 	off_fetch_add(&dev->hdr->asleep, 1);
-	off_write_once(&r->host_cpu, EMU_CPU_ASLEEP);
+	off_write_once(&r->sleep_cpu, emu_cpu_now());  /* a waker may hand our wake-up there */
+	emu_publish_cpu(dev, EMU_CPU_ASLEEP);
 	__atomic_store_n(&r->armed, 1, __ATOMIC_SEQ_CST);
 	off_fence();
 	sleep_on_event(dev, snap, EMU_WAKE_HOST, ns);
-	off_write_once(&r->host_cpu, emu_cpu_now());
+	emu_publish_cpu(dev, emu_cpu_now());
 	if (off_cas(&r->armed, &armed, 0))  /* no waker took us: take ourselves out */
 		off_fetch_sub(&dev->hdr->asleep, 1);
 }
@@ -380,6 +381,7 @@ static void host_idle(struct emu_device *dev, uint32_t snap, uint32_t *word, uin
 			return;
 		for (int i = 0; i < 64; i++)
 			off_cpu_relax();
+		emu_take_handovers(dev, off_read_once(&r->host_cpu));
 		now = emu_now_ns();
 	}
 	if (timer && timer < until)
@@ -442,8 +444,8 @@ int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t tim
 		snap = event_snapshot(dev);
 		uint32_t cpu = emu_cpu_now();
 
-		if (off_read_once(&r->host_cpu) != cpu)  /* cpu_alone() of the others reads it */
-			off_write_once(&r->host_cpu, cpu);
+		emu_publish_cpu(dev, cpu);  /* cpu_alone() of the others reads it */
+		emu_take_handovers(dev, cpu);
 		int work = drive_round(dev, &all);
 
 		quiet = !work && all;
@@ -484,8 +486,11 @@ int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t tim
 	off_store_release(&r->driving, 0);
 	/* Pairs with a progress thread's sleepers increment and fence before it sleeps: it
 	 * either sees driving clear, or we see it asleep. It needs waking only if we leave
-	 * work behind that no later event would announce (or, leased, its sleep's end). */
+	 * work behind that no later event would announce (or, leased, its sleep's end).
+	 * Pairs with emu_hand_over's fence too: a waker that saw us driving handed its
+	 * wake-up to us, and we take it now. */
 	off_fence();
+	emu_take_handovers(dev, off_read_once(&r->host_cpu));
 	if (bulk)  /* handed over as a post would: a thread in its idle poll sees it */
 		emu_doorbell_rank(dev, dev->attr.rank);
 	else if (off_read_once(&r->sleepers) &&
@@ -518,4 +523,5 @@ void emu_drive_stats(struct host_device *hd, struct host_drive_stats *out)
 	out->waits = off_read_once(&dev->host_waits);
 	out->sleeps = off_read_once(&dev->host_sleeps);
 	out->handoff_yields = off_read_once(&dev->handoff_yields);
+	out->wake_handovers = off_read_once(&dev->wake_handovers);
 }

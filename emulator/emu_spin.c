@@ -113,3 +113,82 @@ int emu_spin_worthwhile(const struct emu_device *dev)
 {
 	return !job_bulk(dev) && emu_cores_to_spare(dev);
 }
+
+/*
+ * The wake-up hand-over. A peer's write that wakes a rank's driver asleep on another CPU
+ * costs the waker an inter-processor interrupt: ~10 us of its CPU here, and ~33 us until
+ * the sleeper runs, against ~5 us for a wake-up on the sleeper's own CPU
+ * (docs/performance.md). Where a driver of another rank runs on the sleeper's CPU (4
+ * ranks on 2 vCPUs: the sleeper's neighbour, spinning or in a round), the waker leaves
+ * the wake-up to it: it marks the sleeper handed and counts it in the job's handovers;
+ * drivers look at that count in every round and spin step and wake what was handed to
+ * their CPU. The guardian must still be there once the mark is visible (store, fence,
+ * load), and a driver that leaves its CPU (sleeps, ends its drive, moves) publishes that
+ * first, then takes what was handed to it: one of the two sees the other, and whoever
+ * clears the mark wakes the sleeper.
+ */
+static uint32_t guardian(const struct emu_device *dev, uint32_t sleeper, uint32_t cpu)
+{
+	for (uint32_t i = 0; i < dev->attr.size; i++)
+		if (i != sleeper && off_read_once(&dev->ranks[i].host_cpu) == cpu &&
+		    off_read_once(&dev->ranks[i].driving))
+			return i;
+	return UINT32_MAX;
+}
+
+int emu_hand_over(struct emu_device *dev, uint32_t rank)
+{
+	struct emu_rank *r = &dev->ranks[rank];
+	uint32_t cpu = off_read_once(&r->sleep_cpu), g;
+
+	if (cpu == EMU_CPU_ASLEEP || cpu == emu_cpu_now() ||
+	    (g = guardian(dev, rank, cpu)) == UINT32_MAX)
+		return 0;
+	off_fetch_add(&dev->hdr->handovers, 1);
+	__atomic_store_n(&r->handed, 1, __ATOMIC_SEQ_CST);
+	off_fence();  /* pairs with emu_publish_cpu's fence */
+	if (off_read_once(&dev->ranks[g].host_cpu) != cpu || !off_read_once(&dev->ranks[g].driving)) {
+		/* The guardian left: take the wake-up back, unless a driver took it already. */
+		if (!__atomic_exchange_n(&r->handed, 0, __ATOMIC_ACQ_REL))
+			return 1;
+		off_fetch_sub(&dev->hdr->handovers, 1);
+		return 0;
+	}
+	off_write_once(&dev->wake_handovers, off_read_once(&dev->wake_handovers) + 1);
+	return 1;
+}
+
+void emu_take_handovers(struct emu_device *dev, uint32_t cpu)
+{
+	uint32_t woken[EMU_WAKE_LIST], n = 0, bits = 0;
+
+	if (!off_read_once(&dev->hdr->handovers) || cpu == EMU_CPU_ASLEEP)
+		return;
+	for (uint32_t i = 0; i < dev->attr.size; i++) {
+		struct emu_rank *r = &dev->ranks[i];
+
+		if (!off_read_once(&r->handed) || off_read_once(&r->sleep_cpu) != cpu ||
+		    !__atomic_exchange_n(&r->handed, 0, __ATOMIC_ACQ_REL))
+			continue;
+		off_fetch_sub(&dev->hdr->handovers, 1);
+		bits |= emu_bell_bits(i, EMU_WAKE_HOST);
+		if (n < EMU_WAKE_LIST)
+			woken[n++] = i;
+	}
+	if (bits)
+		emu_ring(dev, bits, woken, n);
+}
+
+void emu_publish_cpu(struct emu_device *dev, uint32_t cpu)
+{
+	struct emu_rank *me = &dev->ranks[dev->attr.rank];
+	uint32_t was = off_read_once(&me->host_cpu);
+
+	if (was == cpu)
+		return;
+	off_write_once(&me->host_cpu, cpu);
+	if (was != EMU_CPU_ASLEEP && off_read_once(&me->driving)) {
+		off_fence();  /* pairs with emu_hand_over's fence */
+		emu_take_handovers(dev, was);
+	}
+}

@@ -577,6 +577,9 @@ class Context:
             "host_waits": int(host.waits),
             "host_sleeps": int(host.sleeps),
             "handoff_yields": int(host.handoff_yields),
+            # wake-ups of peers' sleeping drivers this rank handed to a thread of the job
+            # running on the sleeper's CPU (a local wake-up, not an inter-processor interrupt)
+            "wake_handovers": int(host.wake_handovers),
             # memory registrations made (host_post's and persistent requests'), op buffers
             # the registration cache already held, and the registrations it holds now
             "registrations": int(mr[0]),
