@@ -10,7 +10,7 @@ CPU (``time.thread_time``, median) and, over the whole loop (barriers included),
 and system time, voluntary and involuntary switches (``getrusage(RUSAGE_THREAD)``) and the
 progress threads' CPU (``/proc/self/task/*/schedstat``), the loop's wall time per
 iteration (``loop_wall_us``) and, from ``ctx.stats()``, the host's waits, sleeps and
-hand-off yields per iteration. With ``--split`` the C calls
+hand-off yields and wake-ups handed over per iteration. With ``--split`` the C calls
 ``host_post`` and ``host_wait`` are timed on their own (thread_time around each: ~0.5 us
 of each figure is the timer's own system call), the rest of the op being Python.
 """
@@ -111,7 +111,7 @@ def main() -> int:
             "progress_threads_us": (pc1 - pc0) / k / 1e3,
             "loop_wall_us": (l1 - l0) / k * 1e6,
         }
-        for key in ("host_waits", "host_sleeps", "handoff_yields"):
+        for key in ("host_waits", "host_sleeps", "handoff_yields", "wake_handovers"):
             row[key] = (st1[key] - st0[key]) / k
         if args.split:
             row["host_post_us"] = spent["host_post"] / k / 1e3
