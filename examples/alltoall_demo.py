@@ -18,6 +18,8 @@ with ol.init() as ctx:
 
     ctx.world.alltoall(src, dst).wait()  # first touch maps the peers' buffers
 
+    # The op timed below is the first after the warm-up: on a shared 2-core VM it takes
+    # 1.2-1.8x what the ops after it take (docs/performance.md, "the first op after warm-up").
     ctx.world.barrier().wait()
     before = ctx.stats()
     t0, cpu0 = time.perf_counter(), time.thread_time()
