@@ -12,8 +12,13 @@ line per rank: lists indexed by op, op 0 being the first after the warm-up.
     python scripts/first_ops.py --jobs 10 -n 4 --size 1M --buffers shared --ops 8
 
 starts ``--jobs`` such jobs one after another (``dpa-offload run``) and prints, per op index,
-the median over the jobs of the slowest rank's wall time, of rank 0's CPU and of the
-job's page faults (sum over ranks).
+the median over the jobs of the slowest rank's wall time, of rank 0's wall and CPU, of the
+job's CPU and page faults (sums over ranks) and of the longest barrier before the op; then
+the first op over the later ones, per job. ``--check-at-once`` checks the result right
+after the last op, as the demo did before it waited for a barrier; ``--warmups``,
+``--idle-ms`` and ``--gc-freeze`` vary what comes before the timed ops. Each op's
+CLOCK_MONOTONIC span is printed too (``t0_ns``/``t1_ns``) to slice a ``perf record -k
+CLOCK_MONOTONIC`` profile by op.
 """
 from __future__ import annotations
 
@@ -31,20 +36,7 @@ import numpy as np
 
 import offload_lib as ol
 from offload_lib.config import parse_size
-
-
-def _progress_cpu_ns() -> int:
-    total = 0
-    for tid in os.listdir("/proc/self/task"):
-        try:
-            with open(f"/proc/self/task/{tid}/comm") as f:
-                if not f.read().startswith("dpa-r"):
-                    continue
-            with open(f"/proc/self/task/{tid}/schedstat") as f:
-                total += int(f.read().split()[0])
-        except OSError:
-            pass
-    return total
+from small_op_cpu import _progress_cpu_ns  # this folder is on sys.path: a script's
 
 
 def _summarize(args: argparse.Namespace, rest: list[str]) -> int:
@@ -59,14 +51,14 @@ def _summarize(args: argparse.Namespace, rest: list[str]) -> int:
     print(f"n={args.n} {' '.join(rest)}: medians over {args.jobs} jobs")
     print("op  slowest_wall_us  rank0_wall_us  rank0_cpu_us  job_cpu_us  job_minflt  "
           "longest_barrier_us")
+    med = statistics.median
     for k in range(args.ops):
-        def med(values: list[float]) -> float:
-            return statistics.median(values)
         slowest = med([max(r["wall_us"][k] for r in job) for job in jobs])
         r0 = [next(r for r in job if r["rank"] == 0) for job in jobs]
+        job_cpu = med([sum(r["cpu_us"][k] + r["progress_us"][k] for r in job) for job in jobs])
         print(f"{k:2d}  {slowest:15.1f}  {med([r['wall_us'][k] for r in r0]):13.1f}  "
               f"{med([r['cpu_us'][k] for r in r0]):12.1f}  "
-              f"{med([sum(r['cpu_us'][k] + r['progress_us'][k] for r in job) for job in jobs]):10.1f}  "
+              f"{job_cpu:10.1f}  "
               f"{med([sum(r['minflt'][k] for r in job) for job in jobs]):10.1f}  "
               f"{med([max(r['barrier_us'][k] for r in job) for job in jobs]):18.1f}")
     if args.ops >= 4:  # per job, the first op against the job's later ones (load cancels)
@@ -92,14 +84,11 @@ def main() -> int:
                     help="collect and freeze Python's heap before the warm-up")
     ap.add_argument("--check-at-once", action="store_true",
                     help="check the result as soon as the last op ends, as the demo did")
-    ap.add_argument("--read-dst", action="store_true",
-                    help="read the whole destination after the warm-up (as a check would)")
     args = ap.parse_args()
     if args.jobs:
-        rest = [a for a in sys.argv[1:]]
-        drop = {"--jobs", "-n"}
-        rest = [a for i, a in enumerate(rest) if a not in drop and
-                (i == 0 or rest[i - 1] not in drop)]
+        argv, drop = sys.argv[1:], {"--jobs", "-n"}  # the rest goes to every rank
+        rest = [a for i, a in enumerate(argv) if a not in drop and
+                (i == 0 or argv[i - 1] not in drop)]
         return _summarize(args, rest)
     with ol.init() as ctx:
         n, me, team = ctx.size, ctx.rank, ctx.world
@@ -116,8 +105,6 @@ def main() -> int:
             gc.freeze()
         for _ in range(args.warmups):
             team.alltoall(src, dst).wait()
-        if args.read_dst:
-            float(dst.sum())
         rows: dict[str, list[float]] = {"wall_us": [], "cpu_us": [], "minflt": [],
                                         "progress_us": [], "barrier_us": [],
                                         "t0_ns": [], "t1_ns": []}
