@@ -20,8 +20,10 @@ with ol.init() as ctx:
 
     # The op timed below is the first after the warm-up: on a shared 2-core VM it takes
     # 1.2-1.8x what the ops after it take (docs/performance.md, "the first op after warm-up").
-    ctx.world.barrier().wait()
+    # Stats before the barrier: between it and the post, a rank's first stats() call
+    # (~60 us) would delay its part of everyone's op.
     before = ctx.stats()
+    ctx.world.barrier().wait()
     t0, cpu0 = time.perf_counter(), time.thread_time()
     request = ctx.world.alltoall(src, dst)
     request.wait()  # the calling thread sleeps while the DPA threads move the data

@@ -82,6 +82,9 @@ def main() -> int:
                     help="sleep this long before each timed op's barrier (other work)")
     ap.add_argument("--gc-freeze", action="store_true",
                     help="collect and freeze Python's heap before the warm-up")
+    ap.add_argument("--counters-after-barrier", action="store_true",
+                    help="read the counters between the barrier and the op (a peer's first "
+                         "/proc reads then delay its post, and so everyone's op)")
     ap.add_argument("--check-at-once", action="store_true",
                     help="check the result as soon as the last op ends, as the demo did")
     args = ap.parse_args()
@@ -111,11 +114,15 @@ def main() -> int:
         for _ in range(args.ops):
             if args.idle_ms:
                 time.sleep(args.idle_ms / 1e3)
+            if not args.counters_after_barrier:
+                f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                p0 = _progress_cpu_ns()
             b0 = time.perf_counter()
             team.barrier().wait()
             rows["barrier_us"].append(round((time.perf_counter() - b0) * 1e6, 1))
-            f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-            p0 = _progress_cpu_ns()
+            if args.counters_after_barrier:
+                f0 = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+                p0 = _progress_cpu_ns()
             rows["t0_ns"].append(time.monotonic_ns())  # CLOCK_MONOTONIC: perf record -k
             t0, c0 = time.perf_counter(), time.thread_time()
             team.alltoall(src, dst).wait()
