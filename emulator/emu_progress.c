@@ -322,13 +322,18 @@ void emu_threads_stop(struct emu_device *dev)
 		off_cpu_relax();
 }
 
-/* Does the engine need a pass without any event coming: a command not taken, or a timer? */
-static int work_waiting(struct emu_device *dev)
+/* A command posted that no pass has taken yet? */
+static int cmd_waiting(struct emu_device *dev)
 {
 	struct offload_ring_hdr *ring = dev->win.ring;
 
-	return off_load_acquire(&ring->sq_tail) != off_read_once(&ring->sq_head) ||
-	       next_timer(dev, emu_now_ns()) != 0;
+	return off_load_acquire(&ring->sq_tail) != off_read_once(&ring->sq_head);
+}
+
+/* Does the engine need a pass without any event coming: a command not taken, or a timer? */
+static int work_waiting(struct emu_device *dev)
+{
+	return cmd_waiting(dev) || next_timer(dev, emu_now_ns()) != 0;
 }
 
 /* One pass on every thread's queues whose lock is free; *all: every lock was. */
@@ -410,7 +415,8 @@ static int may_drive(const struct emu_device *dev, uint32_t flags)
 {
 	int host_copies = dev->attr.size <= dev->ncores && !(flags & HOST_DRIVE_NO_BULK);
 
-	if (flags & HOST_DRIVE_BULK_CMD)
+	/* The op is bulk even before a pass took its command (the load says idle then). */
+	if (flags & (HOST_DRIVE_BULK_CMD | HOST_DRIVE_BULK_WAIT))
 		return host_copies;
 	return dpa_engine_load(dev->fw_state) != DPA_ENGINE_BULK || host_copies;
 }
@@ -429,7 +435,17 @@ int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t tim
 	int rc = -EBUSY, quiet = 0, rounds = 0, bulk = 0, all, yielded = 0;
 	uint32_t snap = 0;
 
-	if (!dev->nthreads_started || !may_drive(dev, flags) || !off_trylock(&dev->drive_lock))
+	if (!dev->nthreads_started)
+		return -EBUSY;
+	if (!may_drive(dev, flags)) {
+		/* A bulk op's waiter sleeps next: a command its progress thread has not taken
+		 * (asleep in its idle poll, which a doorbell leaves be) is handed over now, not
+		 * a nap later. The ring is read racily: a pass taking it meanwhile is fine. */
+		if ((flags & HOST_DRIVE_BULK_WAIT) && cmd_waiting(dev))
+			emu_kick_rank(dev, dev->attr.rank);
+		return -EBUSY;
+	}
+	if (!off_trylock(&dev->drive_lock))
 		return -EBUSY;
 	/* Closing: emu_wake_waiters() (host_ctx_shutdown) or emu_threads_stop() waits for us. */
 	if (off_load_acquire(&dev->stop) || off_load_acquire(&dev->closing)) {
@@ -449,7 +465,7 @@ int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t tim
 		int work = drive_round(dev, &all);
 
 		quiet = !work && all;
-		if (!may_drive(dev, flags & ~HOST_DRIVE_BULK_CMD)) {
+		if (!may_drive(dev, flags & ~(HOST_DRIVE_BULK_CMD | HOST_DRIVE_BULK_WAIT))) {
 			bulk = 1;  /* bulk work stays with the progress threads */
 			break;
 		}

@@ -18,12 +18,19 @@ with ol.init() as ctx:
 
     ctx.world.alltoall(src, dst).wait()  # first touch maps the peers' buffers
 
-    ctx.world.barrier().wait()
+    # The op timed below is the first after the warm-up: on a shared 2-core VM it takes
+    # 1.2-1.8x what the ops after it take (docs/performance.md, "the first op after warm-up").
+    # Stats before the barrier: between it and the post, a rank's first stats() call
+    # (~60 us) would delay its part of everyone's op.
     before = ctx.stats()
+    ctx.world.barrier().wait()
     t0, cpu0 = time.perf_counter(), time.thread_time()
     request = ctx.world.alltoall(src, dst)
     request.wait()  # the calling thread sleeps while the DPA threads move the data
     elapsed, cpu = time.perf_counter() - t0, time.thread_time() - cpu0
+    # Check only once every rank's op is over: where ranks share cores, a rank's check
+    # would otherwise run beside another's op and slow it (2-3x at n=4 on 2 cores).
+    ctx.world.barrier().wait()
 
     expected = np.repeat(np.arange(n, dtype=np.float32) * 1000 + me, per_peer)
     assert np.array_equal(dst, expected), "all-to-all delivered wrong data"

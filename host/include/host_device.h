@@ -98,6 +98,8 @@ struct host_device_ops {
 
 #define HOST_DRIVE_BULK_CMD (1u << 0)  /* a bulk command was just posted: it is the work */
 #define HOST_DRIVE_NO_BULK  (1u << 1)  /* never copy in bulk (test(), a small op's post) */
+#define HOST_DRIVE_BULK_WAIT (1u << 2) /* waiting for a bulk op: it is the work; a waiter that
+					* may not copy it sleeps instead, handing it over now */
 
 extern const struct host_device_ops emu_device_ops;
 

@@ -206,8 +206,10 @@ static int wait_in(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, int64
 {
 	int64_t start = now_ns();
 	int64_t deadline = timeout_ns < 0 ? INT64_MAX : start + timeout_ns;
-	/* A small op's waiter runs the firmware; for a bulk op's the device decides. */
+	/* A small op's waiter runs the firmware; for a bulk op's the device decides whether
+	 * the host may copy (a command its threads have not taken yet is bulk work too). */
 	int drive = ctx->coop && ctx->ops->drive;
+	uint32_t flags = tag_small(ctx, tag) ? 0 : HOST_DRIVE_BULK_WAIT;
 
 	if (poll_ns && !ctx->ops->poll_worthwhile(ctx->dev))
 		poll_ns = 0;
@@ -227,7 +229,7 @@ static int wait_in(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, int64
 		/* Run the firmware here until the completion ring moves; -EBUSY (another thread
 		 * drives, bulk work came in, or the context closes): sleep on the ring below
 		 * instead (or, closing, leave at the top of the loop). */
-		if (drive && ctx->ops->drive(ctx->dev, &ctx->ring->cq_tail, seen, left, 0) != -EBUSY)
+		if (drive && ctx->ops->drive(ctx->dev, &ctx->ring->cq_tail, seen, left, flags) != -EBUSY)
 			continue;
 		if (now - start < poll_ns) {
 			for (int i = 0; i < 64; i++)
