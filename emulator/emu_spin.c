@@ -141,8 +141,7 @@ int emu_hand_over(struct emu_device *dev, uint32_t rank)
 	struct emu_rank *r = &dev->ranks[rank];
 	uint32_t cpu = off_read_once(&r->sleep_cpu), g;
 
-	if (cpu == EMU_CPU_ASLEEP || cpu == emu_cpu_now() ||
-	    (g = guardian(dev, rank, cpu)) == UINT32_MAX)
+	if (cpu == emu_cpu_now() || (g = guardian(dev, rank, cpu)) == UINT32_MAX)
 		return 0;
 	off_fetch_add(&dev->hdr->handovers, 1);
 	__atomic_store_n(&r->handed, 1, __ATOMIC_SEQ_CST);
@@ -162,7 +161,7 @@ void emu_take_handovers(struct emu_device *dev, uint32_t cpu)
 {
 	uint32_t woken[EMU_WAKE_LIST], n = 0, bits = 0;
 
-	if (!off_read_once(&dev->hdr->handovers) || cpu == EMU_CPU_ASLEEP)
+	if (!off_read_once(&dev->hdr->handovers))
 		return;
 	for (uint32_t i = 0; i < dev->attr.size; i++) {
 		struct emu_rank *r = &dev->ranks[i];

@@ -129,7 +129,7 @@ class _Lease:
 def post(team: Team, opcode: int, s: Buffer, d: Buffer, word: int, what: str) -> Any:
     """Post a reduction command on checked buffers, with scratch from the pool; the
     Request, and the command when another call on the same buffers may post it again
-    (no scratch, no registration of its own: eager, out apart from buf), else None."""
+    (no scratch, no registration of its own: eager, under its buffers' cookies), else None."""
     posting = Posting(team._ctx)
     n = team.size
     stride = s.nbytes // n if opcode == lib.OFFLOAD_OP_REDUCE_SCATTER else order_block(s.nbytes, s.itemsize, n)

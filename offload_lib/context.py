@@ -29,8 +29,6 @@ from offload_lib.team import DST_ACCESS, SRC_ACCESS, Team
 
 __all__ = ["Context", "Team", "SRC_ACCESS", "DST_ACCESS", "MAX_TEAMS", "MAX_RANKS"]
 
-# cffi types looked up once: a small op's whole call costs a few microseconds
-
 MAX_TEAMS = lib.OFFLOAD_MAX_TEAMS
 MAX_RANKS = lib.OFFLOAD_RANKS_LIMIT  # ranks in a job (the ABI's validation cap)
 

@@ -143,50 +143,45 @@ int host_post(struct host_ctx *ctx, const struct host_op *op, int64_t timeout_ns
 	return rc;
 }
 
-/* 1: done (out filled, tag freed); 0: pending; -ENOENT: unknown tag. */
-static int take_locked(struct host_ctx *ctx, uint32_t tag, struct host_completion *out)
+/* 1: done (out filled, tag freed); 0: pending, *small its size class; -ENOENT: unknown
+ * tag. */
+static int take_locked(struct host_ctx *ctx, uint32_t tag, struct host_completion *out,
+		       uint32_t *small)
 {
 	struct host_tag *t = &ctx->tags[tag % HOST_TAGS];
 
 	if (t->tag != tag || t->state == TAG_FREE || t->state == TAG_ABANDONED)
 		return -ENOENT;
 	host_reap_locked(ctx);
-	if (t->state != TAG_DONE)
+	if (t->state != TAG_DONE) {
+		*small = t->small;
 		return 0;
+	}
 	*out = t->done;
 	t->state = TAG_FREE;
 	return 1;
 }
 
-static int take(struct host_ctx *ctx, uint32_t tag, struct host_completion *out)
+static int take(struct host_ctx *ctx, uint32_t tag, struct host_completion *out,
+		uint32_t *small)
 {
 	int rc;
 
 	pthread_mutex_lock(&ctx->lock);
-	rc = take_locked(ctx, tag, out);
+	rc = take_locked(ctx, tag, out, small);
 	pthread_mutex_unlock(&ctx->lock);
 	return rc;
 }
 
-static uint32_t tag_small(struct host_ctx *ctx, uint32_t tag)
-{
-	const struct host_tag *t = &ctx->tags[tag % HOST_TAGS];
-	uint32_t small;
-
-	pthread_mutex_lock(&ctx->lock);
-	small = t->tag == tag && t->small;
-	pthread_mutex_unlock(&ctx->lock);
-	return small;
-}
-
 static int test_in(struct host_ctx *ctx, uint32_t tag, struct host_completion *out)
 {
-	int rc = take(ctx, tag, out);
+	uint32_t small = 0;
+	int rc = take(ctx, tag, out, &small);
 
 	/* Not done: give the firmware a turn on this thread (cooperative progress). */
-	if (rc == 0 && drives(ctx, tag_small(ctx, tag)) &&
+	if (rc == 0 && drives(ctx, small) &&
 	    ctx->ops->drive(ctx->dev, NULL, 0, 0, HOST_DRIVE_NO_BULK) == 0)
-		rc = take(ctx, tag, out);
+		rc = take(ctx, tag, out, &small);
 	return rc;
 }
 
@@ -209,14 +204,14 @@ static int wait_in(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, int64
 	/* A small op's waiter runs the firmware; for a bulk op's the device decides whether
 	 * the host may copy (a command its threads have not taken yet is bulk work too). */
 	int drive = ctx->coop && ctx->ops->drive;
-	uint32_t flags = tag_small(ctx, tag) ? 0 : HOST_DRIVE_BULK_WAIT;
+	uint32_t small = 0;
 
 	if (poll_ns && !ctx->ops->poll_worthwhile(ctx->dev))
 		poll_ns = 0;
 	for (;;) {
 		uint32_t seen = off_load_acquire(&ctx->ring->cq_tail);
 		int64_t now, left;
-		int rc = take(ctx, tag, out);
+		int rc = take(ctx, tag, out, &small);
 
 		if (rc)
 			return rc < 0 ? rc : 0;
@@ -229,7 +224,8 @@ static int wait_in(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, int64
 		/* Run the firmware here until the completion ring moves; -EBUSY (another thread
 		 * drives, bulk work came in, or the context closes): sleep on the ring below
 		 * instead (or, closing, leave at the top of the loop). */
-		if (drive && ctx->ops->drive(ctx->dev, &ctx->ring->cq_tail, seen, left, flags) != -EBUSY)
+		if (drive && ctx->ops->drive(ctx->dev, &ctx->ring->cq_tail, seen, left,
+					     small ? 0 : HOST_DRIVE_BULK_WAIT) != -EBUSY)
 			continue;
 		if (now - start < poll_ns) {
 			for (int i = 0; i < 64; i++)
