@@ -165,6 +165,11 @@ void emu_kick_rank(struct emu_device *dev, uint32_t rank)
 	wake(dev, rank, WAKE_KICK, NULL);
 }
 
+void emu_nudge_rank(struct emu_device *dev, uint32_t rank, struct dpa_hal *pass)
+{
+	wake(dev, rank, WAKE_KICK, pass);
+}
+
 void emu_doorbell_rank(struct emu_device *dev, uint32_t rank)
 {
 	off_fetch_add(&dev->doorbells, 1);

@@ -47,8 +47,10 @@ static void emu_close(struct host_device *hd)
 	emu_job_close(dev);
 	emu_job_release(dev);
 	free(dev->threads);
-	for (uint32_t i = 0; dev->hals && i < dev->attr.num_threads; i++)
+	for (uint32_t i = 0; dev->hals && i < dev->attr.num_threads; i++) {
 		free(dev->hals[i].rail);
+		free(dev->hals[i].wire_tx);
+	}
 	free(dev->hals);
 	free(dev->fw_state);
 	for (uint32_t g = 0; g < OFFLOAD_MAX_TEAMS; g++) {
@@ -56,6 +58,7 @@ static void emu_close(struct host_device *hd)
 		free(dev->mc_rx[g].regions);
 	}
 	free(dev->closed_seen);
+	free(dev->wire_head);
 	pthread_mutex_destroy(&dev->mr_lock);
 	pthread_mutex_destroy(&dev->map_lock);
 	free(dev);
@@ -137,6 +140,21 @@ static int emu_start(struct host_device *hd, const struct dpa_engine_params *par
 		dev->hals[i].rail = calloc(dev->attr.size, 1);
 		if (!dev->hals[i].rail)
 			return -ENOMEM;
+	}
+	if (dev->wire_slots) {  /* thread 0 sends on the wires; any thread places */
+		uint32_t me = dev->attr.rank;
+
+		dev->wire_head = calloc(dev->attr.size, sizeof(uint64_t));
+		dev->hals[0].wire_tx = calloc(dev->attr.size, sizeof(struct emu_wire_tx));
+		if (!dev->wire_head || !dev->hals[0].wire_tx)
+			return -ENOMEM;
+		/* A rank taken over goes on where its dead process left its wires. */
+		for (uint32_t r = 0; r < dev->attr.size; r++) {
+			uint64_t sent = off_load_acquire(&dev->wires[(uint64_t)me * dev->attr.size + r].tail);
+
+			dev->hals[0].wire_tx[r].tail = dev->hals[0].wire_tx[r].acked = sent;
+			dev->wire_head[r] = off_load_acquire(&dev->wires[(uint64_t)r * dev->attr.size + me].tail);
+		}
 	}
 	rc = dpa_engine_init(dev->fw_state, params);
 	if (rc)

@@ -2,7 +2,8 @@
 /*
  * dpa_hal.h on an ordinary host. RDMA is executed at post time, in one copy with no
  * bounce buffer: memcpy when the target is mapped here (job segment, ctx.empty() segments,
- * our own memory), else one process_vm_writev/readv into the target process. Every
+ * our own memory), else one process_vm_writev/readv into the target process; a large
+ * write into another process's memory instead takes the wire (emu_wire.c). Every
  * access is checked against the target's registration first; a failed check becomes an
  * error completion and nothing is written.
  */
@@ -201,13 +202,28 @@ int dpa_hal_rdma_write(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint3
 	uint32_t rail = 0;
 	int32_t st;
 
-	if (emu_cq_full(hal))
+	int wire = emu_wire_takes(hal, peer, len);
+
+	if (emu_cq_full(hal) || (emu_wire_busy(hal, peer) && !wire))
 		return DPA_HAL_EAGAIN;
 	if (len >= EMU_FLUSH_BEFORE)
 		emu_flush_wakes(hal);
 	st = check_local(hal->dev, laddr, lkey, len, OFFLOAD_ACCESS_LOCAL_READ);
 	if (!st)
 		st = rail_gate(hal, peer, len, &rail);
+	if (!st && wire) {  /* into a peer's private memory: by the wire (emu_wire.c) */
+		struct emu_map *held;
+		uint8_t *ptr;
+		int32_t pid;
+
+		st = emu_mr_resolve(hal->dev, peer, rkey, raddr, len, OFFLOAD_ACCESS_REMOTE_WRITE,
+				    &ptr, &pid, &held);
+		if (!st && !ptr)
+			return emu_wire_post(hal, peer, laddr, raddr, rkey, len, wr_id, rail);
+		emu_map_release(held);
+		if (st == OFFLOAD_ERR_PEER)
+			st = emu_peer_lost(hal->dev, peer);
+	}
 	if (!st)
 		st = do_write(hal->dev, peer, (const void *)(uintptr_t)laddr, raddr, rkey, len);
 	return emu_push_cqe(hal, wr_id, st, st ? 0 : len, rail);
@@ -255,7 +271,7 @@ int dpa_hal_rdma_write_sg(struct dpa_hal *hal, uint32_t peer, const struct dpa_h
 	uint32_t rail = 0;
 	int32_t pid, st = OFFLOAD_OK;
 
-	if (emu_cq_full(hal))
+	if (emu_cq_full(hal) || emu_wire_busy(hal, peer))
 		return DPA_HAL_EAGAIN;
 	if (!nsge || nsge > DPA_HAL_MAX_SGE)
 		return -EINVAL;
@@ -294,7 +310,7 @@ int dpa_hal_rdma_write_inline(struct dpa_hal *hal, uint32_t peer, const void *da
 	uint32_t rail;
 	int32_t st;
 
-	if (emu_cq_full(hal))
+	if (emu_cq_full(hal) || emu_wire_busy(hal, peer))
 		return DPA_HAL_EAGAIN;
 	st = rail_gate(hal, peer, len, &rail);
 	if (!st)
@@ -315,7 +331,7 @@ int dpa_hal_rdma_read(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint32
 	uint32_t rail = 0;
 	int32_t pid, st;
 
-	if (emu_cq_full(hal))
+	if (emu_cq_full(hal) || emu_wire_busy(hal, peer))
 		return DPA_HAL_EAGAIN;
 	if (len >= EMU_FLUSH_BEFORE)
 		emu_flush_wakes(hal);
@@ -346,7 +362,7 @@ int dpa_hal_rdma_signal_add(struct dpa_hal *hal, uint32_t peer, uint64_t raddr, 
 	uint32_t rail;
 	int32_t pid, st;
 
-	if (emu_cq_full(hal))
+	if (emu_cq_full(hal) || emu_wire_busy(hal, peer))
 		return DPA_HAL_EAGAIN;
 	st = rail_gate(hal, peer, sizeof(uint64_t), &rail);
 	if (!st)
@@ -369,6 +385,8 @@ int dpa_hal_poll_cq(struct dpa_hal *hal, struct dpa_hal_cqe *out, int max)
 {
 	int n = 0;
 
+	if (hal->nout)  /* writes on the wires: completions of those placed */
+		emu_wire_poll(hal);
 	while (n < max && hal->cq_head != hal->cq_tail)
 		out[n++] = hal->cq[hal->cq_head++ & (EMU_CQ_DEPTH - 1)];
 	return n;

@@ -19,6 +19,7 @@
 #include "dpa_hal.h"
 #include "host_device.h"
 #include "offload_abi.h"
+#include "emu_wire.h"
 
 #define EMU_MAGIC     0x45415044u   /* "DPAE" */
 #define EMU_MAX_MRS   1024u         /* per rank; key low bits index the table */
@@ -102,7 +103,8 @@ struct emu_rank {
 	 * its wake-up to a thread of the job running there (emu_spin.c: the hand-over). */
 	uint32_t sleep_cpu;
 	uint32_t handed;
-	uint32_t resv0[4];
+	uint32_t wire_in;     /* bumped by senders publishing on a wire to us (emu_wire.c) */
+	uint32_t resv0[3];
 	/* Own line: bumped by doorbells and remote signals, slept on by progress threads
 	 * (futex bitset EMU_WAKE_DPA) and by a host thread driving the engine (EMU_WAKE_HOST). */
 	uint32_t event;
@@ -246,6 +248,11 @@ struct dpa_hal {
 	uint32_t cq_head;     /* consumer and producer are both this thread */
 	uint32_t cq_tail;
 	struct dpa_hal_cqe cq[EMU_CQ_DEPTH];
+	/* Thread 0's writes on the wires (emu_wire.c), oldest first, and its side of each
+	 * wire ([world size]; NULL on the other threads, whose writes never take one). */
+	struct emu_wire_tx *wire_tx;
+	uint32_t nout;
+	struct emu_wire_send outbox[EMU_WIRE_OUTBOX];
 };
 
 struct emu_device {
@@ -268,6 +275,15 @@ struct emu_device {
 	struct emu_mcast_slot *mc_slots;    /* [OFFLOAD_MAX_TEAMS][mc_nslots] */
 	uint8_t *mc_payload;                /* [OFFLOAD_MAX_TEAMS][mc_nslots][mtu] */
 	uint32_t mc_nslots;
+	/* Wires (emu_wire.c): [sender][target] headers and payload slots, wire_slots each (0:
+	 * none, every remote write by process_vm_writev); our placing side: the lock one of
+	 * our threads holds while placing, each sender's next piece, and wire_in as seen. */
+	struct emu_wire *wires;
+	uint8_t *wire_data;
+	uint32_t wire_slots;
+	uint32_t wire_lock;
+	uint64_t *wire_head;
+	uint32_t wire_in_seen;
 	pthread_mutex_t mr_lock;
 	uint64_t rng;
 	uint32_t next_serial;
@@ -295,6 +311,9 @@ struct emu_device {
 	uint64_t host_sleeps;         /* ... sleeps between their rounds */
 	uint64_t handoff_yields;      /* ... and yields instead (host_idle's hand-off) */
 	uint64_t wake_handovers;      /* our wake-ups of peers taken by a thread on their CPU */
+	uint64_t wire_bytes;          /* thread 0's writes by the wire: placed by the target, */
+	uint64_t wire_direct_bytes;   /* ... the rest (did not fit, or rescued), */
+	uint64_t wire_rescues;        /* ... and the pieces rescued (emu_wire.c) */
 	uint64_t doorbells;           /* emu_doorbell_rank() calls on our rank ... */
 	uint64_t doorbell_wakes;      /* ... that woke a sleeping progress thread */
 	uint32_t rail_faults;         /* a rail of this rank is set to fail */
@@ -473,6 +492,8 @@ void emu_flush_wakes(struct dpa_hal *pass);
 #define EMU_FLUSH_BEFORE (64u * 1024u)  /* copies at least this long flush first */
 /* The same, unconditionally: doorbells, sibling notifications, failures, stop. */
 void emu_kick_rank(struct emu_device *dev, uint32_t rank);
+/* A kick at the end of the pass (the wire's: a rank's firmware cannot count them). */
+void emu_nudge_rank(struct emu_device *dev, uint32_t rank, struct dpa_hal *pass);
 /* The host's doorbell: a kick that spares progress threads in their idle poll the wake-up
  * (they see the command within a nap). */
 void emu_doorbell_rank(struct emu_device *dev, uint32_t rank);
@@ -520,6 +541,23 @@ struct timespec emu_ns_to_ts(int64_t ns);
 int emu_wait_word(struct emu_device *dev, uint32_t *word, uint32_t seen, int64_t timeout_ns);
 void emu_wake_word(struct emu_device *dev, uint32_t *word);
 uint64_t emu_now_ns(void);
+
+/* emu_wire.c: writes into a peer's private memory through the job segment */
+uint32_t emu_wire_slots(uint32_t nranks);
+/* Would a write of len to peer's private memory go on the wire? */
+int emu_wire_takes(const struct dpa_hal *hal, uint32_t peer, uint64_t len);
+/* Put it there (checked already); its completion comes from emu_wire_poll. */
+int emu_wire_post(struct dpa_hal *hal, uint32_t peer, uint64_t src, uint64_t raddr,
+		  uint32_t rkey, uint64_t len, uint64_t wr_id, uint32_t rail);
+/* The sender's side, at every poll of its CQ: push, complete, rescue. */
+void emu_wire_poll(struct dpa_hal *hal);
+/* The target's side, in every pass: place what came in; the pieces placed. */
+int emu_wire_place(struct emu_device *dev, struct dpa_hal *pass);
+/* Writes on one QP land in order: other work to a peer waits for those on its wire. */
+static inline int emu_wire_busy(const struct dpa_hal *hal, uint32_t peer)
+{
+	return hal->nout && hal->wire_tx && hal->wire_tx[peer].sending;
+}
 
 /* emu_hal.c: our port `rail` failed (all of them: this rank is unreachable) */
 void emu_rail_down(struct emu_device *dev, uint32_t rail);

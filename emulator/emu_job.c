@@ -66,10 +66,24 @@ static uint64_t mc_payload_off(uint32_t n, uint32_t mtu)
 			sizeof(struct emu_mcast_slot), 4096);
 }
 
-static uint64_t job_len(uint32_t n, uint32_t mtu)
+/* Wires (emu_wire.c): [n][n] headers, then [n][n][slots] payload slots. */
+static uint64_t wires_off(uint32_t n, uint32_t mtu)
 {
 	return align_up(mc_payload_off(n, mtu) +
 			(uint64_t)OFFLOAD_MAX_TEAMS * emu_mcast_slots(mtu) * mtu, 4096);
+}
+
+static uint64_t wire_data_off(uint32_t n, uint32_t mtu)
+{
+	uint64_t wires = emu_wire_slots(n) ? (uint64_t)n * n * sizeof(struct emu_wire) : 0;
+
+	return align_up(wires_off(n, mtu) + wires, 4096);
+}
+
+static uint64_t job_len(uint32_t n, uint32_t mtu)
+{
+	return align_up(wire_data_off(n, mtu) +
+			(uint64_t)n * n * emu_wire_slots(n) * EMU_WIRE_SLOT_BYTES, 4096);
 }
 
 static int claim_u32(uint32_t *word, uint32_t want)
@@ -186,6 +200,9 @@ int emu_job_open(struct emu_device *dev)
 	dev->mc_slots = (struct emu_mcast_slot *)(dev->job_map + mc_slots_off(n));
 	dev->mc_payload = dev->job_map + mc_payload_off(n, dev->attr.mtu);
 	dev->mc_nslots = emu_mcast_slots(dev->attr.mtu);
+	dev->wire_slots = emu_wire_slots(n);
+	dev->wires = (struct emu_wire *)(dev->job_map + wires_off(n, dev->attr.mtu));
+	dev->wire_data = dev->job_map + wire_data_off(n, dev->attr.mtu);
 	/* The MTU sizes the rings: ranks configured with different ones cannot share them. */
 	if (claim_u32(&dev->hdr->magic, EMU_MAGIC) || claim_u32(&dev->hdr->abi, OFFLOAD_ABI_VERSION) ||
 	    claim_u32(&dev->hdr->nranks, n) || claim_u32(&dev->hdr->mtu, dev->attr.mtu))

@@ -188,7 +188,8 @@ static int run_pass(struct emu_device *dev, struct dpa_hal *hal, int host)
 	if (off_read_once(&self->waking_ns))
 		off_write_once(&self->waking_ns, 0);
 	emu_sync_peers(dev);  /* closed and unreachable peers, for the firmware */
-	work = dpa_progress(dev->fw_state, hal);
+	work = dev->wire_slots ? emu_wire_place(dev, hal) : 0;  /* peers' writes, in place */
+	work += dpa_progress(dev->fw_state, hal);
 	emu_flush_wakes(hal);  /* the peers this pass wrote to, woken at once */
 	enum dpa_engine_load load = dpa_engine_load(dev->fw_state);
 
@@ -540,4 +541,7 @@ void emu_drive_stats(struct host_device *hd, struct host_drive_stats *out)
 	out->sleeps = off_read_once(&dev->host_sleeps);
 	out->handoff_yields = off_read_once(&dev->handoff_yields);
 	out->wake_handovers = off_read_once(&dev->wake_handovers);
+	out->wire_bytes = off_read_once(&dev->wire_bytes);
+	out->wire_direct_bytes = off_read_once(&dev->wire_direct_bytes);
+	out->wire_rescues = off_read_once(&dev->wire_rescues);
 }

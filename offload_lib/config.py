@@ -310,6 +310,13 @@ TUNABLES: tuple[Tunable, ...] = (
             "thread's); 'threads' leaves all of it to the progress threads (the offload "
             "as on a card: use it to measure what the host is spared)",
             _choice("cooperative", "threads")),
+    Tunable("wire_min", int, 64 * KiB,
+            "emulator: RDMA writes of at least this many bytes into another rank's ordinary "
+            "memory (not ctx.empty()) go in two copies through slots in the job segment, "
+            "the second by the receiving rank's own threads, instead of one "
+            "process_vm_writev, which pins the receiver's pages one by one (0: always "
+            "process_vm_writev; up to 1 GiB; K/M/G suffixes allowed)",
+            _size_range(0, 1024 * MiB)),
     Tunable("eager_max", int, 8 * KiB,
             "all-to-all blocks up to this many bytes per peer, and allreduce vectors up "
             "to this many bytes, go eagerly: straight into the receiver's pre-registered "
@@ -382,6 +389,7 @@ class Config:
     spin_us: int = _default("spin_us")
     idle_poll_us: int = _default("idle_poll_us")
     progress: str = _default("progress")
+    wire_min: int = _default("wire_min")
     eager_max: int = _default("eager_max")
 
     def __post_init__(self) -> None:

@@ -170,6 +170,7 @@ class Context:
         # thread that waits on the completion ring (threads mode) spins as long, then sleeps.
         params.spin_us = config.spin_us
         params.idle_poll_us = config.idle_poll_us
+        params.wire_min = config.wire_min
         self._poll_ns = config.spin_us * 1000
         engine.eager_max = config.eager_max
         params.ring_entries = config.ring_entries
@@ -578,6 +579,13 @@ class Context:
             # wake-ups of peers' sleeping drivers this rank handed to a thread of the job
             # running on the sleeper's CPU (a local wake-up, not an inter-processor interrupt)
             "wake_handovers": int(host.wake_handovers),
+            # emulator: bytes this rank sent into peers' ordinary memory through the wire's
+            # slots (placed by their own threads), bytes of those writes that went by
+            # process_vm_writev instead (the wire full, a stalled target), and the pieces
+            # it took back from a target that did not place them (wire_min, emu_wire.c)
+            "wire_bytes": int(host.wire_bytes),
+            "wire_direct_bytes": int(host.wire_direct_bytes),
+            "wire_rescues": int(host.wire_rescues),
             # memory registrations made (host_post's and persistent requests'), op buffers
             # the registration cache already held, and the registrations it holds now
             "registrations": int(mr[0]),

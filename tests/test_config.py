@@ -33,6 +33,7 @@ DEFAULTS = {
     "spin_us": 20,
     "idle_poll_us": 50000,
     "progress": "cooperative",
+    "wire_min": 65536,
     "eager_max": 8192,
 }
 
@@ -139,6 +140,7 @@ BAD_VALUES = [
     ("spin_us", -1), ("spin_us", 100_001), ("spin_us", "1e3"),
     ("idle_poll_us", -1), ("idle_poll_us", 1_000_001), ("idle_poll_us", "50ms"),
     ("progress", "threads-only"), ("progress", 1),
+    ("wire_min", -1), ("wire_min", "2G"), ("wire_min", "lots"),
     ("eager_max", "16K"), ("eager_max", -1), ("eager_max", "lots"),
 ]
 

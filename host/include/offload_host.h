@@ -52,6 +52,8 @@ struct host_ctx_params {
 				     * waiting for a small op runs the emulated firmware itself */
 	uint32_t idle_poll_us;      /* emulator: a progress thread naps this long after bulk
 				     * work before a doorbell must wake it (emu_progress.c) */
+	uint64_t wire_min;          /* emulator: writes from this size into another rank's
+				     * private memory take the wire (emu_wire.c); 0: never */
 	/* The firmware's settings (dpa_engine.h): the caller sets chunk_size, op_timeout_ms,
 	 * link_mbps, mcast_roots and eager_max; host setup fills in the rest and starts the
 	 * firmware with it. */
@@ -186,6 +188,11 @@ struct host_drive_stats {
 	uint64_t handoff_yields;  /* ... and the yields to a peer waiting for a core instead */
 	uint64_t wake_handovers;  /* wake-ups of peers' sleeping drivers handed to a thread of
 				   * the job on the sleeper's CPU (a local wake, no interrupt) */
+	uint64_t wire_bytes;      /* emulator: bytes sent to peers through the wire's slots */
+	uint64_t wire_direct_bytes; /* ... bytes of its writes by process_vm_writev instead:
+				   * what did not fit, and pieces taken back from a stalled
+				   * target */
+	uint64_t wire_rescues;    /* ... those pieces taken back */
 };
 void host_drive_stats(struct host_ctx *ctx, struct host_drive_stats *out);
 /* cffi:end */

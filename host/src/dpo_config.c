@@ -47,6 +47,7 @@ static const struct key keys[] = {
 	{ "bootstrap_timeout", K_F64, F(bootstrap_timeout), 0, 1e300, 1 },
 	{ "spin_us", K_U32, F(spin_us), 0, 100000, 0 },
 	{ "idle_poll_us", K_U32, F(idle_poll_us), 0, 1000000, 0 },
+	{ "wire_min", K_SIZE, F(wire_min), 0, 1073741824.0, 0 },
 	{ "progress", K_PROGRESS, F(coop), 0, 0, 0 },
 	{ "eager_max", K_SIZE, F(eager_max), 0, 8192, 0 },
 };
@@ -69,6 +70,7 @@ void dpo_config_defaults(struct dpo_config *c)
 	c->bootstrap_timeout = 60.0;
 	c->spin_us = 20;
 	c->idle_poll_us = 50000;
+	c->wire_min = 64 * 1024;
 	c->coop = 1;
 	c->eager_max = 8192;
 }

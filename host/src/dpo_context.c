@@ -252,6 +252,7 @@ static void fill_params(struct host_ctx_params *p, const struct dpo_context *ctx
 	/* the emulator itself stops spinning where the ranks outnumber the cores */
 	p->spin_us = c->spin_us;
 	p->idle_poll_us = c->idle_poll_us;
+	p->wire_min = c->wire_min;
 	p->coop = !strcmp(ctx->backend, "emulator") && c->coop;
 	p->engine.eager_max = (uint32_t)c->eager_max;
 	p->bootstrap_timeout_ns = (int64_t)(c->bootstrap_timeout * 1e9);

@@ -33,6 +33,7 @@ struct dpo_config {
 	double bootstrap_timeout;
 	uint32_t spin_us;
 	uint32_t idle_poll_us;
+	uint64_t wire_min;
 	uint32_t coop;                /* progress: cooperative (1) or threads (0) */
 	uint64_t eager_max;
 };

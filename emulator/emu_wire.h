@@ -1,0 +1,73 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/*
+ * The emulated wire (emu_wire.c): RDMA writes into another rank's private memory carried
+ * by a ring of slots in the job segment, placed by the target rank's own threads.
+ */
+#ifndef EMU_WIRE_H
+#define EMU_WIRE_H
+
+#include <stdint.h>
+
+#define EMU_WIRE_SLOT_BYTES (128u * 1024u)
+#define EMU_WIRE_MAX_SLOTS  16u           /* per directed pair of ranks (2 MiB) */
+/* Every wire of a job together, at most (tmpfs pages are allocated on first touch only,
+ * but a container's /dev/shm is often 64 MiB): 16 slots per pair up to 4 ranks, 4 at 8. */
+#define EMU_WIRE_BUDGET     (32ull << 20)
+#define EMU_WIRE_OUTBOX     16u            /* writes on the wire per sender thread */
+/* A piece nobody placed for this long (the target stopped, closes or died) is placed by
+ * its sender with process_vm_writev: an op's abort waits for its writes' completions. */
+#define EMU_WIRE_STALL_NS   20000000ull
+
+enum emu_wire_state {
+	EMU_WIRE_FREE = 0,
+	EMU_WIRE_READY = 1,     /* filled by the sender, not taken */
+	EMU_WIRE_TAKEN = 2,     /* the target copies it into place */
+	EMU_WIRE_RESCUED = 3,   /* its sender copies it into place (stalled) */
+};
+
+/* A slot's descriptor in the job segment, a line each. */
+struct emu_wire_piece {
+	uint64_t raddr;       /* where it lands, in the target's address space */
+	uint64_t index;       /* the sender's free-running piece number */
+	uint32_t rkey;
+	uint32_t len;
+	uint32_t state;       /* enum emu_wire_state; READY and FREE are release stores */
+	int32_t status;       /* the placement's, written before state goes FREE */
+	uint32_t resv[8];
+};
+
+/* One directed pair's wire: header lines, then the pieces; the payload slots live apart. */
+struct emu_wire {
+	uint64_t tail;        /* pieces published (the sender's thread 0 is the only producer) */
+	uint32_t resv[14];
+	struct emu_wire_piece piece[EMU_WIRE_MAX_SLOTS];
+};
+
+_Static_assert(sizeof(struct emu_wire_piece) == 64, "a piece per line");
+_Static_assert(sizeof(struct emu_wire) == 64 * (1 + EMU_WIRE_MAX_SLOTS), "wire: lines");
+
+/* A write of the sender's thread 0 on a wire, until its completion (process memory). */
+struct emu_wire_send {
+	uint64_t src;         /* the local source, registered (checked at post) */
+	uint64_t raddr;
+	uint64_t len;
+	uint64_t pushed;      /* bytes copied into slots (or placed by a rescue) */
+	uint64_t first;       /* its pieces: [first, end) */
+	uint64_t end;
+	uint64_t wr_id;
+	uint64_t moved_ns;    /* when it last moved: a stall is timed from here */
+	uint32_t peer;
+	uint32_t rkey;
+	uint32_t rail;
+	int32_t status;       /* the first failed piece's */
+};
+
+/* The sender's side of its wire to one peer (process memory). */
+struct emu_wire_tx {
+	uint64_t tail;        /* pieces published */
+	uint64_t acked;       /* pieces whose placement was seen (their slots free again) */
+	uint32_t sending;     /* writes in the outbox: other work to this peer waits */
+	uint32_t resv;
+};
+
+#endif /* EMU_WIRE_H */

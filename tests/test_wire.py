@@ -1,0 +1,132 @@
+"""The emulated wire (config ``wire_min``, emulator/emu_wire.c).
+
+Where every rank has a core, a large RDMA write into another rank's ordinary memory goes in
+two copies through slots in the job segment, the second by the target's own threads,
+instead of one process_vm_writev. The tests run two ranks (the wire needs a core per rank)
+and check: exact results for blocks that fit the wire, overflow it (the rest goes
+directly) or stay under wire_min, on odd sizes, with the wire on and off, and what stats()
+says went which way; a target stopped with pieces on its wire (the sender takes them back
+after a stall and writes them itself: no op waits on a peer that does not run); and a
+target killed with pieces on its wire (the sender's op fails naming it, no hang).
+"""
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from _mp import DONE_MARK, run_job, run_ranks
+
+pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
+                                reason="the wire is used where every rank has a core")
+
+EXACT = r'''
+ctx = ol.init()
+w = ctx.world
+wire_on = int(os.environ["OFFLOAD_WIRE_MIN"]) > 0
+# Per peer: under wire_min, one piece and a bit, exactly the wire's 2 MiB, past it (the
+# rest goes directly), and a block that is many pieces with an odd tail.
+for per in (64 * 1024 - 1, 128 * 1024 + 3, 2 * 1024 * 1024, 4 * 1024 * 1024 + 12,
+            1024 * 1024 + 4097):
+    src = ((np.arange(per * size, dtype=np.uint64) * 7 + 131 * rank) % 251).astype(np.uint8)
+    dst = np.zeros(per * size, np.uint8)
+    want = np.concatenate([((np.arange(per * rank, per * (rank + 1), dtype=np.uint64) * 7 +
+                             131 * p) % 251).astype(np.uint8) for p in range(size)])
+    for i in range(3):
+        dst[:] = 0
+        w.alltoall(src, dst).wait(timeout=30)
+        check_equal(dst, want, f"{per} bytes per peer, op {i}")
+st = ctx.stats()
+print(f"wire {st['wire_bytes']} direct {st['wire_direct_bytes']} rescues {st['wire_rescues']}",
+      flush=True)
+if wire_on:
+    assert st["wire_bytes"] > 0 and st["wire_direct_bytes"] > 0, st
+else:
+    assert st["wire_bytes"] == 0 and st["wire_direct_bytes"] == 0, st
+assert st["wire_rescues"] == 0, st
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("wire_min", ["65536", "0"])
+def test_exchanges_through_the_wire_are_exact(wire_min):
+    out = run_ranks(2, EXACT, timeout=120, env={"OFFLOAD_WIRE_MIN": wire_min})
+    assert all("wire " in text for text in out), out
+
+
+# Rank 1 posts (its ready goes out), then stops itself (a helper continues it 0.4 s
+# later); rank 0 posts after that, sees the ready, puts its block on the wire, and nobody
+# places it. Rank 0 must take the pieces back and write them itself (wire_rescues), and
+# both ranks end with exact results.
+STOPPED = r'''
+import subprocess
+ctx = ol.init()
+w = ctx.world
+per = 1024 * 1024
+src = np.full(per * size, rank + 1, np.uint8)
+dst = np.zeros_like(src)
+want = np.repeat(np.arange(1, size + 1, dtype=np.uint8), per)
+w.alltoall(src, dst).wait(timeout=30)  # warm: registrations made
+before = ctx.stats()["wire_rescues"]
+w.barrier().wait(timeout=30)
+dst[:] = 0
+if rank == 1:
+    req = w.alltoall(src, dst)  # the post runs the firmware: our ready goes out
+    subprocess.Popen(["sh", "-c", f"sleep 0.4; kill -CONT {os.getpid()}"])
+    os.kill(os.getpid(), signal.SIGSTOP)
+    req.wait(timeout=30)
+else:
+    time.sleep(0.1)  # rank 1 is stopped by now
+    w.alltoall(src, dst).wait(timeout=30)
+check_equal(dst, want, "the op around the stop")
+rescues = ctx.stats()["wire_rescues"] - before
+print(f"rescues {rescues}", flush=True)
+if rank == 0:
+    assert rescues > 0, "rank 0's pieces were placed by a stopped rank?"
+w.barrier().wait(timeout=30)
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(120)
+def test_a_stopped_target_has_its_pieces_taken_back():
+    out = run_ranks(2, STOPPED, timeout=60, env={"OFFLOAD_WIRE_MIN": "65536"})
+    assert "rescues" in out[0], out
+
+
+# Rank 1 posts (its ready goes out) and stops; rank 0 posts after that and puts its block
+# on the wire, and rank 1 is killed while stopped (a helper's SIGKILL), its pieces never
+# placed: rank 0's op must fail naming it, not wait.
+DYING = r'''
+import subprocess
+ctx = ol.init()
+w = ctx.world
+per = 1024 * 1024
+src = np.full(per * size, rank + 1, np.uint8)
+dst = np.zeros_like(src)
+w.alltoall(src, dst).wait(timeout=30)
+w.barrier().wait(timeout=30)
+if rank == 1:
+    w.alltoall(src, dst)
+    subprocess.Popen(["sh", "-c", f"sleep 0.3; kill -KILL {os.getpid()}"])
+    os.kill(os.getpid(), signal.SIGSTOP)
+    time.sleep(30)  # never reached: killed while stopped
+time.sleep(0.1)  # rank 1 is stopped by now
+t0 = time.monotonic()
+try:
+    w.alltoall(src, dst).wait(timeout=30)
+except ol.PeerFailure as e:
+    assert e.rank == 1, e
+    print(f"peer failure seen after {time.monotonic() - t0:.2f} s", flush=True)
+else:
+    raise AssertionError("the op with a dead peer completed")
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(120)
+def test_a_target_dying_with_pieces_on_the_wire_fails_the_op():
+    _, ranks, _, _ = run_job(2, DYING, timeout=60, grace=10.0,
+                             env={"OFFLOAD_WIRE_MIN": "65536"})
+    assert DONE_MARK in ranks[0] and "peer failure seen" in ranks[0], ranks
