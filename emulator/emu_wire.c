@@ -136,7 +136,10 @@ static int push(struct dpa_hal *hal, struct emu_wire_send *s)
 	if (s->first == UINT64_MAX)
 		s->first = s->end = tx->tail;
 	while (s->pushed < s->len) {
-		if (tx->tail - tx->acked >= dev->wire_slots) {
+		/* (A slot still being placed from before: only a dead process's, whose rank
+		 * this process took over; emu_device.c starts us past its pieces.) */
+		if (tx->tail - tx->acked >= dev->wire_slots ||
+		    off_load_acquire(&w->piece[tx->tail % dev->wire_slots].state) == EMU_WIRE_TAKEN) {
 			/* Full (a write longer than the wire, or the target behind): the rest
 			 * goes by process_vm_writev. Waiting for slots measured worse: both ranks
 			 * of an exchange end up asleep on each other's placing (n=2, 4 MiB per
@@ -276,23 +279,28 @@ void emu_wire_poll(struct dpa_hal *hal)
 	hal->nout = kept;
 }
 
-/* Place one piece into our own memory, after checking it against our registration. */
+/* Place one piece into our own memory, after checking it against our registration. The
+ * descriptor is read once: the sender may not touch it now, but a forged one might. */
 static int32_t place(struct emu_device *dev, const struct emu_wire_piece *p, const uint8_t *from)
 {
+	uint64_t raddr = off_read_once(&p->raddr);
+	uint32_t rkey = off_read_once(&p->rkey), len = off_read_once(&p->len);
 	struct emu_map *held;
 	uint8_t *ptr;
 	int32_t pid, st;
 
-	st = emu_mr_resolve(dev, dev->attr.rank, p->rkey, p->raddr, p->len,
-			    OFFLOAD_ACCESS_REMOTE_WRITE, &ptr, &pid, &held);
+	if (len > EMU_WIRE_SLOT_BYTES)  /* a piece never spans slots */
+		return OFFLOAD_ERR_REMOTE_ACCESS;
+	st = emu_mr_resolve(dev, dev->attr.rank, rkey, raddr, len, OFFLOAD_ACCESS_REMOTE_WRITE,
+			    &ptr, &pid, &held);
 	if (st)
 		return st;
 	/* Our own thread, next to the buffers it reads soon: cache-filling stores where
 	 * every rank has a core, streaming ones where the ranks share them (emu_hal.c). */
 	if (dev->attr.size <= dev->ncores)
-		memcpy(ptr, from, p->len);
+		memcpy(ptr, from, len);
 	else
-		emu_dma_copy(ptr, from, p->len);
+		emu_dma_copy(ptr, from, len);
 	emu_map_release(held);
 	return OFFLOAD_OK;
 }
