@@ -142,19 +142,11 @@ static int emu_start(struct host_device *hd, const struct dpa_engine_params *par
 			return -ENOMEM;
 	}
 	if (dev->wire_slots) {  /* thread 0 sends on the wires; any thread places */
-		uint32_t me = dev->attr.rank;
-
 		dev->wire_head = calloc(dev->attr.size, sizeof(uint64_t));
 		dev->hals[0].wire_tx = calloc(dev->attr.size, sizeof(struct emu_wire_tx));
 		if (!dev->wire_head || !dev->hals[0].wire_tx)
 			return -ENOMEM;
-		/* A rank taken over goes on where its dead process left its wires. */
-		for (uint32_t r = 0; r < dev->attr.size; r++) {
-			uint64_t sent = off_load_acquire(&dev->wires[(uint64_t)me * dev->attr.size + r].tail);
-
-			dev->hals[0].wire_tx[r].tail = dev->hals[0].wire_tx[r].acked = sent;
-			dev->wire_head[r] = off_load_acquire(&dev->wires[(uint64_t)r * dev->attr.size + me].tail);
-		}
+		emu_wire_adopt(dev);
 	}
 	rc = dpa_engine_init(dev->fw_state, params);
 	if (rc)

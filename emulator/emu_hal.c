@@ -136,8 +136,8 @@ static void dma(struct emu_device *dev, uint32_t peer, void *dst, const void *sr
 		emu_dma_copy(dst, src, len);
 }
 
-static int32_t do_write(struct emu_device *dev, uint32_t peer, const void *src, uint64_t raddr,
-			uint32_t rkey, uint64_t len)
+int32_t emu_write_remote(struct emu_device *dev, uint32_t peer, const void *src,
+			 uint64_t raddr, uint32_t rkey, uint64_t len)
 {
 	struct emu_map *held;
 	uint8_t *ptr;
@@ -199,33 +199,33 @@ static int32_t check_local(struct emu_device *dev, uint64_t laddr, uint32_t lkey
 int dpa_hal_rdma_write(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint32_t lkey,
 		       uint64_t raddr, uint32_t rkey, uint64_t len, uint64_t wr_id)
 {
+	int wire = emu_wire_takes(hal, peer, len);
 	uint32_t rail = 0;
 	int32_t st;
 
-	int wire = emu_wire_takes(hal, peer, len);
+	if (emu_cq_full(hal))
+		return DPA_HAL_EAGAIN;
+	if (wire) {  /* into a peer's private memory: by the wire (emu_wire.c) */
+		struct emu_map *held = NULL;
+		uint8_t *ptr = NULL;
+		int32_t pid;
 
-	if (emu_cq_full(hal) || (emu_wire_busy(hal, peer) && !wire))
+		wire = emu_mr_resolve(hal->dev, peer, rkey, raddr, len, OFFLOAD_ACCESS_REMOTE_WRITE,
+				      &ptr, &pid, &held) == OFFLOAD_OK && !ptr;
+		emu_map_release(held);
+	}
+	/* Anything else to that peer lands after what is on its wire. */
+	if (!wire && emu_wire_busy(hal, peer))
 		return DPA_HAL_EAGAIN;
 	if (len >= EMU_FLUSH_BEFORE)
 		emu_flush_wakes(hal);
 	st = check_local(hal->dev, laddr, lkey, len, OFFLOAD_ACCESS_LOCAL_READ);
 	if (!st)
 		st = rail_gate(hal, peer, len, &rail);
-	if (!st && wire) {  /* into a peer's private memory: by the wire (emu_wire.c) */
-		struct emu_map *held;
-		uint8_t *ptr;
-		int32_t pid;
-
-		st = emu_mr_resolve(hal->dev, peer, rkey, raddr, len, OFFLOAD_ACCESS_REMOTE_WRITE,
-				    &ptr, &pid, &held);
-		if (!st && !ptr)
-			return emu_wire_post(hal, peer, laddr, raddr, rkey, len, wr_id, rail);
-		emu_map_release(held);
-		if (st == OFFLOAD_ERR_PEER)
-			st = emu_peer_lost(hal->dev, peer);
-	}
+	if (!st && wire)
+		return emu_wire_post(hal, peer, laddr, raddr, rkey, len, wr_id, rail);
 	if (!st)
-		st = do_write(hal->dev, peer, (const void *)(uintptr_t)laddr, raddr, rkey, len);
+		st = emu_write_remote(hal->dev, peer, (const void *)(uintptr_t)laddr, raddr, rkey, len);
 	return emu_push_cqe(hal, wr_id, st, st ? 0 : len, rail);
 }
 
@@ -314,7 +314,7 @@ int dpa_hal_rdma_write_inline(struct dpa_hal *hal, uint32_t peer, const void *da
 		return DPA_HAL_EAGAIN;
 	st = rail_gate(hal, peer, len, &rail);
 	if (!st)
-		st = do_write(hal->dev, peer, data, raddr, rkey, len);
+		st = emu_write_remote(hal->dev, peer, data, raddr, rkey, len);
 	/* Inline writes are control messages (write-with-immediate on hardware): they raise
 	 * a completion event that wakes the target's progress threads. */
 	if (!st)

@@ -549,16 +549,26 @@ int emu_wire_takes(const struct dpa_hal *hal, uint32_t peer, uint64_t len);
 /* Put it there (checked already); its completion comes from emu_wire_poll. */
 int emu_wire_post(struct dpa_hal *hal, uint32_t peer, uint64_t src, uint64_t raddr,
 		  uint32_t rkey, uint64_t len, uint64_t wr_id, uint32_t rail);
-/* The sender's side, at every poll of its CQ: push, complete, rescue. */
+/* The sender's side, at every poll of its CQ: complete, take back from stalled targets. */
 void emu_wire_poll(struct dpa_hal *hal);
 /* The target's side, in every pass: place what came in; the pieces placed. */
 int emu_wire_place(struct emu_device *dev, struct dpa_hal *pass);
+/* Has something come in on our wires that no pass placed yet? */
+int emu_wire_pending(const struct emu_device *dev);
+/* A process taking over its rank (before its threads run): go on where the wires stand,
+ * and let go of the pieces the dead process held. */
+void emu_wire_adopt(struct emu_device *dev);
 /* Writes on one QP land in order: other work to a peer waits for those on its wire. */
 static inline int emu_wire_busy(const struct dpa_hal *hal, uint32_t peer)
 {
-	return hal->nout && hal->wire_tx && hal->wire_tx[peer].sending;
+	return hal->nout && hal->wire_tx && peer < hal->dev->attr.size &&
+	       hal->wire_tx[peer].sending;
 }
 
+/* emu_hal.c: a write into rank's memory at once (mapped: a copy; else process_vm_writev);
+ * an error status if the registration refuses it or the peer is gone */
+int32_t emu_write_remote(struct emu_device *dev, uint32_t peer, const void *src,
+			 uint64_t raddr, uint32_t rkey, uint64_t len);
 /* emu_hal.c: our port `rail` failed (all of them: this rank is unreachable) */
 void emu_rail_down(struct emu_device *dev, uint32_t rail);
 

@@ -188,7 +188,7 @@ static int run_pass(struct emu_device *dev, struct dpa_hal *hal, int host)
 	if (off_read_once(&self->waking_ns))
 		off_write_once(&self->waking_ns, 0);
 	emu_sync_peers(dev);  /* closed and unreachable peers, for the firmware */
-	work = dev->wire_slots ? emu_wire_place(dev, hal) : 0;  /* peers' writes, in place */
+	work = emu_wire_place(dev, hal);  /* peers' writes on our wires, into place */
 	work += dpa_progress(dev->fw_state, hal);
 	emu_flush_wakes(hal);  /* the peers this pass wrote to, woken at once */
 	enum dpa_engine_load load = dpa_engine_load(dev->fw_state);
@@ -334,7 +334,7 @@ static int cmd_waiting(struct emu_device *dev)
 /* Does the engine need a pass without any event coming: a command not taken, or a timer? */
 static int work_waiting(struct emu_device *dev)
 {
-	return cmd_waiting(dev) || next_timer(dev, emu_now_ns()) != 0;
+	return cmd_waiting(dev) || emu_wire_pending(dev) || next_timer(dev, emu_now_ns()) != 0;
 }
 
 /* One pass on every thread's queues whose lock is free; *all: every lock was. */

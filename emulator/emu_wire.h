@@ -17,6 +17,9 @@
 /* A piece nobody placed for this long (the target stopped, closes or died) is placed by
  * its sender with process_vm_writev: an op's abort waits for its writes' completions. */
 #define EMU_WIRE_STALL_NS   20000000ull
+/* A piece a live target took and has not placed for this long (stopped mid-copy) fails
+ * its write with a timeout, as an RC transport's retries running out would. */
+#define EMU_WIRE_TAKEN_NS   1000000000ull
 
 enum emu_wire_state {
 	EMU_WIRE_FREE = 0,
@@ -46,20 +49,23 @@ struct emu_wire {
 _Static_assert(sizeof(struct emu_wire_piece) == 64, "a piece per line");
 _Static_assert(sizeof(struct emu_wire) == 64 * (1 + EMU_WIRE_MAX_SLOTS), "wire: lines");
 
-/* A write of the sender's thread 0 on a wire, until its completion (process memory). */
+/* A write of the sender's thread 0 on a wire, until its completion (process memory): its
+ * first (end - first) * EMU_WIRE_SLOT_BYTES bytes went into slots, the rest directly. */
 struct emu_wire_send {
 	uint64_t src;         /* the local source, registered (checked at post) */
 	uint64_t raddr;
 	uint64_t len;
-	uint64_t pushed;      /* bytes copied into slots (or placed by a rescue) */
 	uint64_t first;       /* its pieces: [first, end) */
 	uint64_t end;
+	uint64_t reaped;      /* [first, reaped): let go of by the target, statuses read */
 	uint64_t wr_id;
-	uint64_t moved_ns;    /* when it last moved: a stall is timed from here */
+	uint64_t moved_ns;    /* since when the target has not let go of a piece (0: moving) */
 	uint32_t peer;
 	uint32_t rkey;
 	uint32_t rail;
-	int32_t status;       /* the first failed piece's */
+	int32_t status;       /* the direct part's, or the first failed piece's */
+	uint32_t given_up;    /* a live target held a piece past EMU_WIRE_TAKEN_NS */
+	uint32_t resv;
 };
 
 /* The sender's side of its wire to one peer (process memory). */

@@ -55,14 +55,35 @@ def test_exchanges_through_the_wire_are_exact(wire_min):
     assert all("wire " in text for text in out), out
 
 
+PIDS = r'''
+def pids_of_all(w):
+    """Every rank's pid, by rank (an all-to-all of one int64 per peer)."""
+    mine = np.full(size, os.getpid(), np.int64)
+    all_pids = np.zeros(size, np.int64)
+    w.alltoall(mine, all_pids).wait(timeout=30)
+    return [int(p) for p in all_pids]
+
+
+def wait_stopped(pid):
+    """Until pid is stopped (its /proc state T): no sleep guessing how long that takes."""
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        with open(f"/proc/{pid}/stat") as f:
+            if f.read().rsplit(")", 1)[1].split()[0] in ("T", "t"):
+                return
+        time.sleep(0.001)
+    raise AssertionError(f"rank process {pid} never stopped")
+'''
+
 # Rank 1 posts (its ready goes out), then stops itself (a helper continues it 0.4 s
-# later); rank 0 posts after that, sees the ready, puts its block on the wire, and nobody
-# places it. Rank 0 must take the pieces back and write them itself (wire_rescues), and
-# both ranks end with exact results.
-STOPPED = r'''
+# later); rank 0 posts once it is stopped, sees the ready, puts its block on the wire, and
+# nobody places it. Rank 0 must take the pieces back and write them itself
+# (wire_rescues), and both ranks end with exact results.
+STOPPED = PIDS + r'''
 import subprocess
 ctx = ol.init()
 w = ctx.world
+pids = pids_of_all(w)
 per = 1024 * 1024
 src = np.full(per * size, rank + 1, np.uint8)
 dst = np.zeros_like(src)
@@ -77,7 +98,7 @@ if rank == 1:
     os.kill(os.getpid(), signal.SIGSTOP)
     req.wait(timeout=30)
 else:
-    time.sleep(0.1)  # rank 1 is stopped by now
+    wait_stopped(pids[1])
     w.alltoall(src, dst).wait(timeout=30)
 check_equal(dst, want, "the op around the stop")
 rescues = ctx.stats()["wire_rescues"] - before
@@ -95,13 +116,13 @@ def test_a_stopped_target_has_its_pieces_taken_back():
     assert "rescues" in out[0], out
 
 
-# Rank 1 posts (its ready goes out) and stops; rank 0 posts after that and puts its block
-# on the wire, and rank 1 is killed while stopped (a helper's SIGKILL), its pieces never
-# placed: rank 0's op must fail naming it, not wait.
-DYING = r'''
-import subprocess
+# Rank 1 posts (its ready goes out) and stops; rank 0 posts once it is stopped, puts its
+# block on the wire, and kills rank 1 at once: the pieces are never placed, and taking
+# them back finds a dead target. Rank 0's op must fail naming rank 1, not wait.
+DYING = PIDS + r'''
 ctx = ol.init()
 w = ctx.world
+pids = pids_of_all(w)
 per = 1024 * 1024
 src = np.full(per * size, rank + 1, np.uint8)
 dst = np.zeros_like(src)
@@ -109,13 +130,14 @@ w.alltoall(src, dst).wait(timeout=30)
 w.barrier().wait(timeout=30)
 if rank == 1:
     w.alltoall(src, dst)
-    subprocess.Popen(["sh", "-c", f"sleep 0.3; kill -KILL {os.getpid()}"])
     os.kill(os.getpid(), signal.SIGSTOP)
     time.sleep(30)  # never reached: killed while stopped
-time.sleep(0.1)  # rank 1 is stopped by now
+wait_stopped(pids[1])
+req = w.alltoall(src, dst)
+os.kill(pids[1], signal.SIGKILL)
 t0 = time.monotonic()
 try:
-    w.alltoall(src, dst).wait(timeout=30)
+    req.wait(timeout=30)
 except ol.PeerFailure as e:
     assert e.rank == 1, e
     print(f"peer failure seen after {time.monotonic() - t0:.2f} s", flush=True)

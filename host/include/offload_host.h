@@ -19,7 +19,7 @@ struct host_ctx;
 /* The layout of struct host_ctx_params this library reads (as io_uring_params: one struct,
  * filled once by the caller and passed down by pointer to host setup and the backend,
  * which keeps it; nothing copies its fields one by one). Bumped when a field changes. */
-#define HOST_CTX_PARAMS_VERSION 2
+#define HOST_CTX_PARAMS_VERSION 3
 
 struct host_ctx_params {
 	uint32_t struct_size;       /* sizeof(struct host_ctx_params) of the caller's headers */

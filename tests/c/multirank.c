@@ -282,7 +282,8 @@ static int rank_main(uint32_t me, uint32_t n, const char *job, uint32_t threads,
 		.struct_size = sizeof(p), .version = HOST_CTX_PARAMS_VERSION,
 		.job = job, .backend = "emulator", .rank = me, .size = n, .num_threads = threads,
 		.ring_entries = 64, .spin_us = 0, .bootstrap_timeout_ns = WAIT_NS, .mtu = 4096,
-		.mcast_rq_depth = 512, .engine = { .chunk_size = 256 * 1024, .eager_max = OFFLOAD_EAGER_BYTES },
+		.mcast_rq_depth = 512, .wire_min = 64 * 1024,
+		.engine = { .chunk_size = 256 * 1024, .eager_max = OFFLOAD_EAGER_BYTES },
 	};
 	struct rank r = { .me = me, .n = n, .sh = sh, .big = big };
 	uint32_t world[MAX_N], reversed[MAX_N];
