@@ -24,8 +24,11 @@ def post(team, src, dst):
 def dpa_threads():
     names = []
     for comm in glob.glob(f"/proc/{os.getpid()}/task/*/comm"):
-        with open(comm) as f:
-            names.append(f.read().strip())
+        try:
+            with open(comm) as f:
+                names.append(f.read().strip())
+        except FileNotFoundError:  # reaped while we looked
+            pass
     return [n for n in names if n.startswith("dpa-")]
 
 OP = os.environ["FAULT_OP"]
@@ -77,6 +80,11 @@ left = [n for n in os.listdir("/dev/shm") if n.startswith(job + "-r3-")]
 assert not left, f"dead rank's segments left behind: {left}"
 ctx.close()
 ctx.close()
+# A joined thread's /proc entry goes a moment after pthread_join returns (the kernel wakes
+# the joiner at the thread's exit, before it reaps it): allow that moment, not more.
+deadline = time.monotonic() + 2
+while dpa_threads() and time.monotonic() < deadline:
+    time.sleep(0.01)
 assert not dpa_threads(), f"threads left after close: {dpa_threads()}"
 '''
 
