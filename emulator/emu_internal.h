@@ -245,6 +245,8 @@ struct dpa_hal {
 	uint32_t wake_ranks[EMU_WAKE_LIST];
 	uint32_t nwake;
 	uint8_t *rail;        /* [world size] per peer: the rail this thread posts on */
+	int pinned;           /* its progress thread runs on one CPU for bulk work ... */
+	cpu_set_t cpus;       /* ... and goes back to these after it (emu_progress.c) */
 	uint32_t cq_head;     /* consumer and producer are both this thread */
 	uint32_t cq_tail;
 	struct dpa_hal_cqe cq[EMU_CQ_DEPTH];

@@ -256,6 +256,40 @@ static void thread_idle(struct emu_device *dev, struct dpa_hal *hal, uint32_t sn
 	}
 }
 
+/*
+ * Where the ranks outnumber the cores, a progress thread that copies bulk ops runs on a
+ * core of its own (rank and thread index, round robin over the process's CPUs) until its
+ * idle poll after them ends. Left to the scheduler, two copiers of different ranks shared
+ * one vCPU while the other idled (a thread that ran in the last 0.5 ms is not pulled to an
+ * idle CPU: sched_migration_cost), 10% of the time at n=4. 1 MiB per peer, numpy, op time
+ * of the slowest rank alternated with and without: n=8 median 5.8 against 6.4 ms (5 of 6
+ * pairs), n=4 1.38 against 1.55 ms (5 of 8); small ops never pin (docs/performance.md).
+ */
+static void pin_for_bulk(struct emu_device *dev, struct dpa_hal *hal, int bulk)
+{
+	cpu_set_t cpus;
+
+	if (bulk == hal->pinned || dev->attr.size <= dev->ncores ||
+	    sched_getaffinity(0, sizeof(cpus), &cpus))
+		return;
+	hal->pinned = bulk;
+	if (!bulk) {
+		pthread_setaffinity_np(pthread_self(), sizeof(hal->cpus), &hal->cpus);
+		return;
+	}
+	hal->cpus = cpus;
+	uint32_t k = (dev->attr.rank * dev->attr.num_threads + hal->index) % dev->ncores, seen = 0;
+
+	for (int c = 0; c < CPU_SETSIZE; c++) {
+		if (CPU_ISSET(c, &cpus) && seen++ == k) {
+			CPU_ZERO(&cpus);
+			CPU_SET(c, &cpus);
+			pthread_setaffinity_np(pthread_self(), sizeof(cpus), &cpus);
+			return;
+		}
+	}
+}
+
 static void *progress_thread(void *arg)
 {
 	struct dpa_hal *hal = arg;
@@ -277,6 +311,9 @@ static void *progress_thread(void *arg)
 		int work = run_pass(dev, hal, 0);
 
 		off_unlock(&hal->busy);
+		/* Pinned through the idle poll after bulk work (a bulk loop's next op). */
+		pin_for_bulk(dev, hal, hal->bulk_ns && emu_now_ns() - hal->bulk_ns <
+					       (uint64_t)dev->attr.idle_poll_us * 1000u);
 		if (!work)
 			thread_idle(dev, hal, snap, 1);
 	}
