@@ -43,6 +43,27 @@ rank = int(os.environ["OFFLOAD_RANK"])
 size = int(os.environ["OFFLOAD_SIZE"])
 
 
+def threads_left(prefixes=("dpa-", "fxm-"), wait=2.0):
+    """This process's threads named with one of prefixes, once none is left or after
+    `wait` s: a joined thread's /proc entry goes a moment after pthread_join returns (the
+    kernel wakes the joiner at the thread's exit, before it reaps it)."""
+    import glob
+
+    deadline = time.monotonic() + wait
+    while True:
+        names = []
+        for comm in glob.glob(f"/proc/{os.getpid()}/task/*/comm"):
+            try:
+                with open(comm) as f:
+                    names.append(f.read().strip())
+            except FileNotFoundError:  # reaped while we looked
+                pass
+        left = [t for t in names if t.startswith(prefixes)]
+        if not left or time.monotonic() >= deadline:
+            return left
+        time.sleep(0.01)
+
+
 def check_equal(got, want, what):
     """Element-by-element comparison; on mismatch say where and what."""
     got = np.asarray(got).reshape(-1)

@@ -12,24 +12,12 @@ from _mp import DONE_MARK, run_job, run_ranks
 # Rank 3 posts its part of a large op and kills itself before it can finish; the survivors
 # are inside the same op. OP selects the collective.
 PEER_KILLED = r'''
-import glob
-
 def post(team, src, dst):
     n = team.size
     if OP == "alltoall":
         return team.alltoall(src, dst)
     counts = np.array([(len(src) // n) - 7 * p for p in range(n)], np.int64)
     return team.alltoallv(src, counts, dst)
-
-def dpa_threads():
-    names = []
-    for comm in glob.glob(f"/proc/{os.getpid()}/task/*/comm"):
-        try:
-            with open(comm) as f:
-                names.append(f.read().strip())
-        except FileNotFoundError:  # reaped while we looked
-            pass
-    return [n for n in names if n.startswith("dpa-")]
 
 OP = os.environ["FAULT_OP"]
 ctx = ol.init()
@@ -80,12 +68,8 @@ left = [n for n in os.listdir("/dev/shm") if n.startswith(job + "-r3-")]
 assert not left, f"dead rank's segments left behind: {left}"
 ctx.close()
 ctx.close()
-# A joined thread's /proc entry goes a moment after pthread_join returns (the kernel wakes
-# the joiner at the thread's exit, before it reaps it): allow that moment, not more.
-deadline = time.monotonic() + 2
-while dpa_threads() and time.monotonic() < deadline:
-    time.sleep(0.01)
-assert not dpa_threads(), f"threads left after close: {dpa_threads()}"
+left = threads_left(("dpa-",))
+assert not left, f"threads left after close: {left}"
 '''
 
 

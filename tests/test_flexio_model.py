@@ -348,26 +348,7 @@ assert time.monotonic() - t0 < 5, f"the error took {time.monotonic() - t0:.1f} s
 if rank == victim:
     check_equal(d4, np.full(n * PER, SENT, np.int64), "the forged destination")
 ctx.close()
-import glob
-
-
-def ours_left():
-    names = []
-    for comm in glob.glob(f"/proc/{os.getpid()}/task/*/comm"):
-        try:
-            with open(comm) as f:
-                names.append(f.read().strip())
-        except FileNotFoundError:  # reaped while we looked
-            pass
-    return [t for t in names if t.startswith(("dpa-", "fxm-"))]
-
-
-# A joined thread's /proc entry goes a moment after pthread_join returns (the kernel wakes
-# the joiner at the thread's exit, before it reaps it): allow that moment, not more.
-deadline = time.monotonic() + 2
-while ours_left() and time.monotonic() < deadline:
-    time.sleep(0.01)
-left = ours_left()
+left = threads_left()
 assert not left, f"threads left after close: {left}"
 '''
 

@@ -55,7 +55,8 @@ def test_exchanges_through_the_wire_are_exact(wire_min):
     assert all("wire " in text for text in out), out
 
 
-PIDS = r'''
+# Both fault tests: every rank's pid, a wait for a rank to stop, a warmed 1 MiB exchange.
+STOP_SETUP = r'''
 def pids_of_all(w):
     """Every rank's pid, by rank (an all-to-all of one int64 per peer)."""
     mine = np.full(size, os.getpid(), np.int64)
@@ -73,22 +74,24 @@ def wait_stopped(pid):
                 return
         time.sleep(0.001)
     raise AssertionError(f"rank process {pid} never stopped")
-'''
 
-# Rank 1 posts (its ready goes out), then stops itself (a helper continues it 0.4 s
-# later); rank 0 posts once it is stopped, sees the ready, puts its block on the wire, and
-# nobody places it. Rank 0 must take the pieces back and write them itself
-# (wire_rescues), and both ranks end with exact results.
-STOPPED = PIDS + r'''
-import subprocess
+
 ctx = ol.init()
 w = ctx.world
 pids = pids_of_all(w)
 per = 1024 * 1024
 src = np.full(per * size, rank + 1, np.uint8)
 dst = np.zeros_like(src)
-want = np.repeat(np.arange(1, size + 1, dtype=np.uint8), per)
 w.alltoall(src, dst).wait(timeout=30)  # warm: registrations made
+'''
+
+# Rank 1 posts (its ready goes out), then stops itself (a helper continues it 0.4 s
+# later); rank 0 posts once it is stopped, sees the ready, puts its block on the wire, and
+# nobody places it. Rank 0 must take the pieces back and write them itself
+# (wire_rescues), and both ranks end with exact results.
+STOPPED = STOP_SETUP + r'''
+import subprocess
+want = np.repeat(np.arange(1, size + 1, dtype=np.uint8), per)
 before = ctx.stats()["wire_rescues"]
 w.barrier().wait(timeout=30)
 dst[:] = 0
@@ -119,14 +122,7 @@ def test_a_stopped_target_has_its_pieces_taken_back():
 # Rank 1 posts (its ready goes out) and stops; rank 0 posts once it is stopped, puts its
 # block on the wire, and kills rank 1 at once: the pieces are never placed, and taking
 # them back finds a dead target. Rank 0's op must fail naming rank 1, not wait.
-DYING = PIDS + r'''
-ctx = ol.init()
-w = ctx.world
-pids = pids_of_all(w)
-per = 1024 * 1024
-src = np.full(per * size, rank + 1, np.uint8)
-dst = np.zeros_like(src)
-w.alltoall(src, dst).wait(timeout=30)
+DYING = STOP_SETUP + r'''
 w.barrier().wait(timeout=30)
 if rank == 1:
     w.alltoall(src, dst)
