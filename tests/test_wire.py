@@ -49,9 +49,12 @@ ctx.close()
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("wire_min", ["65536", "0"])
-def test_exchanges_through_the_wire_are_exact(wire_min):
-    out = run_ranks(2, EXACT, timeout=120, env={"OFFLOAD_WIRE_MIN": wire_min})
+@pytest.mark.parametrize("wire_min, progress", [("65536", "cooperative"), ("0", "cooperative"),
+                                                ("65536", "threads")])
+def test_exchanges_through_the_wire_are_exact(wire_min, progress):
+    # progress: threads — the progress threads send and place, the host threads only sleep.
+    out = run_ranks(2, EXACT, timeout=120,
+                    env={"OFFLOAD_WIRE_MIN": wire_min, "OFFLOAD_PROGRESS": progress})
     assert all("wire " in text for text in out), out
 
 
