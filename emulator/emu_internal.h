@@ -104,7 +104,8 @@ struct emu_rank {
 	uint32_t sleep_cpu;
 	uint32_t handed;
 	uint32_t wire_in;     /* bumped by senders publishing on a wire to us (emu_wire.c) */
-	uint32_t resv0[3];
+	uint32_t threads;     /* its DPA threads (emu_wire.c: may a sender write a held piece?) */
+	uint32_t resv0[2];
 	/* Own line: bumped by doorbells and remote signals, slept on by progress threads
 	 * (futex bitset EMU_WAKE_DPA) and by a host thread driving the engine (EMU_WAKE_HOST). */
 	uint32_t event;

@@ -22,11 +22,14 @@
  * and answers with the status the sender's completion carries. A piece nobody took within
  * EMU_WIRE_STALL_NS (a target stopped, closing, dead) is taken back by its sender and
  * written by process_vm_writev, from the sender's own record of where it goes; one a
- * target took and died with fails with the peer's status; one a live target took and has
- * not placed within EMU_WIRE_TAKEN_NS (stopped mid-copy: a debugger, SIGSTOP) fails the
- * write with a timeout, as an RC transport's retries running out would, its slot unused
- * until the target lets go. So an op's abort, which waits for its writes' completions,
- * never waits long on a peer that does not run.
+ * target took and died with fails with the peer's status. One a live target took and has
+ * not let go of (stopped or preempted mid-copy) is written by its sender too, the same
+ * bytes, where the target runs one DPA thread: its passes and its placing then share that
+ * thread's lock, so no op of the target completes (hands its buffer back) while its own
+ * copy is unfinished. With more threads any of them may complete an op meanwhile, so there
+ * the write fails with a timeout after EMU_WIRE_TAKEN_NS, as RC's retries running out
+ * would. Either way the slot stays unused until the target lets go, and an op's abort,
+ * which waits for its writes' completions, never waits long on a peer that does not run.
  */
 #define _GNU_SOURCE
 #include <string.h>
@@ -160,8 +163,8 @@ static int reap(struct dpa_hal *hal, struct emu_wire_send *s)
 		uint32_t state = off_load_acquire(&p->state);
 		int32_t st = off_read_once(&p->status);
 
-		if (state == EMU_WIRE_TAKEN && s->given_up) {
-			st = OFFLOAD_ERR_TIMEOUT;  /* its slot stays out of use until let go */
+		if (state == EMU_WIRE_TAKEN && (s->held & (1u << (s->reaped - s->first)))) {
+			st = s->held_status;  /* written by us too, or given up on (see the top) */
 		} else if (state != EMU_WIRE_FREE) {
 			break;
 		}
@@ -206,9 +209,26 @@ static void rescue(struct dpa_hal *hal, struct emu_wire_send *s, uint64_t stalle
 			/* Taken by a target that died or closed meanwhile: no thread of its runs. */
 			st = emu_peer_lost(dev, s->peer);
 		} else {
-			/* Placed, or a live target is placing it: unless that takes too long. */
-			if (stalled > EMU_WIRE_TAKEN_NS)
-				s->given_up = 1;
+			uint32_t bit = 1u << (idx - s->first);
+
+			if (off_load_acquire(&p->state) != EMU_WIRE_TAKEN || (s->held & bit))
+				continue;  /* placed meanwhile, or done with already */
+			if (off_read_once(&dev->ranks[s->peer].threads) == 1) {
+				/* The same bytes from us; its op waits for its own copy (the top). */
+				piece_of(s, idx, &raddr, &len);
+				st = emu_write_remote(dev, s->peer,
+						      slot_of(dev, dev->attr.rank, s->peer, idx),
+						      raddr, s->rkey, len);
+				count(&dev->wire_rescues, 1);
+				count(&dev->wire_direct_bytes, len);
+			} else if (stalled > EMU_WIRE_TAKEN_NS) {
+				st = OFFLOAD_ERR_TIMEOUT;
+			} else {
+				continue;
+			}
+			if (st != OFFLOAD_OK && s->held_status == OFFLOAD_OK)
+				s->held_status = st;
+			s->held |= bit;
 			continue;
 		}
 		off_write_once(&p->status, st);

@@ -17,8 +17,8 @@
 /* A piece nobody placed for this long (the target stopped, closes or died) is placed by
  * its sender with process_vm_writev: an op's abort waits for its writes' completions. */
 #define EMU_WIRE_STALL_NS   20000000ull
-/* A piece a live target took and has not placed for this long (stopped mid-copy) fails
- * its write with a timeout, as an RC transport's retries running out would. */
+/* A piece a live target with several DPA threads took and has not placed for this long
+ * (stopped mid-copy) fails its write with a timeout, as RC's retries running out would. */
 #define EMU_WIRE_TAKEN_NS   1000000000ull
 
 enum emu_wire_state {
@@ -64,8 +64,8 @@ struct emu_wire_send {
 	uint32_t rkey;
 	uint32_t rail;
 	int32_t status;       /* the direct part's, or the first failed piece's */
-	uint32_t given_up;    /* a live target held a piece past EMU_WIRE_TAKEN_NS */
-	uint32_t resv;
+	uint32_t held;        /* pieces (bit idx - first) a live target held: done with by us */
+	int32_t held_status;  /* ... how (written by us, or OFFLOAD_ERR_TIMEOUT) */
 };
 
 /* The sender's side of its wire to one peer (process memory). */
