@@ -482,6 +482,11 @@ void emu_mcast_lock_rx(struct emu_mcast_rx *rx);
 
 /* emu_copy.c: a copy into memory mapped here, as the NIC's DMA would do it */
 void emu_dma_copy(void *dst, const void *src, uint64_t len);
+/* emu_hal.c: the same into peer's memory mapped here, as the copier's caches favour */
+void emu_dma_to(const struct emu_device *dev, uint32_t peer, void *dst, const void *src,
+		uint64_t len);
+/* emu_job.c: is rank's key a registration of its ordinary (private) memory? */
+int emu_mr_is_private(const struct emu_device *dev, uint32_t rank, uint32_t key);
 
 /* emu_progress.c: who runs the firmware (progress threads, or a waiting host thread);
  * emu_bell.c: waking it */

@@ -506,6 +506,20 @@ void emu_map_release(struct emu_map *held)
 		off_fetch_sub(&held->users, 1);
 }
 
+int emu_mr_is_private(const struct emu_device *dev, uint32_t rank, uint32_t key)
+{
+	const struct emu_mr *mr;
+
+	if (rank >= dev->attr.size)
+		return 0;
+	mr = &dev->mrs[(uint64_t)rank * EMU_MAX_MRS + (key & (EMU_MAX_MRS - 1))];
+
+	/* A racy look, not emu_mr_resolve's seqlock: either path it picks checks everything
+	 * again (the direct write here, the wire where the target places). */
+	return key && off_load_acquire(&dev->ranks[rank].state) == EMU_RANK_ALIVE &&
+	       off_load_acquire(&mr->key) == key && off_read_once(&mr->kind) == EMU_MR_PRIVATE;
+}
+
 int32_t emu_mr_resolve(struct emu_device *dev, uint32_t rank, uint32_t key, uint64_t addr,
 		       uint64_t len, uint32_t access, uint8_t **ptr, int32_t *pid,
 		       struct emu_map **held)

@@ -131,12 +131,17 @@ static void thread_sleep(struct emu_device *dev, uint32_t thread, uint32_t snap,
  * work (naps from the first 50 us of idle time cost n=8's bulk all-to-all ~5%).
  * Peers' writes wake it at once either way. The poll's nap length, 0 outside the poll.
  */
+static int in_idle_poll(const struct emu_device *dev, const struct dpa_hal *hal, uint64_t now)
+{
+	return hal->bulk_ns && now - hal->bulk_ns < (uint64_t)dev->attr.idle_poll_us * 1000u;
+}
+
 static uint64_t idle_nap_ns(const struct emu_device *dev, const struct dpa_hal *hal,
 			    uint64_t now)
 {
-	uint64_t bulk = hal->bulk_ns, nap = (now - hal->work_ns) / 8;
+	uint64_t nap = (now - hal->work_ns) / 8;
 
-	if (!bulk || now - bulk >= (uint64_t)dev->attr.idle_poll_us * 1000u)
+	if (!in_idle_poll(dev, hal, now))
 		return 0;
 	return nap > EMU_NAP_MAX_NS ? EMU_NAP_MAX_NS : nap ? nap : 1;
 }
@@ -312,8 +317,8 @@ static void *progress_thread(void *arg)
 
 		off_unlock(&hal->busy);
 		/* Pinned through the idle poll after bulk work (a bulk loop's next op). */
-		pin_for_bulk(dev, hal, hal->bulk_ns && emu_now_ns() - hal->bulk_ns <
-					       (uint64_t)dev->attr.idle_poll_us * 1000u);
+		if (hal->bulk_ns)
+			pin_for_bulk(dev, hal, in_idle_poll(dev, hal, emu_now_ns()));
 		if (!work)
 			thread_idle(dev, hal, snap, 1);
 	}

@@ -123,7 +123,7 @@ static void push(struct dpa_hal *hal, struct emu_wire_send *s)
 		sent += len;
 	}
 	count(&dev->wire_bytes, sent);
-	if (sent)  /* for what went out after its first look (rung at the pass's end) */
+	if (sent > EMU_WIRE_SLOT_BYTES)  /* for the pieces after the first (rung at the end) */
 		emu_nudge_rank(dev, s->peer, hal);
 	if (sent < s->len) {
 		/* A write longer than the free slots (measured: waiting for slots put both
@@ -185,6 +185,19 @@ static void piece_of(const struct emu_wire_send *s, uint64_t idx, uint64_t *radd
 	*len = left < EMU_WIRE_SLOT_BYTES ? left : EMU_WIRE_SLOT_BYTES;
 }
 
+/* Write piece idx of s from its slot straight to the target (a rescue). */
+static int32_t write_piece(struct dpa_hal *hal, const struct emu_wire_send *s, uint64_t idx)
+{
+	struct emu_device *dev = hal->dev;
+	uint64_t raddr, len;
+
+	piece_of(s, idx, &raddr, &len);
+	count(&dev->wire_rescues, 1);
+	count(&dev->wire_direct_bytes, len);
+	return emu_write_remote(dev, s->peer, slot_of(dev, dev->attr.rank, s->peer, idx), raddr,
+				s->rkey, len);
+}
+
 /* The target has not placed s's pieces for a long time (`stalled` ns). */
 static void rescue(struct dpa_hal *hal, struct emu_wire_send *s, uint64_t stalled)
 {
@@ -195,16 +208,10 @@ static void rescue(struct dpa_hal *hal, struct emu_wire_send *s, uint64_t stalle
 	for (uint64_t idx = s->reaped; idx < s->end; idx++) {
 		struct emu_wire_piece *p = &w->piece[idx % dev->wire_slots];
 		uint32_t ready = EMU_WIRE_READY, taken = EMU_WIRE_TAKEN;
-		uint64_t raddr, len;
 		int32_t st;
 
 		if (off_cas(&p->state, &ready, EMU_WIRE_RESCUED)) {
-			/* Not taken: we write it ourselves, from our own record. */
-			piece_of(s, idx, &raddr, &len);
-			st = emu_write_remote(dev, s->peer, slot_of(dev, dev->attr.rank, s->peer, idx),
-					      raddr, s->rkey, len);
-			count(&dev->wire_rescues, 1);
-			count(&dev->wire_direct_bytes, len);
+			st = write_piece(hal, s, idx);  /* not taken: from our own record */
 		} else if (!alive && off_cas(&p->state, &taken, EMU_WIRE_RESCUED)) {
 			/* Taken by a target that died or closed meanwhile: no thread of its runs. */
 			st = emu_peer_lost(dev, s->peer);
@@ -213,19 +220,12 @@ static void rescue(struct dpa_hal *hal, struct emu_wire_send *s, uint64_t stalle
 
 			if (off_load_acquire(&p->state) != EMU_WIRE_TAKEN || (s->held & bit))
 				continue;  /* placed meanwhile, or done with already */
-			if (off_read_once(&dev->ranks[s->peer].threads) == 1) {
-				/* The same bytes from us; its op waits for its own copy (the top). */
-				piece_of(s, idx, &raddr, &len);
-				st = emu_write_remote(dev, s->peer,
-						      slot_of(dev, dev->attr.rank, s->peer, idx),
-						      raddr, s->rkey, len);
-				count(&dev->wire_rescues, 1);
-				count(&dev->wire_direct_bytes, len);
-			} else if (stalled > EMU_WIRE_TAKEN_NS) {
+			if (off_read_once(&dev->ranks[s->peer].threads) == 1)
+				st = write_piece(hal, s, idx);  /* the same bytes: see the top */
+			else if (stalled > EMU_WIRE_TAKEN_NS)
 				st = OFFLOAD_ERR_TIMEOUT;
-			} else {
+			else
 				continue;
-			}
 			if (st != OFFLOAD_OK && s->held_status == OFFLOAD_OK)
 				s->held_status = st;
 			s->held |= bit;
@@ -285,12 +285,7 @@ static int32_t place(struct emu_device *dev, const struct emu_wire_piece *p, con
 			    &ptr, &pid, &held);
 	if (st)
 		return st;
-	/* Our own thread, next to the buffers it reads soon: cache-filling stores where
-	 * every rank has a core, streaming ones where the ranks share them (emu_hal.c). */
-	if (dev->attr.size <= dev->ncores)
-		memcpy(ptr, from, len);
-	else
-		emu_dma_copy(ptr, from, len);
+	emu_dma_to(dev, dev->attr.rank, ptr, from, len);  /* our own thread, our memory */
 	emu_map_release(held);
 	return OFFLOAD_OK;
 }
