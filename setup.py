@@ -9,7 +9,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from setuptools import setup
+from setuptools import Extension, setup
 from setuptools.command.build_clib import build_clib
 from setuptools.command.build_ext import build_ext
 
@@ -92,5 +92,10 @@ class BuildWithCLibrary(build_ext):
             shutil.copyfile(src, os.path.join(mpi_dir, os.path.basename(src)))
 
 
-setup(libraries=[library()], cffi_modules=["offload_lib/_build.py:ffibuilder"],
+# offload_lib._fast: a small op's request in C; it calls the library through _native's
+# function pointers, so it links none of the core.
+FAST = Extension("offload_lib._fast", sources("pyext"), include_dirs=INCLUDES,
+                 extra_compile_args=STRICT, py_limited_api=True)
+
+setup(libraries=[library()], cffi_modules=["offload_lib/_build.py:ffibuilder"], ext_modules=[FAST],
       cmdclass={"build_clib": BuildCLibraryOnEveryCore, "build_ext": BuildWithCLibrary})

@@ -31,8 +31,8 @@ _PTR = ffi.typeof("char *")
 class Prepared:
     """One encoded command on (src, dst), posted again while ``matches`` says so."""
 
-    __slots__ = ("src", "dst", "dtype", "nbytes", "src_ptr", "dst_ptr", "op", "what", "variant",
-                 "itemsize")
+    __slots__ = ("src", "dst", "dtype", "nbytes", "src_ptr", "dst_ptr", "op", "op_addr", "small",
+                 "what", "variant", "itemsize")
 
     def __init__(self, src: np.ndarray, dst: np.ndarray, op: Any, what: str,
                  variant: str | None, itemsize: int | None) -> None:
@@ -46,6 +46,8 @@ class Prepared:
         op_copy = ffi.new("struct host_op *")
         op_copy[0] = op[0]  # posted: with its cookies and size class (host_post copies it)
         self.op = op_copy
+        self.op_addr = int(ffi.cast("uintptr_t", op_copy))  # for offload_lib._fast.post
+        self.small = bool(op.small)
         self.what = what
         self.variant = variant  # what else the command encodes from the call (a reduction op)
         self.itemsize = itemsize  # as the full way's Request has it (sizes in errors)
@@ -56,8 +58,8 @@ class Prepared:
             return False
         try:
             return (src.dtype is self.dtype and dst.dtype is self.dtype and
-                    (src.nbytes, dst.nbytes) == self.nbytes and dst.flags.writeable and
-                    ffi.from_buffer(src) == self.src_ptr and
+                    src.nbytes == self.nbytes[0] and dst.nbytes == self.nbytes[1] and
+                    dst.flags.writeable and ffi.from_buffer(src) == self.src_ptr and
                     ffi.from_buffer(dst) == self.dst_ptr)
         except ValueError:  # no longer C-contiguous (strides set): the full way says so
             return False
@@ -73,7 +75,9 @@ class PreparedCache:
 
     def get(self, src: Any, dst: Any, variant: str | None = None) -> Prepared | None:
         p = self._entries.get((id(src), id(dst)))
-        return p if p is not None and p.variant == variant and p.matches(src, dst) else None
+        if p is None or p.variant != variant or not p.matches(src, dst):
+            return None
+        return p
 
     def keep(self, src: Any, dst: Any, op: Any, what: str, variant: str | None = None,
              itemsize: int | None = None) -> None:

@@ -15,9 +15,8 @@ from typing import Any
 
 import numpy as np
 
-from offload_lib import _commands, _reduce, _staging
+from offload_lib import _commands, _fast, _reduce, _staging
 from offload_lib._buffers import Buffer
-from offload_lib._prepared import Prepared
 from offload_lib._regcache import Cookies
 from offload_lib._native import ffi, lib
 from offload_lib.bootstrap import World, allgather
@@ -218,6 +217,7 @@ class Context:
                                "from other headers (reinstall: pip install -e .)")
         check_rc(rc, what)
         self._ptr = ffi.gc(out[0], lib.host_ctx_close)
+        self._addr = int(ffi.cast("uintptr_t", self._ptr))  # for offload_lib._fast
         self._closed = False
         self.world = self._make_team(0, list(range(self.size)))
 
@@ -445,27 +445,29 @@ class Context:
 
     def _post(self, op: Any, what: str, keep: tuple[Any, ...], result: Result | None = None,
               nbytes: int = 0, itemsize: int | None = None) -> Request:
+        small = nbytes <= SMALL_MAX_BYTES
+        if result is None:
+            op.small = small
+            return self._post_ready(int(ffi.cast("uintptr_t", op)), what, keep, small, itemsize)
         tagp = take_tag()
         tag = self._post_tag(op, what, nbytes, tagp)
         give_tag(tagp)
-        return Request(self, tag, what, keep, result,
-                       self._poll_ns if nbytes <= SMALL_MAX_BYTES else 0, itemsize)
+        return Request(self, tag, what, keep, result, self._poll_ns if small else 0, itemsize)
 
-    def _post_prepared(self, prepared: Prepared, keep: tuple[Any, ...]) -> Request:
-        """Post a command kept from an earlier call on the same host buffers (_prepared.py):
-        what _post_host does, less the encoding and the cookies, which it holds."""
+    def _post_ready(self, op_addr: int, what: str, keep: tuple[Any, ...], small: bool,
+                    itemsize: int | None) -> Request:
+        """Post an encoded host_op (op_addr: its address; host_post copies it) whose
+        completion needs no decoding, as it is: a barrier, or a command kept from an
+        earlier call on the same host buffers (_prepared.py). The Request is made in C."""
         if self._stager is not None:
-            self._stager.drain()
+            self._stager.drain()  # staged ops called earlier take their place in line first
         if self._orphans:
             self._reap_orphans()
-        tagp = take_tag()
-        rc = lib.host_post(self._handle(), prepared.op, self._post_timeout_ns, tagp)
-        if rc:
-            self._check(rc, f"posting {prepared.what}")
-        tag = int(tagp[0])
-        give_tag(tagp)
-        return Request(self, tag, prepared.what, keep, None,
-                       self._poll_ns if prepared.op.small else 0, prepared.itemsize)
+        req = _fast.post(self, op_addr, self._post_timeout_ns, what, keep,
+                         self._poll_ns if small else 0, itemsize)
+        if type(req) is int:
+            self._check(req, f"posting {what}")
+        return req
 
     def _post_tag(self, op: Any, what: str, nbytes: int, tagp: Any) -> int:
         """Post op (moving nbytes per rank) and return its tag."""

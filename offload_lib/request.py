@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Callable, ClassVar
 
 import numpy as np
 
+from offload_lib import _fast
 from offload_lib._native import ffi, lib
 from offload_lib.errors import (
     ERR_CANCELED,
@@ -21,9 +22,9 @@ from offload_lib.errors import (
 if TYPE_CHECKING:
     from offload_lib.context import Context
 
-# Sleep in slices so Ctrl-C reaches Python while an op runs for a long time.
+# Sleep in slices so Ctrl-C reaches Python while an op runs for a long time (fastpath.c's
+# WAIT_SLICE_NS alike).
 _WAIT_SLICE_S = 0.25
-_WAIT_SLICE_NS = int(_WAIT_SLICE_S * 1e9)
 # Ops this small are driven by the calling thread (cooperative progress), or else waited
 # for spinning briefly before sleeping: a wake-up costs tens of microseconds here, which
 # only small ops notice, while spinning through a long op would take the CPU that
@@ -31,12 +32,11 @@ _WAIT_SLICE_NS = int(_WAIT_SLICE_S * 1e9)
 SMALL_MAX_BYTES = 1024 * 1024
 _COMP = ffi.typeof("struct host_completion *")
 _TAG = ffi.typeof("uint32_t *")
-# The tag and completion buffers of one-shot ops' C calls, reused: two cffi allocations per
-# op were a fifth of a small op's Python time. list.pop() and append() are atomic, so
-# threads never share one; a buffer taken is put back once its values were read.
+# The tag buffers of posts that take the full way, reused: a cffi allocation per op was a
+# tenth of a small op's Python time. list.pop() and append() are atomic, so threads never
+# share one; a buffer taken is put back once its value was read.
 _POOL_MAX = 16
 _TAGS: list[Any] = []
-_COMPS: list[Any] = []
 
 
 def take_tag() -> Any:
@@ -74,45 +74,47 @@ class McastStats:
                       ffi.typeof("struct offload_mcast_op_stats").fields})
 
 
-class Request:
-    """A one-shot, non-blocking op. Keeps its buffers alive until it completes."""
+class Request(_fast.RequestCore):
+    """A one-shot, non-blocking op. Keeps its buffers alive until it completes.
 
-    __slots__ = ("_ctx", "_tag", "_what", "_keep", "_done", "_value", "_error", "_result",
-                 "_poll_ns", "_itemsize", "__weakref__")
+    ``wait()`` and ``test()`` are C (offload_lib._fast, host/py/fastpath.c) for the common
+    case: no timeout, nothing to decode, the op went well. Everything else comes here:
+    ``_wait_slow``, ``_test_slow``, ``_failed``, and ``_adopt_self`` for a request dropped
+    before its op completed. Made by ``Request(ctx, tag, what, keep, result=None,
+    poll_ns=0, itemsize=None)`` or by ``_fast.post``."""
 
-    def __init__(self, ctx: Context, tag: int, what: str, keep: tuple[Any, ...],
-                 result: Result | None = None, poll_ns: int = 0,
-                 itemsize: int | None = None) -> None:
-        self._ctx = ctx
-        self._poll_ns = poll_ns
-        self._itemsize = itemsize
-        self._tag = tag
-        self._what = what
-        self._keep = keep
-        self._done = False
-        self._value: Any = None
-        self._error: OffloadError | None = None
-        self._result = result
+    __slots__ = ("__weakref__",)
 
     def __repr__(self) -> str:
         state = "done" if self._done else "pending"
         return f"<Request {self._what} tag={self._tag} {state}>"
 
     def _finish(self, comp: Any) -> None:
+        if comp.status != 0:
+            self._failed(comp.status, comp.detail, comp.result0, comp.result1)
         self._done = True
         keep, self._keep = self._keep, ()
-        if comp.status != 0:
-            self._error = completion_error(self._what, comp.status, comp.detail, comp.result0,
-                                           comp.result1, self._itemsize)
-            raise self._error
         if self._result is not None:
             self._value = self._result(comp)
         del keep
+
+    def _failed(self, status: int, detail: int, result0: int, result1: int) -> None:
+        """The op completed with an error: keep it for later waits, and raise it."""
+        self._done = True
+        self._keep = ()
+        self._error = completion_error(self._what, status, detail, result0, result1,
+                                       self._itemsize)
+        raise self._error
 
     def _outcome(self) -> Any:
         if self._error is not None:
             raise self._error
         return self._value
+
+    def _adopt_self(self) -> None:
+        # An unwaited op may still write into its buffers: hand them to the context, which
+        # keeps them alive until the completion arrives. One without buffers is forgotten.
+        self._ctx._adopt(self._tag, self._keep)
 
     def cancel(self) -> bool:
         """Abort the op on this rank: True if it was cancelled, False if it had completed.
@@ -137,8 +139,7 @@ class Request:
             pass
         return comp.status == ERR_CANCELED
 
-    def test(self) -> bool:
-        """True once the op completed (raises its error if it failed)."""
+    def _test_slow(self) -> bool:
         if self._done:
             self._outcome()
             return True
@@ -150,24 +151,12 @@ class Request:
         self._finish(comp)
         return True
 
-    def wait(self, timeout: float | None = None) -> Any:
-        """Block until the op completes; raise Timeout after ``timeout`` seconds."""
+    def _wait_slow(self, timeout: float | None) -> Any:
         if timeout is not None and (isinstance(timeout, bool) or
                                     not isinstance(timeout, (int, float, np.integer))):
             raise InvalidArgument(f"timeout must be a number of seconds or None, got {brief(timeout)}")
         if self._done:
             return self._outcome()
-        if timeout is None:  # the common case, kept short: small ops take microseconds
-            try:
-                comp = _COMPS.pop()
-            except IndexError:
-                comp = ffi.new(_COMP)
-            rc = lib.host_wait(self._ctx._handle(), self._tag, _WAIT_SLICE_NS, self._poll_ns, comp)
-            if rc == 0:
-                self._finish(comp)
-                if len(_COMPS) < _POOL_MAX:
-                    _COMPS.append(comp)
-                return self._value
         comp = ffi.new(_COMP)
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         while True:
@@ -182,15 +171,9 @@ class Request:
             if deadline is not None and time.monotonic() >= deadline:
                 raise Timeout(f"{self._what} did not complete within {timeout} s")
 
-    def __del__(self) -> None:
-        # An unwaited op may still write into its buffers: hand them to the context, which
-        # keeps them alive until the completion arrives. One without buffers is forgotten.
-        if self._done:
-            return
-        try:
-            self._ctx._adopt(self._tag, self._keep)
-        except Exception:
-            pass
+
+_fast.bind(*(int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
+             for name in ("host_post", "host_wait", "host_test")), Request)
 
 
 class PersistentRequest:

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any
 
 from offload_lib import _commands, _reduce
 from offload_lib._prepared import PreparedCache
-from offload_lib._native import lib
+from offload_lib._native import ffi, lib
 from offload_lib.errors import InvalidArgument
 from offload_lib.request import PersistentRequest, Request
 
@@ -30,6 +30,7 @@ class Team:
         self.size = len(self.ranks)
         self.rank = self.ranks.index(ctx.rank)
         self._barrier_op: Any = None
+        self._barrier_addr = 0  # its address, for offload_lib._fast.post
         self._alltoalls = PreparedCache()  # the next call on the same arrays posts these
         self._allreduces = PreparedCache()
 
@@ -46,7 +47,8 @@ class Team:
         ctx._check_open()
         prepared = self._alltoalls.get(src, dst)
         if prepared is not None:  # the same numpy arrays as a call before: checked already
-            return ctx._post_prepared(prepared, (src, dst))
+            return ctx._post_ready(prepared.op_addr, prepared.what, (src, dst), prepared.small,
+                                   prepared.itemsize)
         cmd = _commands.alltoall(self, src, dst)
         req = self._submit(cmd)
         self._alltoalls.keep(src, dst, cmd.op, cmd.what)
@@ -147,7 +149,8 @@ class Team:
         if isinstance(op, str):
             prepared = self._allreduces.get(buf, dst, op)
             if prepared is not None:  # the same arrays and op as a call before: checked already
-                return ctx._post_prepared(prepared, (buf, dst))
+                return ctx._post_ready(prepared.op_addr, prepared.what, (buf, dst),
+                                       prepared.small, prepared.itemsize)
         s, d = _reduce.check_allreduce(buf, out)
         word = _reduce.redop_word(op, s)
         req, kept = _reduce.post(self, lib.OFFLOAD_OP_ALLREDUCE, s, d, word, "allreduce")
@@ -172,8 +175,10 @@ class Team:
 
     # -- barrier ----------------------------------------------------------------------------
     def barrier(self) -> Request:
-        self._ctx._check_open()
-        op = self._barrier_op
-        if op is None:  # the same command every time (host_post copies it)
+        ctx = self._ctx
+        ctx._check_open()
+        if not self._barrier_addr:  # the same command every time (host_post copies it)
             op = self._barrier_op = _commands.new_op(lib.OFFLOAD_OP_BARRIER, self)
-        return self._ctx._post(op, "barrier", ())
+            op.small = True
+            self._barrier_addr = int(ffi.cast("uintptr_t", op))
+        return ctx._post_ready(self._barrier_addr, "barrier", (), True, None)

@@ -1,0 +1,144 @@
+"""The one-shot request's common case in C (offload_lib._fast, host/py/fastpath.c): wait()
+and test() call the library themselves and hand everything else to the Python methods of
+offload_lib.request.Request. Each way out of the C path must behave as the Python one did:
+arguments, a failed op's error (raised again by later calls), a slice that ends, a closed
+context, a request dropped before its op completed (its buffers kept until then), and a
+request caught in a reference cycle (collected)."""
+from __future__ import annotations
+
+import pytest
+
+from _mp import run_ranks
+
+ONE_RANK = r'''
+import gc, weakref
+ctx = ol.init()
+team = ctx.world
+src, dst = np.arange(64, dtype=np.float32), np.zeros(64, np.float32)
+team.alltoall(src, dst).wait()
+req = team.alltoall(src, dst)            # the kept command: a request made in C
+assert type(req) is ol.Request, type(req)
+assert repr(req).startswith("<Request alltoall tag="), repr(req)
+assert req.wait() is None and req.wait() is None and req.test() is True
+assert "done" in repr(req) and req._keep == ()
+check_equal(dst, src, "the C path's alltoall")
+for args, kwargs in [((1, 2), {}), ((), {"timeout": 1, "x": 2}), ((), {"tmo": 1})]:
+    try:
+        team.barrier().wait(*args, **kwargs)
+        raise AssertionError(f"wait{args}{kwargs} accepted")
+    except TypeError:
+        pass
+team.barrier().wait()                     # the ones above completed, unwaited: fine
+for bad in ("1", True, [1]):
+    try:
+        team.barrier().wait(timeout=bad)
+        raise AssertionError(f"timeout={bad!r} accepted")
+    except ol.InvalidArgument as e:
+        assert "timeout must be a number" in str(e), e
+assert team.barrier().wait(0.5) is None and team.barrier().wait(timeout=5) is None
+r = team.barrier()
+while not r.test():
+    pass
+assert r.wait() is None
+
+# Weak references work, and a request in a cycle (its error's traceback holds the frame
+# that holds it) is collected.
+ref = weakref.ref(team.barrier())
+gc.collect()
+assert ref() is None
+ctx.close()
+try:
+    req.wait()                           # done before the close: its outcome stands
+except Exception as e:
+    raise AssertionError(f"a finished request's wait() raised after close: {e!r}")
+try:
+    team.barrier()
+    raise AssertionError("posted on a closed context")
+except ol.OffloadError as e:
+    assert "closed" in str(e), e
+'''
+
+
+@pytest.mark.timeout(60)
+def test_c_request_arguments_outcomes_and_lifetime():
+    run_ranks(1, ONE_RANK, timeout=45)
+
+
+# Two ranks; rank 1 posts late, so rank 0's request is pending meanwhile.
+PENDING = r'''
+import gc
+ctx = ol.init()
+team = ctx.world
+src, dst = np.arange(64, dtype=np.float32) + rank, np.zeros(64, np.float32)
+team.alltoall(src, dst).wait(timeout=20)
+team.barrier().wait(timeout=20)
+if rank == 0:
+    dst[:] = -1
+    req = team.alltoall(src, dst)        # C-made; rank 1 is not there yet
+    assert req.test() is False and "pending" in repr(req)
+    try:
+        req.wait(timeout=0.2)
+        raise AssertionError("wait(timeout=0.2) returned before the peer posted")
+    except ol.Timeout:
+        pass
+    tag = req._tag
+    del req                              # dropped pending: the context keeps the arrays
+    gc.collect()
+    assert tag in ctx._orphans and ctx._orphans[tag][0] is src, ctx._orphans
+    # Rank 1 posts its alltoall now; the context reaps the completion (at a post, or
+    # here by hand) and lets the arrays go.
+    deadline = time.monotonic() + 20
+    while tag in ctx._orphans and time.monotonic() < deadline:
+        time.sleep(0.01)
+        ctx._reap_orphans()
+    assert tag not in ctx._orphans, ctx._orphans
+    check_equal(dst[32:], np.arange(32, dtype=np.float32) + 1, "the dropped op's data")
+else:
+    time.sleep(0.6)
+    team.alltoall(src, dst).wait(timeout=20)
+team.barrier().wait(timeout=20)
+ctx.close()
+'''
+
+
+@pytest.mark.timeout(90)
+def test_c_request_pending_timeout_and_dropped():
+    run_ranks(2, PENDING, timeout=60)
+
+
+# A failed op through the C path: the peer left, so the op completes with an error, which
+# wait() raises, and raises again.
+FAILED = r'''
+ctx = ol.init()
+team = ctx.world
+src, dst = np.arange(64, dtype=np.float32), np.zeros(64, np.float32)
+team.alltoall(src, dst).wait(timeout=20)
+team.barrier().wait(timeout=20)
+if rank == 1:
+    ctx.close()
+else:
+    req = team.alltoall(src, dst)
+    errors = []
+    for _ in range(2):
+        try:
+            req.wait()
+        except ol.PeerClosed as e:
+            errors.append(e)
+    assert len(errors) == 2 and errors[0] is errors[1], errors
+    try:
+        req.test()
+        raise AssertionError("test() of a failed op returned")
+    except ol.PeerClosed as e:
+        assert e is errors[0]
+    try:
+        team.barrier().wait()
+        raise AssertionError("a barrier with a closed peer completed")
+    except ol.OffloadError:
+        pass
+    ctx.close()
+'''
+
+
+@pytest.mark.timeout(90)
+def test_c_request_failed_op_raises_and_raises_again():
+    run_ranks(2, FAILED, timeout=60)
