@@ -95,7 +95,7 @@ class BuildWithCLibrary(build_ext):
 # offload_lib._fast: a small op's request in C; it calls the library through _native's
 # function pointers, so it links none of the core.
 FAST = Extension("offload_lib._fast", sources("pyext"), include_dirs=INCLUDES,
-                 extra_compile_args=STRICT, py_limited_api=True)
+                 extra_compile_args=STRICT, py_limited_api=False)
 
 setup(libraries=[library()], cffi_modules=["offload_lib/_build.py:ffibuilder"], ext_modules=[FAST],
       cmdclass={"build_clib": BuildCLibraryOnEveryCore, "build_ext": BuildWithCLibrary})

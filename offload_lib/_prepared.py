@@ -15,65 +15,31 @@ the address is read again on every call, so an array that moved (``resize`` with
 """
 from __future__ import annotations
 
-import weakref
 from typing import Any
 
 import numpy as np
 
+from offload_lib import _fast
 from offload_lib._native import ffi
 
 # Entries per team, a few loops' worth: a program that cycles through more buffers than
 # this takes the full way for some of them.
 MAX_ENTRIES = 8
-_PTR = ffi.typeof("char *")
-
-
-class Prepared:
-    """One encoded command on (src, dst), posted again while ``matches`` says so."""
-
-    __slots__ = ("src", "dst", "dtype", "nbytes", "src_ptr", "dst_ptr", "op", "op_addr", "small",
-                 "what", "variant", "itemsize")
-
-    def __init__(self, src: np.ndarray, dst: np.ndarray, op: Any, what: str,
-                 variant: str | None, itemsize: int | None) -> None:
-        self.src = weakref.ref(src)
-        self.dst = weakref.ref(dst)
-        self.dtype = src.dtype
-        self.nbytes = (src.nbytes, dst.nbytes)
-        # Plain pointers: a from_buffer() object would keep the array alive.
-        self.src_ptr = ffi.cast(_PTR, op.src_addr)
-        self.dst_ptr = ffi.cast(_PTR, op.dst_addr)
-        op_copy = ffi.new("struct host_op *")
-        op_copy[0] = op[0]  # posted: with its cookies and size class (host_post copies it)
-        self.op = op_copy
-        self.op_addr = int(ffi.cast("uintptr_t", op_copy))  # for offload_lib._fast.post
-        self.small = bool(op.small)
-        self.what = what
-        self.variant = variant  # what else the command encodes from the call (a reduction op)
-        self.itemsize = itemsize  # as the full way's Request has it (sizes in errors)
-
-    def matches(self, src: Any, dst: Any) -> bool:
-        """Still the same arrays, as the full check saw them?"""
-        if self.src() is not src or self.dst() is not dst:
-            return False
-        try:
-            return (src.dtype is self.dtype and dst.dtype is self.dtype and
-                    src.nbytes == self.nbytes[0] and dst.nbytes == self.nbytes[1] and
-                    dst.flags.writeable and ffi.from_buffer(src) == self.src_ptr and
-                    ffi.from_buffer(dst) == self.dst_ptr)
-        except ValueError:  # no longer C-contiguous (strides set): the full way says so
-            return False
 
 
 class PreparedCache:
-    """One team's kept commands of one collective, by the identities of (src, dst)."""
+    """One team's kept commands of one collective (_fast.Kept, host/py/kept.c), by the
+    identities of (src, dst). The caller posts one with ``_fast.post_kept(cache._entries,
+    variant, ctx, ...)``: the check and the post in one C call."""
 
     __slots__ = ("_entries",)
 
     def __init__(self) -> None:
-        self._entries: dict[tuple[int, int], Prepared] = {}
+        self._entries: dict[tuple[int, int], Any] = {}
 
-    def get(self, src: Any, dst: Any, variant: str | None = None) -> Prepared | None:
+    def get(self, src: Any, dst: Any, variant: str | None = None) -> Any:
+        """The command kept for (src, dst) and variant, if they are still what it was
+        encoded for; else None."""
         p = self._entries.get((id(src), id(dst)))
         if p is None or p.variant != variant or not p.matches(src, dst):
             return None
@@ -86,13 +52,17 @@ class PreparedCache:
         if type(src) is not np.ndarray or type(dst) is not np.ndarray or \
                 src.nbytes == 0 or dst.nbytes == 0:
             return
+        try:
+            kept = _fast.Kept(src, dst, int(ffi.cast("uintptr_t", op)), what, variant, itemsize)
+        except (BufferError, ValueError, TypeError):  # not as the full check saw it: never kept
+            return
         entries = self._entries
         if len(entries) >= MAX_ENTRIES:
             # Dead arrays' entries first; if all live, the oldest.
-            dead = [k for k, p in entries.items() if p.src() is None or p.dst() is None]
+            dead = [k for k, p in entries.items() if not p.alive()]
             for k in dead or [next(iter(entries))]:
                 del entries[k]
-        entries[(id(src), id(dst))] = Prepared(src, dst, op, what, variant, itemsize)
+        entries[(id(src), id(dst))] = kept
 
     def clear(self) -> None:
         self._entries.clear()

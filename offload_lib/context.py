@@ -457,17 +457,13 @@ class Context:
     def _post_ready(self, op_addr: int, what: str, keep: tuple[Any, ...], small: bool,
                     itemsize: int | None) -> Request:
         """Post an encoded host_op (op_addr: its address; host_post copies it) whose
-        completion needs no decoding, as it is: a barrier, or a command kept from an
-        earlier call on the same host buffers (_prepared.py). The Request is made in C."""
+        completion needs no decoding, as it is (a barrier): the Request is made in C."""
         if self._stager is not None:
             self._stager.drain()  # staged ops called earlier take their place in line first
         if self._orphans:
             self._reap_orphans()
-        req = _fast.post(self, op_addr, self._post_timeout_ns, what, keep,
-                         self._poll_ns if small else 0, itemsize)
-        if type(req) is int:
-            self._check(req, f"posting {what}")
-        return req
+        return _fast.post(self, op_addr, self._post_timeout_ns, what, keep,
+                          self._poll_ns if small else 0, itemsize)
 
     def _post_tag(self, op: Any, what: str, nbytes: int, tagp: Any) -> int:
         """Post op (moving nbytes per rank) and return its tag."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from offload_lib import _commands, _reduce
+from offload_lib import _commands, _fast, _reduce
 from offload_lib._prepared import PreparedCache
 from offload_lib._native import ffi, lib
 from offload_lib.errors import InvalidArgument
@@ -45,10 +45,13 @@ class Team:
         """Post an all-to-all: block j of src goes to rank j, block i of dst comes from rank i."""
         ctx = self._ctx
         ctx._check_open()
-        prepared = self._alltoalls.get(src, dst)
-        if prepared is not None:  # the same numpy arrays as a call before: checked already
-            return ctx._post_ready(prepared.op_addr, prepared.what, (src, dst), prepared.small,
-                                   prepared.itemsize)
+        if ctx._stager is None and not ctx._orphans:  # else the full way drains, reaps
+            # The same numpy arrays as a call before: the kept command, checked and posted
+            # in C (_prepared.py).
+            req = _fast.post_kept(self._alltoalls._entries, None, ctx, ctx._poll_ns,
+                                  ctx._post_timeout_ns, src, dst)
+            if req is not None:
+                return req
         cmd = _commands.alltoall(self, src, dst)
         req = self._submit(cmd)
         self._alltoalls.keep(src, dst, cmd.op, cmd.what)
@@ -146,11 +149,12 @@ class Team:
         ctx = self._ctx
         ctx._check_open()
         dst = buf if out is None else out  # in place: the same array both ways
-        if isinstance(op, str):
-            prepared = self._allreduces.get(buf, dst, op)
-            if prepared is not None:  # the same arrays and op as a call before: checked already
-                return ctx._post_ready(prepared.op_addr, prepared.what, (buf, dst),
-                                       prepared.small, prepared.itemsize)
+        if isinstance(op, str) and ctx._stager is None and not ctx._orphans:
+            # The same arrays and op as a call before: as alltoall's
+            req = _fast.post_kept(self._allreduces._entries, op, ctx, ctx._poll_ns,
+                                  ctx._post_timeout_ns, buf, dst)
+            if req is not None:
+                return req
         s, d = _reduce.check_allreduce(buf, out)
         word = _reduce.redop_word(op, s)
         req, kept = _reduce.post(self, lib.OFFLOAD_OP_ALLREDUCE, s, d, word, "allreduce")
