@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Where a small all-to-all's CPU goes, per rank (issue 16).
 
-    dpa-offload run -n 4 -- python scripts/small_op_cpu.py --size 1K --iters 3000 [--split]
+    dpa-offload run -n 4 -- python scripts/small_op_cpu.py --size 1K --iters 3000
 
 Each rank runs ``--iters`` of ``team.alltoall(src, dst).wait()`` on the same numpy arrays,
 each after a barrier as ``dpa-offload bench`` times them (``--no-barrier``: back to back).
@@ -10,9 +10,8 @@ CPU (``time.thread_time``, median) and, over the whole loop (barriers included),
 and system time, voluntary and involuntary switches (``getrusage(RUSAGE_THREAD)``) and the
 progress threads' CPU (``/proc/self/task/*/schedstat``), the loop's wall time per
 iteration (``loop_wall_us``) and, from ``ctx.stats()``, the host's waits, sleeps and
-hand-off yields and wake-ups handed over per iteration. With ``--split`` the C calls
-``host_post`` and ``host_wait`` are timed on their own (thread_time around each: ~0.5 us
-of each figure is the timer's own system call), the rest of the op being Python.
+hand-off yields and wake-ups handed over per iteration. (Posting a kept command and
+waiting are one C call each, offload_lib._fast: ``perf record`` splits the rest.)
 """
 from __future__ import annotations
 
@@ -25,29 +24,7 @@ import time
 import numpy as np
 
 import offload_lib as ol
-from offload_lib import context as _context_mod
-from offload_lib import request as _request_mod
 from offload_lib.config import parse_size
-
-
-class _TimedLib:
-    """lib with host_post and host_wait timed (thread CPU ns summed per name)."""
-
-    def __init__(self, lib, spent):
-        self._lib, self._spent = lib, spent
-
-    def __getattr__(self, name):
-        fn = getattr(self._lib, name)
-        if name not in ("host_post", "host_wait"):
-            return fn
-        spent, clock = self._spent, time.thread_time_ns
-
-        def timed(*a):
-            t0 = clock()
-            rc = fn(*a)
-            spent[name] += clock() - t0
-            return rc
-        return timed
 
 
 def _progress_cpu_ns() -> int:
@@ -70,23 +47,17 @@ def main() -> int:
     ap.add_argument("--iters", type=int, default=3000)
     ap.add_argument("--warmup", type=int, default=300)
     ap.add_argument("--no-barrier", action="store_true")
-    ap.add_argument("--split", action="store_true", help="time host_post/host_wait apart")
     args = ap.parse_args()
     with ol.init() as ctx:
         n, me, team = ctx.size, ctx.rank, ctx.world
         count = parse_size(args.size) // 4
         src = np.arange(count * n, dtype=np.float32) + me * 1e6
         dst = np.empty_like(src)
-        spent = {"host_post": 0, "host_wait": 0}
-        if args.split:
-            _context_mod.lib = _request_mod.lib = _TimedLib(_context_mod.lib, spent)
         barrier = (lambda: None) if args.no_barrier else (lambda: team.barrier().wait())
         wall, cpu = np.empty(args.iters), np.empty(args.iters)
         for _ in range(args.warmup):
             barrier()
             team.alltoall(src, dst).wait()
-        for k in spent:
-            spent[k] = 0
         ru0 = resource.getrusage(resource.RUSAGE_THREAD)
         pc0 = _progress_cpu_ns()
         st0, l0 = ctx.stats(), time.perf_counter()
@@ -113,9 +84,6 @@ def main() -> int:
         }
         for key in ("host_waits", "host_sleeps", "handoff_yields", "wake_handovers"):
             row[key] = (st1[key] - st0[key]) / k
-        if args.split:
-            row["host_post_us"] = spent["host_post"] / k / 1e3
-            row["host_wait_us"] = spent["host_wait"] / k / 1e3
         walls = team.allgather_obj(wall) if hasattr(team, "allgather_obj") else None
         print(json.dumps(row), flush=True)
         del walls

@@ -1,9 +1,9 @@
-"""The one-shot request's common case in C (offload_lib._fast, host/py/fastpath.c): wait()
-and test() call the library themselves and hand everything else to the Python methods of
+"""The one-shot request's common case in C (offload_lib._fast, host/py/): wait() and test()
+call the library themselves and hand everything else to the Python methods of
 offload_lib.request.Request. Each way out of the C path must behave as the Python one did:
 arguments, a failed op's error (raised again by later calls), a slice that ends, a closed
 context, a request dropped before its op completed (its buffers kept until then), and a
-request caught in a reference cycle (collected)."""
+request caught in a reference cycle (collected); and the kept command's entry (kept.c)."""
 from __future__ import annotations
 
 import pytest
@@ -40,6 +40,26 @@ r = team.barrier()
 while not r.test():
     pass
 assert r.wait() is None
+
+# The kept command (host/py/kept.c) holds its arrays weakly: they go when the caller drops
+# them, and the entry says so.
+a, b = np.arange(64, dtype=np.float32), np.zeros(64, np.float32)
+team.alltoall(a, b).wait()
+team.alltoall(a, b).wait()
+(k,) = [p for p in team._alltoalls._entries.values() if p.matches(a, b)]
+assert type(k).__name__ == "Kept" and k.what == "alltoall" and k.small and k.alive()
+assert team._alltoalls.get(a, b) is k and team._alltoalls.get(a, b, "sum") is None
+assert not k.matches(b, a) and not k.matches(a, a)
+arrays = weakref.ref(a), weakref.ref(b)
+del a, b
+gc.collect()
+assert arrays[0]() is None and arrays[1]() is None and not k.alive()
+for bad in ((), (1, 2, 3)):
+    try:
+        ol._fast.post_kept(*bad)
+        raise AssertionError("post_kept took bad arguments")
+    except TypeError:
+        pass
 
 # Weak references work, and a request in a cycle (its error's traceback holds the frame
 # that holds it) is collected.

@@ -263,17 +263,27 @@ static int request_init(PyObject *op, PyObject *args, PyObject *kwds)
 static void request_finalize(PyObject *op)
 {
 	struct request *self = (struct request *)op;
-	PyObject *type, *value, *tb, *r;
+	PyObject *r;
 
 	if (self->done || !self->ctx)
 		return;
+#if PY_VERSION_HEX >= 0x030C0000
+	PyObject *exc = PyErr_GetRaisedException();
+#else
+	PyObject *type, *value, *tb;
+
 	PyErr_Fetch(&type, &value, &tb);
+#endif
 	r = PyObject_CallMethodObjArgs(op, fast.adopt_name, NULL);
 	if (r)
 		Py_DECREF(r);
 	else
 		PyErr_Clear();
+#if PY_VERSION_HEX >= 0x030C0000
+	PyErr_SetRaisedException(exc);
+#else
 	PyErr_Restore(type, value, tb);
+#endif
 }
 
 static int request_traverse(PyObject *op, visitproc visit, void *arg)
