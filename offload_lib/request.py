@@ -139,10 +139,18 @@ class Request(_fast.RequestCore):
             pass
         return comp.status == ERR_CANCELED
 
+    def _shut_first(self) -> None:
+        # A wait()/test() the C path saw end (-ESHUTDOWN) or find the context closed raises
+        # only once the device stopped, as Context._check does: its buffers may then go.
+        ctx = self._ctx
+        if ctx is not None and ctx._closed:
+            ctx._shut.wait(timeout=30)
+
     def _test_slow(self) -> bool:
         if self._done:
             self._outcome()
             return True
+        self._shut_first()
         comp = ffi.new(_COMP)
         rc = lib.host_test(self._ctx._handle(), self._tag, comp)
         self._ctx._check(rc, self._what)
@@ -157,6 +165,7 @@ class Request(_fast.RequestCore):
             raise InvalidArgument(f"timeout must be a number of seconds or None, got {brief(timeout)}")
         if self._done:
             return self._outcome()
+        self._shut_first()
         comp = ffi.new(_COMP)
         deadline = None if timeout is None else time.monotonic() + max(0.0, timeout)
         while True:

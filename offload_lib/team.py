@@ -29,8 +29,11 @@ class Team:
         self.ranks = tuple(ranks)
         self.size = len(self.ranks)
         self.rank = self.ranks.index(ctx.rank)
-        self._barrier_op: Any = None
-        self._barrier_addr = 0  # its address, for offload_lib._fast.post
+        # The barrier's command, made here: made at the first barrier(), two threads could
+        # leave _barrier_addr naming the op of the one whose _barrier_op store lost (freed).
+        self._barrier_op = _commands.new_op(lib.OFFLOAD_OP_BARRIER, self)
+        self._barrier_op.small = True
+        self._barrier_addr = int(ffi.cast("uintptr_t", self._barrier_op))  # for _fast.post
         self._alltoalls = PreparedCache()  # the next call on the same arrays posts these
         self._allreduces = PreparedCache()
 
@@ -181,8 +184,4 @@ class Team:
     def barrier(self) -> Request:
         ctx = self._ctx
         ctx._check_open()
-        if not self._barrier_addr:  # the same command every time (host_post copies it)
-            op = self._barrier_op = _commands.new_op(lib.OFFLOAD_OP_BARRIER, self)
-            op.small = True
-            self._barrier_addr = int(ffi.cast("uintptr_t", op))
         return ctx._post_ready(self._barrier_addr, "barrier", (), True, None)

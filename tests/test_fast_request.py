@@ -29,12 +29,16 @@ for args, kwargs in [((1, 2), {}), ((), {"timeout": 1, "x": 2}), ((), {"tmo": 1}
     except TypeError:
         pass
 team.barrier().wait()                     # the ones above completed, unwaited: fine
+done = team.barrier()
+done.wait()
 for bad in ("1", True, [1]):
-    try:
-        team.barrier().wait(timeout=bad)
-        raise AssertionError(f"timeout={bad!r} accepted")
-    except ol.InvalidArgument as e:
-        assert "timeout must be a number" in str(e), e
+    for r in (team.barrier(), done):      # pending, and finished: checked alike
+        try:
+            r.wait(timeout=bad)
+            raise AssertionError(f"timeout={bad!r} accepted")
+        except ol.InvalidArgument as e:
+            assert "timeout must be a number" in str(e), e
+    team.barrier().wait()
 assert team.barrier().wait(0.5) is None and team.barrier().wait(timeout=5) is None
 r = team.barrier()
 while not r.test():
@@ -60,6 +64,16 @@ for bad in ((), (1, 2, 3)):
         raise AssertionError("post_kept took bad arguments")
     except TypeError:
         pass
+blank = ol._fast.Kept.__new__(ol._fast.Kept)  # never initialised: matches nothing
+assert not blank.matches(src, dst) and not blank.alive()
+try:
+    ol._fast.bind(0, 0, 0, dict)                # requests of another layout: refused
+    raise AssertionError("bind() took a type that is not a RequestCore")
+except TypeError:
+    pass
+# The barrier's command is made with the team: two threads' first barrier() share it.
+from offload_lib._native import ffi
+assert team._barrier_addr == int(ffi.cast("uintptr_t", team._barrier_op))
 
 # Weak references work, and a request in a cycle (its error's traceback holds the frame
 # that holds it) is collected.
@@ -162,3 +176,45 @@ else:
 @pytest.mark.timeout(90)
 def test_c_request_failed_op_raises_and_raises_again():
     run_ranks(2, FAILED, timeout=60)
+
+
+# close() from another thread while a thread is in wait() or test() (the C path): the
+# waiter's error arrives only once the device stopped, so that it may free its buffers
+# (Context._check's rule). Rank 1 never posts the op rank 0 waits for.
+CLOSE_WHILE_WAITING = r'''
+import threading
+ctx = ol.init()
+team = ctx.world
+team.barrier().wait(timeout=20)
+if rank == 0:
+    src, dst = np.arange(64, dtype=np.float32), np.zeros(64, np.float32)
+    req = team.alltoall(src, dst)
+    seen = []
+
+    def waiter():
+        try:
+            if HOW == "wait":
+                req.wait()
+            else:
+                while not req.test():
+                    pass
+            seen.append("returned")
+        except ol.OffloadError as e:
+            seen.append((ctx._shut.is_set(), str(e)))
+
+    t = threading.Thread(target=waiter)
+    t.start()
+    time.sleep(0.05)
+    ctx.close()
+    t.join(20)
+    assert seen and seen[0][0] is True and "closed" in seen[0][1], seen
+else:
+    time.sleep(1.0)   # never posts the op rank 0 waits for
+    ctx.close()
+'''
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("how", ["wait", "test"])
+def test_close_from_another_thread_during_a_c_wait_raises_after_the_device_stopped(how):
+    run_ranks(2, f"HOW = {how!r}\n" + CLOSE_WHILE_WAITING, timeout=60)

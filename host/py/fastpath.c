@@ -18,8 +18,10 @@ static PyObject *fast_bind(PyObject *module, PyObject *args)
 	(void)module;
 	if (!PyArg_ParseTuple(args, "OOOO:bind", &post, &wait, &test, &type))
 		return NULL;
-	if (!PyType_Check(type)) {
-		PyErr_SetString(PyExc_TypeError, "bind(): the fourth argument must be a type");
+	if (!PyType_Check(type) || !fast.request_core ||
+	    !PyType_IsSubtype((PyTypeObject *)type, fast.request_core)) {
+		PyErr_SetString(PyExc_TypeError, "bind(): the fourth argument must be a "
+				"subclass of RequestCore");
 		return NULL;
 	}
 	fast.post = (fast_post_fn)PyLong_AsVoidPtr(post);
@@ -45,17 +47,18 @@ static PyObject *fast_post(PyObject *module, PyObject *const *args, Py_ssize_t n
 		PyErr_SetString(PyExc_TypeError, "post() takes 7 arguments");
 		return NULL;
 	}
-	if (!fast.post) {
-		PyErr_SetString(PyExc_RuntimeError, "offload_lib._fast: bind() was not called");
+	if (!(handle = fast_ctx_handle(args[0])))
 		return NULL;
-	}
-	handle = fast_ctx_handle(args[0]);
 	op = PyLong_AsVoidPtr(args[1]);
-	timeout_ns = PyLong_AsLongLong(args[2]);
-	poll_ns = PyLong_AsLongLong(args[5]);
-	if (PyErr_Occurred())
+	if (!op && PyErr_Occurred())
 		return NULL;
-	if (!handle || !op) {
+	timeout_ns = PyLong_AsLongLong(args[2]);
+	if (timeout_ns == -1 && PyErr_Occurred())
+		return NULL;
+	poll_ns = PyLong_AsLongLong(args[5]);
+	if (poll_ns == -1 && PyErr_Occurred())
+		return NULL;
+	if (!op) {
 		PyErr_SetString(PyExc_ValueError, "post(): a null context or op");
 		return NULL;
 	}
@@ -103,7 +106,9 @@ PyMODINIT_FUNC PyInit__fast(void)
 	if (!request || !kept)
 		goto fail;
 	fast_kept_type = (PyTypeObject *)kept;
+	fast.request_core = (PyTypeObject *)request;  /* the module's reference holds it */
 	Py_INCREF(kept);  /* the module's reference and ours */
+	Py_INCREF(request);  /* the module's reference and ours (bind() checks against it) */
 	if (PyModule_AddObject(m, "RequestCore", request) < 0)
 		goto fail;
 	request = NULL;

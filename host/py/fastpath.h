@@ -28,7 +28,8 @@ struct fast_binding {
 	fast_post_fn post;
 	fast_wait_fn wait;
 	fast_test_fn test;
-	PyTypeObject *request_type;
+	PyTypeObject *request_type; /* offload_lib.request.Request */
+	PyTypeObject *request_core; /* its C base, RequestCore */
 	PyObject *closed_name, *addr_name, *wait_slow_name, *test_slow_name, *adopt_name,
 		*dtype_name;
 };
@@ -37,7 +38,7 @@ extern struct fast_binding fast;
 extern PyType_Spec fast_request_spec, fast_kept_spec;
 extern PyTypeObject *fast_kept_type;
 
-/* The raw host_ctx of a Context (its _addr); NULL with an exception set on error. */
+/* The raw host_ctx of a Context (its _addr); NULL with an exception set if none. */
 struct host_ctx *fast_ctx_handle(PyObject *ctx);
 /* Post *op on ctx and return its Request; host_post's error raised as the Python side
  * raises it (Context._check), its message "posting <what>". */

@@ -167,29 +167,36 @@ PyObject *fast_post_kept(PyObject *module, PyObject *const *args, Py_ssize_t nar
 	key = Py_BuildValue("(NN)", PyLong_FromVoidPtr(src), PyLong_FromVoidPtr(dst));
 	if (!key)
 		return NULL;
-	entry = PyDict_GetItemWithError(args[0], key);  /* borrowed */
+	/* Ours from here: the comparison and the post may run Python code that drops it. */
+	entry = Py_XNewRef(PyDict_GetItemWithError(args[0], key));
 	Py_DECREF(key);
 	if (!entry)
 		return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
-	if (Py_TYPE(entry) != fast_kept_type)
-		Py_RETURN_NONE;
+	req = NULL;
 	k = (struct kept *)entry;
-	rc = k->variant == args[1] ? 1 : PyObject_RichCompareBool(k->variant, args[1], Py_EQ);
+	rc = Py_TYPE(entry) == fast_kept_type && k->src_ref;
+	if (rc > 0 && k->variant != args[1])
+		rc = PyObject_RichCompareBool(k->variant, args[1], Py_EQ);
 	if (rc > 0)
 		rc = kept_matches_arrays(k, src, dst);
-	if (rc <= 0)
-		return rc < 0 ? NULL : Py_NewRef(Py_None);
+	if (rc <= 0) {
+		if (!rc)
+			req = Py_NewRef(Py_None);
+		goto out;
+	}
 	poll_ns = PyLong_AsLongLong(args[3]);
+	if (poll_ns == -1 && PyErr_Occurred())
+		goto out;
 	timeout_ns = PyLong_AsLongLong(args[4]);
-	if (PyErr_Occurred() || !(handle = fast_ctx_handle(args[2])))
-		return NULL;
-	if (!(keep = PyTuple_Pack(2, src, dst)))
-		return NULL;
-	Py_INCREF(entry);  /* a callback of the post may drop the entry: keep the op alive */
-	req = fast_post_op(args[2], handle, &k->op, timeout_ns, k->what, keep,
-			   k->small ? poll_ns : 0, k->itemsize);
+	if ((timeout_ns == -1 && PyErr_Occurred()) || !(handle = fast_ctx_handle(args[2])))
+		goto out;
+	if ((keep = PyTuple_Pack(2, src, dst))) {
+		req = fast_post_op(args[2], handle, &k->op, timeout_ns, k->what, keep,
+				   k->small ? poll_ns : 0, k->itemsize);
+		Py_DECREF(keep);
+	}
+out:
 	Py_DECREF(entry);
-	Py_DECREF(keep);
 	return req;
 }
 
@@ -201,6 +208,8 @@ static PyObject *kept_matches(PyObject *o, PyObject *const *args, Py_ssize_t nar
 		PyErr_SetString(PyExc_TypeError, "matches(src, dst)");
 		return NULL;
 	}
+	if (!((struct kept *)o)->src_ref)  /* never initialised */
+		Py_RETURN_FALSE;
 	rc = kept_matches_arrays((struct kept *)o, args[0], args[1]);
 	return rc < 0 ? NULL : PyBool_FromLong(rc);
 }
@@ -211,7 +220,8 @@ static PyObject *kept_alive(PyObject *o, PyObject *unused)
 	struct kept *k = (struct kept *)o;
 
 	(void)unused;
-	return PyBool_FromLong(referent_alive(k->src_ref) && referent_alive(k->dst_ref));
+	return PyBool_FromLong(k->src_ref && referent_alive(k->src_ref) &&
+			       referent_alive(k->dst_ref));
 }
 
 static int kept_traverse(PyObject *o, visitproc visit, void *arg)

@@ -113,17 +113,24 @@ static PyObject *request_wait(PyObject *op, PyObject *const *args, Py_ssize_t na
 
 	if (timeout_arg(args, nargs, kwnames, &timeout))
 		return NULL;
-	if (self->done)
-		return outcome(self);
+	/* A timeout (checked there, even for a finished op) and anything else uncommon:
+	 * Python's way. */
 	if (timeout != Py_None || self->result != Py_None || !self->handle || !self->ctx)
 		return PyObject_CallMethodObjArgs(op, fast.wait_slow_name, timeout, NULL);
+	if (self->done)
+		return outcome(self);
 	closed = ctx_closed(self->ctx);
 	if (closed < 0)
 		return NULL;
 	if (closed)
 		return PyObject_CallMethodObjArgs(op, fast.wait_slow_name, Py_None, NULL);
+	/* What the call needs, read while we hold the GIL (another thread may set them). */
+	struct host_ctx *handle = self->handle;
+	uint32_t tag = self->tag;
+	int64_t poll_ns = (int64_t)self->poll_ns;
+
 	Py_BEGIN_ALLOW_THREADS
-	rc = fast.wait(self->handle, self->tag, WAIT_SLICE_NS, (int64_t)self->poll_ns, &comp);
+	rc = fast.wait(handle, tag, WAIT_SLICE_NS, poll_ns, &comp);
 	Py_END_ALLOW_THREADS
 	if (rc == 0 && comp.status == 0 && !self->done) {
 		finish_ok(self);
@@ -157,8 +164,11 @@ static PyObject *request_test(PyObject *op, PyObject *unused)
 		return NULL;
 	if (closed)
 		return PyObject_CallMethodObjArgs(op, fast.test_slow_name, NULL);
+	struct host_ctx *handle = self->handle;
+	uint32_t tag = self->tag;
+
 	Py_BEGIN_ALLOW_THREADS
-	rc = fast.test(self->handle, self->tag, &comp);
+	rc = fast.test(handle, tag, &comp);
 	Py_END_ALLOW_THREADS
 	if (rc == 0)
 		Py_RETURN_FALSE;
@@ -180,6 +190,8 @@ struct host_ctx *fast_ctx_handle(PyObject *ctx)
 		return NULL;
 	p = PyLong_AsVoidPtr(v);
 	Py_DECREF(v);
+	if (!p && !PyErr_Occurred())
+		PyErr_SetString(PyExc_ValueError, "a context without a library handle");
 	return p;
 }
 
@@ -218,10 +230,19 @@ PyObject *fast_post_op(PyObject *ctx, struct host_ctx *handle, const struct host
 	uint32_t tag = 0;
 	int rc;
 
+	if (!fast.post) {
+		PyErr_SetString(PyExc_RuntimeError, "offload_lib._fast: bind() was not called");
+		return NULL;
+	}
+	/* Made before the post: once posted, the op's buffers must have a keeper. */
+	req = (struct request *)fast.request_type->tp_alloc(fast.request_type, 0);
+	if (!req)
+		return NULL;
 	Py_BEGIN_ALLOW_THREADS
 	rc = fast.post(handle, op, timeout_ns, &tag);
 	Py_END_ALLOW_THREADS
 	if (rc) {
+		Py_DECREF(req);  /* no fields yet: its finalizer has nothing to adopt */
 		PyObject *r = PyObject_CallMethod(ctx, "_check", "iN", rc,
 						  PyUnicode_FromFormat("posting %S", what));
 
@@ -231,9 +252,6 @@ PyObject *fast_post_op(PyObject *ctx, struct host_ctx *handle, const struct host
 		}
 		return NULL;
 	}
-	req = (struct request *)fast.request_type->tp_alloc(fast.request_type, 0);
-	if (!req)
-		return NULL;  /* the op runs on; its completion waits in the ring, unclaimed */
 	set_fields(req, ctx, handle, tag, what, keep, Py_None, poll_ns, itemsize);
 	return (PyObject *)req;
 }
@@ -250,8 +268,7 @@ static int request_init(PyObject *op, PyObject *args, PyObject *kwds)
 	if (!PyArg_ParseTupleAndKeywords(args, kwds, "OkOO|OLO:Request", names, &ctx, &tag, &what,
 					 &keep, &result, &poll_ns, &itemsize))
 		return -1;
-	handle = fast_ctx_handle(ctx);
-	if (!handle && PyErr_Occurred())
+	if (!(handle = fast_ctx_handle(ctx)))
 		return -1;
 	set_fields((struct request *)op, ctx, handle, (uint32_t)tag, what, keep, result, poll_ns,
 		   itemsize);
