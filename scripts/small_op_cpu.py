@@ -10,8 +10,9 @@ CPU (``time.thread_time``, median) and, over the whole loop (barriers included),
 and system time, voluntary and involuntary switches (``getrusage(RUSAGE_THREAD)``) and the
 progress threads' CPU (``/proc/self/task/*/schedstat``), the loop's wall time per
 iteration (``loop_wall_us``) and, from ``ctx.stats()``, the host's waits, sleeps and
-hand-off yields and wake-ups handed over per iteration. (Posting a kept command and
-waiting are one C call each, offload_lib._fast: ``perf record`` splits the rest.)
+hand-off yields, wake-ups handed over, firmware passes and idle ones per iteration.
+(Posting a kept command and waiting are one C call each, offload_lib._fast: ``perf
+record`` splits the rest.)
 """
 from __future__ import annotations
 
@@ -82,7 +83,8 @@ def main() -> int:
             "progress_threads_us": (pc1 - pc0) / k / 1e3,
             "loop_wall_us": (l1 - l0) / k * 1e6,
         }
-        for key in ("host_waits", "host_sleeps", "handoff_yields", "wake_handovers"):
+        for key in ("host_waits", "host_sleeps", "handoff_yields", "wake_handovers",
+                    "host_passes", "idle_calls"):
             row[key] = (st1[key] - st0[key]) / k
         walls = team.allgather_obj(wall) if hasattr(team, "allgather_obj") else None
         print(json.dumps(row), flush=True)
