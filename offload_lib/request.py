@@ -22,7 +22,7 @@ from offload_lib.errors import (
 if TYPE_CHECKING:
     from offload_lib.context import Context
 
-# Sleep in slices so Ctrl-C reaches Python while an op runs for a long time (fastpath.c's
+# Sleep in slices so Ctrl-C reaches Python while an op runs for a long time (host/py/request.c's
 # WAIT_SLICE_NS alike).
 _WAIT_SLICE_S = 0.25
 # Ops this small are driven by the calling thread (cooperative progress), or else waited
@@ -77,7 +77,7 @@ class McastStats:
 class Request(_fast.RequestCore):
     """A one-shot, non-blocking op. Keeps its buffers alive until it completes.
 
-    ``wait()`` and ``test()`` are C (offload_lib._fast, host/py/fastpath.c) for the common
+    ``wait()`` and ``test()`` are C (offload_lib._fast, host/py/request.c) for the common
     case: no timeout, nothing to decode, the op went well. Everything else comes here:
     ``_wait_slow``, ``_test_slow``, ``_failed``, and ``_adopt_self`` for a request dropped
     before its op completed. Made by ``Request(ctx, tag, what, keep, result=None,
