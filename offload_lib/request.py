@@ -22,8 +22,8 @@ from offload_lib.errors import (
 if TYPE_CHECKING:
     from offload_lib.context import Context
 
-# Sleep in slices so Ctrl-C reaches Python while an op runs for a long time (host/py/request.c's
-# WAIT_SLICE_NS alike).
+# Sleep in slices so Ctrl-C reaches Python while an op runs for a long time (as
+# host/py/request.c's WAIT_SLICE_NS).
 _WAIT_SLICE_S = 0.25
 # Ops this small are driven by the calling thread (cooperative progress), or else waited
 # for spinning briefly before sleeping: a wake-up costs tens of microseconds here, which
