@@ -29,13 +29,21 @@ MAX_ENTRIES = 8
 
 class PreparedCache:
     """One team's kept commands of one collective (_fast.Kept, host/py/kept.c), by the
-    identities of (src, dst). The caller posts one with ``_fast.post_kept(cache._entries,
-    variant, ctx, ...)``: the check and the post in one C call."""
+    identities of (src, dst)."""
 
     __slots__ = ("_entries",)
 
     def __init__(self) -> None:
         self._entries: dict[tuple[int, int], Any] = {}
+
+    def post(self, ctx: Any, src: Any, dst: Any, variant: str | None = None) -> Any:
+        """The command kept for (src, dst) and variant, checked and posted in one C call (a
+        Request); None when there is none, the arrays changed, or the context has staged
+        ops or orphans to see to first (the full way does)."""
+        if ctx._stager is not None or ctx._orphans:
+            return None
+        return _fast.post_kept(self._entries, variant, ctx, ctx._poll_ns, ctx._post_timeout_ns,
+                               src, dst)
 
     def get(self, src: Any, dst: Any, variant: str | None = None) -> Any:
         """The command kept for (src, dst) and variant, if they are still what it was

@@ -22,8 +22,7 @@ from offload_lib._native import ffi, lib
 from offload_lib.bootstrap import World, allgather
 from offload_lib.config import MAX_RAILS, Config, parse_rail_faults
 from offload_lib.errors import ConfigError, InvalidArgument, OffloadError, Unsupported, brief, check_rc
-from offload_lib.request import (SMALL_MAX_BYTES, PersistentRequest, Request, Result, give_tag,
-                                  take_tag)
+from offload_lib.request import SMALL_MAX_BYTES, PersistentRequest, Request, Result
 from offload_lib.team import DST_ACCESS, SRC_ACCESS, Team
 
 __all__ = ["Context", "Team", "SRC_ACCESS", "DST_ACCESS", "MAX_TEAMS", "MAX_RANKS"]
@@ -445,32 +444,31 @@ class Context:
 
     def _post(self, op: Any, what: str, keep: tuple[Any, ...], result: Result | None = None,
               nbytes: int = 0, itemsize: int | None = None) -> Request:
-        small = nbytes <= SMALL_MAX_BYTES
-        if result is None:
-            op.small = small
-            return self._post_ready(int(ffi.cast("uintptr_t", op)), what, keep, small, itemsize)
-        tagp = take_tag()
-        tag = self._post_tag(op, what, nbytes, tagp)
-        give_tag(tagp)
-        return Request(self, tag, what, keep, result, self._poll_ns if small else 0, itemsize)
+        op.small = small = nbytes <= SMALL_MAX_BYTES
+        req = self._post_ready(int(ffi.cast("uintptr_t", op)), what, keep, small, itemsize)
+        if result is not None:  # before anyone can wait: the caller has it only now
+            req._result = result
+        return req
+
+    def _make_way(self) -> None:
+        """Before a post: staged ops called earlier take their place in line first, and
+        completions of requests nobody waits for are reaped."""
+        if self._stager is not None:
+            self._stager.drain()
+        if self._orphans:
+            self._reap_orphans()
 
     def _post_ready(self, op_addr: int, what: str, keep: tuple[Any, ...], small: bool,
                     itemsize: int | None) -> Request:
-        """Post an encoded host_op (op_addr: its address; host_post copies it) whose
-        completion needs no decoding, as it is (a barrier): the Request is made in C."""
-        if self._stager is not None:
-            self._stager.drain()  # staged ops called earlier take their place in line first
-        if self._orphans:
-            self._reap_orphans()
+        """Post an encoded host_op as it is (op_addr: its address; host_post copies it):
+        the Request is made in C."""
+        self._make_way()
         return _fast.post(self, op_addr, self._post_timeout_ns, what, keep,
                           self._poll_ns if small else 0, itemsize)
 
     def _post_tag(self, op: Any, what: str, nbytes: int, tagp: Any) -> int:
-        """Post op (moving nbytes per rank) and return its tag."""
-        if self._stager is not None:
-            self._stager.drain()  # staged ops called earlier take their place in line first
-        if self._orphans:
-            self._reap_orphans()
+        """Post op (moving nbytes per rank) and return its tag (persistent requests)."""
+        self._make_way()
         op.small = nbytes <= SMALL_MAX_BYTES
         rc = lib.host_post(self._handle(), op, self._post_timeout_ns, tagp)
         if rc:

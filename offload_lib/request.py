@@ -32,24 +32,6 @@ _WAIT_SLICE_S = 0.25
 SMALL_MAX_BYTES = 1024 * 1024
 _COMP = ffi.typeof("struct host_completion *")
 _TAG = ffi.typeof("uint32_t *")
-# The tag buffers of posts that take the full way, reused: a cffi allocation per op was a
-# tenth of a small op's Python time. list.pop() and append() are atomic, so threads never
-# share one; a buffer taken is put back once its value was read.
-_POOL_MAX = 16
-_TAGS: list[Any] = []
-
-
-def take_tag() -> Any:
-    try:
-        return _TAGS.pop()
-    except IndexError:
-        return ffi.new(_TAG)
-
-
-def give_tag(tagp: Any) -> None:
-    if len(_TAGS) < _POOL_MAX:
-        _TAGS.append(tagp)
-
 Result = Callable[[Any], Any]
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from offload_lib import _commands, _fast, _reduce
+from offload_lib import _commands, _reduce
 from offload_lib._prepared import PreparedCache
 from offload_lib._native import ffi, lib
 from offload_lib.errors import InvalidArgument
@@ -48,13 +48,9 @@ class Team:
         """Post an all-to-all: block j of src goes to rank j, block i of dst comes from rank i."""
         ctx = self._ctx
         ctx._check_open()
-        if ctx._stager is None and not ctx._orphans:  # else the full way drains, reaps
-            # The same numpy arrays as a call before: the kept command, checked and posted
-            # in C (_prepared.py).
-            req = _fast.post_kept(self._alltoalls._entries, None, ctx, ctx._poll_ns,
-                                  ctx._post_timeout_ns, src, dst)
-            if req is not None:
-                return req
+        req = self._alltoalls.post(ctx, src, dst)  # the same numpy arrays as a call before
+        if req is not None:
+            return req
         cmd = _commands.alltoall(self, src, dst)
         req = self._submit(cmd)
         self._alltoalls.keep(src, dst, cmd.op, cmd.what)
@@ -152,10 +148,8 @@ class Team:
         ctx = self._ctx
         ctx._check_open()
         dst = buf if out is None else out  # in place: the same array both ways
-        if isinstance(op, str) and ctx._stager is None and not ctx._orphans:
-            # The same arrays and op as a call before: as alltoall's
-            req = _fast.post_kept(self._allreduces._entries, op, ctx, ctx._poll_ns,
-                                  ctx._post_timeout_ns, buf, dst)
+        if isinstance(op, str):  # the same arrays and op as a call before
+            req = self._allreduces.post(ctx, buf, dst, op)
             if req is not None:
                 return req
         s, d = _reduce.check_allreduce(buf, out)

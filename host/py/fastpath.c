@@ -91,7 +91,7 @@ PyMODINIT_FUNC PyInit__fast(void)
 		PyObject **slot;
 		const char *name;
 	} names[] = {
-		{&fast.closed_name, "_closed"}, {&fast.addr_name, "_addr"},
+		{&fast.addr_name, "_addr"},
 		{&fast.wait_slow_name, "_wait_slow"}, {&fast.test_slow_name, "_test_slow"},
 		{&fast.adopt_name, "_adopt_self"}, {&fast.dtype_name, "dtype"},
 	};

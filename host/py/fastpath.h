@@ -30,7 +30,7 @@ struct fast_binding {
 	fast_test_fn test;
 	PyTypeObject *request_type; /* offload_lib.request.Request */
 	PyTypeObject *request_core; /* its C base, RequestCore */
-	PyObject *closed_name, *addr_name, *wait_slow_name, *test_slow_name, *adopt_name,
+	PyObject *addr_name, *wait_slow_name, *test_slow_name, *adopt_name,
 		*dtype_name;
 };
 
