@@ -64,7 +64,7 @@ def sources(group: str) -> list[str]:
         "flexio_host": "host/src/flexio/*.c",
         "sim_hal": "dpa_firmware/hal/sim/*.c",
         "sim_host": "host/src/sim/*.c",
-        "pyext": "host/py/*.c",  # offload_lib._fast, a CPython extension (limited API)
+        "pyext": "host/py/*.c",  # offload_lib._fast, a CPython extension (the full C API)
     }
     if group == "mpi":  # the PMPI library: shipped as sources, built against the MPI found
         return _glob("host/mpi/*.[ch]") + _glob("host/mpi/*.map")

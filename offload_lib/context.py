@@ -413,6 +413,8 @@ class Context:
                 direct = lib.host_mr_acquire_dmabuf(self._handle(), 0, 0, -1, 0, key) != \
                     -errno.EOPNOTSUPP
                 self._stager = _staging.Stager(self, _cuda.driver(), direct)
+                for p in list(self._persistents):  # their post() in C looks no further
+                    p._staged = True
             return self._stager
 
     # -- posting: what Team, the stager and the reductions submit through ---------------------

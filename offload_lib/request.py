@@ -167,27 +167,25 @@ _fast.bind(*(int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
              for name in ("host_post", "host_wait", "host_test")), Request)
 
 
-class PersistentRequest:
+class PersistentRequest(_fast.PersistentCore):
     """An op set up once and posted many times (``*_init``); buffers stay registered.
 
-    post() and test() are the calls a loop makes between other work: they keep the tag
-    themselves and call the C API straight away (a Request is made only for wait() and
-    cancel())."""
+    post() and test() are the calls a loop makes between other work: their common case is
+    in C (host/py/persistent.c: the tag kept there, the C API called straight away); the
+    rest is here (a Request is made only for wait() and cancel())."""
 
     def __init__(self, ctx: Context, what: str, op: Any, keys: list[int], keep: tuple[Any, ...],
                  result: Result | None = None, nbytes: int = 0) -> None:
-        self._ctx = ctx
+        super().__init__(ctx, op, int(ffi.cast("uintptr_t", op)), ctx._post_timeout_ns,
+                         ctx._orphans)
+        self._staged = ctx._stager is not None  # Context._gpu sets it when that changes
         self._what = what
-        self._op = op
         self._keys = keys
         self._keep = keep
         self._result = result
         self._nbytes = nbytes
-        self._tag = 0                     # posted, completion not seen yet
-        self._req: Request | None = None  # the posted op's, once wait() or cancel() needed it
         self._tagp = ffi.new(_TAG)
         self._comp = ffi.new(_COMP)
-        self._freed = False
         op.small = nbytes <= SMALL_MAX_BYTES  # as _post_tag sets it; post() skips that
 
     def __repr__(self) -> str:
@@ -196,23 +194,20 @@ class PersistentRequest:
 
     def _check(self) -> None:
         if self._ctx.closed:
+            # Raised once the device stopped (as Context._check does): the caller may then
+            # free the buffers a posted op was writing into.
+            self._ctx._shut.wait(timeout=30)
             raise OffloadError(f"{self._what}: the context closed (persistent requests die "
                                "with it)")
         if self._freed:
             raise InvalidArgument(f"{self._what}: the persistent request was freed")
 
-    def post(self) -> PersistentRequest:
-        # Like test(), the call a loop makes after other work: the common case (context
-        # open, nothing staged or orphaned in line before it) in as few Python steps as
-        # possible; anything else takes the full way.
-        ctx = self._ctx
-        if ctx._closed or self._freed or self._tag or ctx._stager is not None or ctx._orphans:
-            return self._post_checked()
-        rc = lib.host_post(ctx._ptr, self._op, ctx._post_timeout_ns, self._tagp)
-        if rc:
-            ctx._check(rc, f"posting {self._what}")
-        self._tag = self._tagp[0]
-        return self
+    def _post_slow(self) -> PersistentRequest:
+        return self._post_checked()
+
+    def _post_failed(self, rc: int) -> None:
+        self._ctx._check(rc, f"posting {self._what}")
+        raise OffloadError(f"posting {self._what}: host_post returned {rc}")
 
     def _post_checked(self) -> PersistentRequest:
         self._check()
@@ -238,9 +233,7 @@ class PersistentRequest:
         self._tag, self._req = 0, None
         return req.cancel()
 
-    def test(self) -> bool:
-        # The call a loop makes between other work: as few Python steps as possible (each
-        # is a cold cache line after that work; bench_overlap.py).
+    def _test_slow(self) -> bool:
         ctx = self._ctx
         if ctx._closed or self._freed:
             self._check()
@@ -260,9 +253,11 @@ class PersistentRequest:
         if rc < 0:
             self._ctx._check(rc, self._what)
         if comp.status != 0:
-            raise completion_error(self._what, comp.status, comp.detail, comp.result0,
-                                   comp.result1)
+            self._failed(comp.status, comp.detail, comp.result0, comp.result1)
         return True
+
+    def _failed(self, status: int, detail: int, result0: int, result1: int) -> None:
+        raise completion_error(self._what, status, detail, result0, result1)
 
     def wait(self, timeout: float | None = None) -> Any:
         self._check()

@@ -10,10 +10,11 @@ post() and of the test() that found the op done, their sum, and how many test() 
 took; every iteration's result is checked. time.thread_time is a system call whose own cost
 is inside both intervals.
 
-Every other iteration times, at the same two points, a C call that does nothing
-(``host_num_threads``) instead of post() and test(), which still run untimed: the floor
-that any call from Python pays there (after 20 ms of other work its code and data are out
-of the caches and TLBs: several microseconds in this VM). The "other work" runs on the
+Every third iteration times, at the same two points, a C call that does nothing
+(``host_num_threads``, through cffi) instead of post() and test(), which still run
+untimed, and every third nothing at all: what a call from Python pays there (after 20 ms
+of other work its code and data are out of the caches and TLBs: several microseconds in
+this VM), and what the measurement itself does. The "other work" runs on the
 calling thread: BLAS is held to one thread (``--blas-threads``) unless asked otherwise,
 since a multithreaded BLAS in each of four ranks on two cores keeps spinning threads
 competing with the rank's own.
@@ -72,33 +73,38 @@ def main() -> int:
         want = np.repeat(np.arange(n, dtype=np.float32) * 100 + me, count)
         work = np.random.default_rng(me).random((256, 256))
         p = team.alltoall_init(src, dst)
-        post_cpu, test_cpu, tests, floor_post, floor_test = [], [], [], [], []
+        post_cpu, test_cpu, tests = [], [], []
+        floors: dict[str, tuple[list[float], list[float]]] = {"noop": ([], []), "empty": ([], [])}
         handle = ctx._handle()
-        for it in range(2 * (args.iters + 5)):
-            floor = it % 2 == 1  # time a no-op C call at the same points instead
+        for it in range(3 * (args.iters + 5)):
+            # Every third iteration times a no-op C call through cffi at the same points
+            # instead, every third nothing at all (thread_time's own cost there).
+            floor = ("ours", "noop", "empty")[it % 3]
             dst[:] = -1
             team.barrier().wait()
             c0 = time.thread_time()
-            if floor:
-                lib.host_num_threads(handle)
-                c1 = time.thread_time()
+            if floor == "ours":
                 p.post()
+                c1 = time.thread_time()
             else:
-                p.post()
+                if floor == "noop":
+                    lib.host_num_threads(handle)
                 c1 = time.thread_time()
+                p.post()
             end = time.perf_counter() + args.work_ms / 1e3
             while time.perf_counter() < end:
                 work @ work
             k = 0
-            if floor:
+            if floor != "ours":
                 c2 = time.thread_time()
-                lib.host_num_threads(handle)
+                if floor == "noop":
+                    lib.host_num_threads(handle)
                 c3 = time.thread_time()
             while True:
-                if not floor:
+                if floor == "ours":
                     c2 = time.thread_time()
                 done = p.test()
-                if not floor:
+                if floor == "ours":
                     c3 = time.thread_time()
                 k += 1
                 if done:
@@ -106,15 +112,15 @@ def main() -> int:
                 time.sleep(0.001)
             if not np.array_equal(dst, want):
                 raise SystemExit(f"rank {me}: WRONG RESULT in iteration {it}")
-            if it < 10:
+            if it < 15:
                 continue
-            if floor:
-                floor_post.append(c1 - c0)
-                floor_test.append(c3 - c2)
-            else:
+            if floor == "ours":
                 post_cpu.append(c1 - c0)
                 test_cpu.append(c3 - c2)
                 tests.append(k)
+            else:
+                floors[floor][0].append(c1 - c0)
+                floors[floor][1].append(c3 - c2)
         p.free()
         us = 1e6
         mpi = ""
@@ -126,10 +132,14 @@ def main() -> int:
         print(f"rank {me}/{n} {args.size} per peer {args.buffers}: post {np.median(post_cpu) * us:.1f} us, "
               f"test (done) {np.median(test_cpu) * us:.1f} us, together "
               f"{np.median(np.add(post_cpu, test_cpu)) * us:.1f} us; test() calls per op: median "
-              f"{int(np.median(tests))}, max {max(tests)}; a no-op C call at the same points: "
-              f"{np.median(floor_post) * us:.1f} + {np.median(floor_test) * us:.1f} us{mpi}",
+              f"{int(np.median(tests))}, max {max(tests)}; at the same points a no-op C call "
+              f"through cffi {_pair(floors['noop'])}, nothing {_pair(floors['empty'])}{mpi}",
               flush=True)
     return 0
+
+
+def _pair(times: tuple[list[float], list[float]]) -> str:
+    return f"{np.median(times[0]) * 1e6:.1f} + {np.median(times[1]) * 1e6:.1f} us"
 
 
 def _mpi_overlap(src: np.ndarray, dst: np.ndarray, want: np.ndarray, work: np.ndarray,

@@ -180,7 +180,8 @@ def test_c_request_failed_op_raises_and_raises_again():
 
 # close() from another thread while a thread is in wait() or test() (the C path): the
 # waiter's error arrives only once the device stopped, so that it may free its buffers
-# (Context._check's rule). Rank 1 never posts the op rank 0 waits for.
+# (Context._check's rule; "persistent": a persistent request's test()). Rank 1 never posts
+# the op rank 0 waits for.
 CLOSE_WHILE_WAITING = r'''
 import threading
 ctx = ol.init()
@@ -188,7 +189,7 @@ team = ctx.world
 team.barrier().wait(timeout=20)
 if rank == 0:
     src, dst = np.arange(64, dtype=np.float32), np.zeros(64, np.float32)
-    req = team.alltoall(src, dst)
+    req = team.alltoall_init(src, dst).post() if HOW == "persistent" else team.alltoall(src, dst)
     seen = []
 
     def waiter():
@@ -215,6 +216,96 @@ else:
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("how", ["wait", "test"])
+@pytest.mark.parametrize("how", ["wait", "test", "persistent"])
 def test_close_from_another_thread_during_a_c_wait_raises_after_the_device_stopped(how):
     run_ranks(2, f"HOW = {how!r}\n" + CLOSE_WHILE_WAITING, timeout=60)
+
+
+# The persistent request's post() and test() in C (host/py/persistent.c): rounds with new
+# data each time, then every way out of the C path: posted twice, idle, a wait() that timed
+# out (its Request takes over), a failed op (the peer left), freed, a closed context, and
+# a core nobody initialised.
+PERSISTENT = r'''
+ctx = ol.init()
+team = ctx.world
+n = 64
+src, dst = np.zeros(2 * n, np.float32), np.zeros(2 * n, np.float32)
+p = team.alltoall_init(src, dst)
+assert type(p).__mro__[1] is ol._fast.PersistentCore and p.test() is True and "idle" in repr(p)
+for it in range(20):
+    src[:] = 100 * it + 10 * rank + np.repeat(np.arange(2, dtype=np.float32), n)
+    dst[:] = -1
+    assert p.post() is p and "posted" in repr(p)
+    try:
+        p.post()
+        raise AssertionError("posted twice")
+    except ol.InvalidArgument as e:
+        assert "already posted" in str(e), e
+    while not p.test():
+        pass
+    assert p.test() is True and p._tag == 0
+    want = 100 * it + 10 * np.repeat(np.arange(2, dtype=np.float32), n) + rank
+    check_equal(dst, want, f"round {it}")
+    team.barrier().wait(timeout=20)
+if rank == 0:  # rank 1 posts late: wait() times out, its Request then serves test()
+    p.post()
+    try:
+        p.wait(timeout=0.2)
+        raise AssertionError("wait(timeout=0.2) returned before the peer posted")
+    except ol.Timeout:
+        pass
+    assert p._req is not None and p._tag
+    while not p.test():
+        time.sleep(0.001)
+    assert p._req is None and p._tag == 0
+else:
+    time.sleep(0.6)
+    p.post()
+    assert p.wait(timeout=20) is None
+team.barrier().wait(timeout=20)
+if rank == 1:
+    ctx.close()
+else:
+    p.post()
+    try:
+        deadline = time.monotonic() + 20
+        while not p.test():
+            assert time.monotonic() < deadline, "the failed op never completed"
+        raise AssertionError("test() of a failed op returned True")
+    except ol.PeerClosed:
+        pass
+    assert p._tag == 0 and p.test() is True
+    p.free()
+    for call in (p.post, p.test):
+        try:
+            call()
+            raise AssertionError(f"{call.__name__}() of a freed request returned")
+        except ol.InvalidArgument as e:
+            assert "freed" in str(e), e
+    q = team.alltoall_init(src, dst)
+    ctx.close()
+    for call in (q.post, q.test):
+        try:
+            call()
+            raise AssertionError(f"{call.__name__}() after close returned")
+        except ol.OffloadError as e:
+            assert "closed" in str(e), e
+    blank = ol._fast.PersistentCore.__new__(ol._fast.PersistentCore)
+    for call in (blank.post, blank.test):
+        try:
+            call()
+            raise AssertionError("an uninitialised PersistentCore posted")
+        except AttributeError:
+            pass
+    for bad in ((), (ctx, None, 0, 0), (ctx, None, "x", 0)):
+        try:
+            ol._fast.PersistentCore(*bad)
+            raise AssertionError(f"PersistentCore{bad} accepted")
+        except (TypeError, ValueError):
+            pass
+'''
+
+
+@pytest.mark.timeout(90)
+def test_c_persistent_post_test_and_every_way_out():
+    run_ranks(2, PERSISTENT, timeout=60)

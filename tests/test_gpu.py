@@ -221,6 +221,36 @@ ctx.close()
 ''', timeout=60)
 
 
+# A staged GPU op called before a host persistent request's post() takes its place in line
+# first, on every rank, whenever its producer finishes: rank 1's producer is slow and it
+# posts at once, rank 0's is quick and it posts after its staged op left. A post() that
+# went past the staged op (the persistent request was made before the stager existed)
+# would pair rank 0's staged op with rank 1's persistent one.
+@pytest.mark.timeout(120)
+def test_persistent_post_waits_for_staged_ops_called_before():
+    run_ranks(2, PRELUDE + r'''
+count = 64
+a = np.repeat(np.arange(n, dtype=np.float32), count) + 10 * me
+b = np.zeros(n * count, np.float32)
+p = team.alltoall_init(a, b)           # no GPU buffer yet: no stager
+assert p._staged is False
+gsrc, gdst = dev(n * 16, "float32"), dev(n * 16, "float32")
+produce(gsrc, np.full(n * 16, 100 + me, np.float32), delay=0.4 if me == 1 else 0.01)
+req = team.alltoall(gsrc, gdst)
+assert p._staged is True
+if me == 0:
+    time.sleep(0.2)                    # its staged op is in the queue by now
+p.post()
+p.wait(timeout=60)
+req.wait(timeout=60)
+check_equal(b, np.repeat(10 * np.arange(n, dtype=np.float32), count) + me, "persistent")
+drv.synchronize(USER, timeout=10)
+check_equal(gdst.host(), np.repeat(100 + np.arange(n, dtype=np.float32), 16), "staged")
+p.free()
+ctx.close()
+''', timeout=90)
+
+
 @pytest.mark.timeout(120)
 def test_moe_dispatcher_on_gpu_arrays_matches_host():
     run_ranks(3, PRELUDE + r'''

@@ -87,6 +87,7 @@ PyMODINIT_FUNC PyInit__fast(void);
 PyMODINIT_FUNC PyInit__fast(void)
 {
 	PyObject *m = PyModule_Create(&fast_module), *request = NULL, *kept = NULL;
+	PyObject *persistent = NULL;
 	static const struct {
 		PyObject **slot;
 		const char *name;
@@ -94,6 +95,7 @@ PyMODINIT_FUNC PyInit__fast(void)
 		{&fast.addr_name, "_addr"},
 		{&fast.wait_slow_name, "_wait_slow"}, {&fast.test_slow_name, "_test_slow"},
 		{&fast.adopt_name, "_adopt_self"}, {&fast.dtype_name, "dtype"},
+		{&fast.post_slow_name, "_post_slow"},
 	};
 
 	if (!m)
@@ -103,7 +105,8 @@ PyMODINIT_FUNC PyInit__fast(void)
 			goto fail;
 	request = PyType_FromSpec(&fast_request_spec);
 	kept = PyType_FromSpec(&fast_kept_spec);
-	if (!request || !kept)
+	persistent = PyType_FromSpec(&fast_persistent_spec);
+	if (!request || !kept || !persistent)
 		goto fail;
 	fast_kept_type = (PyTypeObject *)kept;
 	fast.request_core = (PyTypeObject *)request;  /* the module's reference holds it */
@@ -114,8 +117,11 @@ PyMODINIT_FUNC PyInit__fast(void)
 	request = NULL;
 	if (PyModule_AddObject(m, "Kept", kept) < 0)
 		goto fail;
+	if (PyModule_AddObject(m, "PersistentCore", persistent) < 0)
+		goto fail;
 	return m;
 fail:
+	Py_XDECREF(persistent);
 	Py_XDECREF(request);
 	Py_XDECREF(kept);
 	Py_DECREF(m);

@@ -3,6 +3,7 @@
  * offload_lib._fast: a small op's Python layer in C (issue 16). The pieces:
  *   request.c  the one-shot request (offload_lib.request.Request's base): wait(), test()
  *   kept.c     a command kept for the next call on the same numpy arrays, and its post
+ *   persistent.c  the persistent request (PersistentRequest's base): post(), test()
  *   fastpath.c the module: bind() and post()
  * The library's functions are offload_lib._native's (their addresses come from bind()),
  * so that one copy of the library runs in the process.
@@ -31,11 +32,11 @@ struct fast_binding {
 	PyTypeObject *request_type; /* offload_lib.request.Request */
 	PyTypeObject *request_core; /* its C base, RequestCore */
 	PyObject *addr_name, *wait_slow_name, *test_slow_name, *adopt_name,
-		*dtype_name;
+		*dtype_name, *post_slow_name;
 };
 
 extern struct fast_binding fast;
-extern PyType_Spec fast_request_spec, fast_kept_spec;
+extern PyType_Spec fast_request_spec, fast_kept_spec, fast_persistent_spec;
 extern PyTypeObject *fast_kept_type;
 
 /* The raw host_ctx of a Context (its _addr); NULL with an exception set if none. */
