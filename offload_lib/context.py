@@ -414,7 +414,7 @@ class Context:
                     -errno.EOPNOTSUPP
                 self._stager = _staging.Stager(self, _cuda.driver(), direct)
                 for p in list(self._persistents):  # their post() in C looks no further
-                    p._staged = True
+                    p._staged = True  # (_persistent() reads the stager under this lock too)
             return self._stager
 
     # -- posting: what Team, the stager and the reductions submit through ---------------------
@@ -480,7 +480,9 @@ class Context:
     def _persistent(self, op: Any, what: str, keys: list[int], keep: tuple[Any, ...],
                     result: Result | None = None, nbytes: int = 0) -> PersistentRequest:
         p = PersistentRequest(self, what, op, keys, keep, result, nbytes)
-        self._persistents.add(p)
+        with self._lock:  # as _gpu() marks them: a stager made meanwhile is not missed
+            self._persistents.add(p)
+            p._staged = self._stager is not None
         return p
 
     def _adopt(self, tag: int, keep: tuple[Any, ...]) -> None:

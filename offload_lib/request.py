@@ -177,8 +177,7 @@ class PersistentRequest(_fast.PersistentCore):
     def __init__(self, ctx: Context, what: str, op: Any, keys: list[int], keep: tuple[Any, ...],
                  result: Result | None = None, nbytes: int = 0) -> None:
         super().__init__(ctx, op, int(ffi.cast("uintptr_t", op)), ctx._post_timeout_ns,
-                         ctx._orphans)
-        self._staged = ctx._stager is not None  # Context._gpu sets it when that changes
+                         ctx._orphans)  # _staged: Context._persistent and _gpu set it
         self._what = what
         self._keys = keys
         self._keep = keep
@@ -206,8 +205,8 @@ class PersistentRequest(_fast.PersistentCore):
         return self._post_checked()
 
     def _post_failed(self, rc: int) -> None:
-        self._ctx._check(rc, f"posting {self._what}")
-        raise OffloadError(f"posting {self._what}: host_post returned {rc}")
+        self._ctx._check(rc, f"posting {self._what}")  # raises for every error host_post returns
+        raise RuntimeError(f"posting {self._what}: host_post returned {rc}")
 
     def _post_checked(self) -> PersistentRequest:
         self._check()

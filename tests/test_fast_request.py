@@ -232,10 +232,24 @@ n = 64
 src, dst = np.zeros(2 * n, np.float32), np.zeros(2 * n, np.float32)
 p = team.alltoall_init(src, dst)
 assert type(p).__mro__[1] is ol._fast.PersistentCore and p.test() is True and "idle" in repr(p)
+
+
+def slow(*args):
+    raise AssertionError("the common case left the C path")
+
+
 for it in range(20):
     src[:] = 100 * it + 10 * rank + np.repeat(np.arange(2, dtype=np.float32), n)
     dst[:] = -1
+    p._post_slow = p._test_slow = slow   # the instance's: what the C path would call
     assert p.post() is p and "posted" in repr(p)
+    while not p.test():
+        pass
+    del p._post_slow, p._test_slow
+    want = 100 * it + 10 * np.repeat(np.arange(2, dtype=np.float32), n) + rank
+    check_equal(dst, want, f"round {it}")
+    team.barrier().wait(timeout=20)
+    p.post()
     try:
         p.post()
         raise AssertionError("posted twice")
@@ -244,8 +258,7 @@ for it in range(20):
     while not p.test():
         pass
     assert p.test() is True and p._tag == 0
-    want = 100 * it + 10 * np.repeat(np.arange(2, dtype=np.float32), n) + rank
-    check_equal(dst, want, f"round {it}")
+    check_equal(dst, want, f"round {it}, again")
     team.barrier().wait(timeout=20)
 if rank == 0:  # rank 1 posts late: wait() times out, its Request then serves test()
     p.post()
@@ -297,11 +310,13 @@ else:
             raise AssertionError("an uninitialised PersistentCore posted")
         except AttributeError:
             pass
-    for bad in ((), (ctx, None, 0, 0), (ctx, None, "x", 0)):
+    for bad, error in [((), TypeError), ((ctx, None, 0, 0), TypeError),
+                       ((ctx, None, 0, 0, {}), ValueError), ((ctx, None, "x", 0, {}), TypeError),
+                       ((ctx, None, 1, 0, []), TypeError), ((None, None, 1, 0, {}), AttributeError)]:
         try:
             ol._fast.PersistentCore(*bad)
             raise AssertionError(f"PersistentCore{bad} accepted")
-        except (TypeError, ValueError):
+        except error:
             pass
 '''
 

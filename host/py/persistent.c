@@ -100,6 +100,10 @@ static int persistent_init(PyObject *o, PyObject *args, PyObject *kwds)
 	if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOLO!:PersistentCore", names, &ctx, &op_obj,
 					 &addr, &timeout_ns, &PyDict_Type, &orphans))
 		return -1;
+	if (!fast.post || !fast.test) {
+		PyErr_SetString(PyExc_RuntimeError, "offload_lib._fast: bind() was not called");
+		return -1;
+	}
 	if (!(handle = fast_ctx_handle(ctx)))
 		return -1;
 	op = PyLong_AsVoidPtr(addr);
@@ -108,19 +112,24 @@ static int persistent_init(PyObject *o, PyObject *args, PyObject *kwds)
 			PyErr_SetString(PyExc_ValueError, "PersistentCore: a null op");
 		return -1;
 	}
+	/* Every field set before the old references go: their finalizers may run. */
+	PyObject *old[4] = {self->ctx, self->op_obj, self->orphans, self->req};
+
 	Py_INCREF(ctx);
 	Py_INCREF(op_obj);
 	Py_INCREF(orphans);
-	Py_XSETREF(self->ctx, ctx);
-	Py_XSETREF(self->op_obj, op_obj);
-	Py_XSETREF(self->orphans, orphans);
-	Py_CLEAR(self->req);
+	self->ctx = ctx;
+	self->op_obj = op_obj;
+	self->orphans = orphans;
+	self->req = NULL;
 	self->handle = handle;
 	self->op = op;
 	self->post_timeout_ns = timeout_ns;
 	self->tag = 0;
 	self->freed = 0;
 	self->staged = 0;
+	for (int i = 0; i < 4; i++)
+		Py_XDECREF(old[i]);
 	return 0;
 }
 
