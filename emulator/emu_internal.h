@@ -256,6 +256,11 @@ struct dpa_hal {
 	struct emu_wire_tx *wire_tx;
 	uint32_t nout;
 	struct emu_wire_send outbox[EMU_WIRE_OUTBOX];
+	/* What a MiB cost this thread lately by each way into a peer's private memory (ns,
+	 * moving averages; 0: not measured yet): its copy into the wire's slots, and one
+	 * process_vm_writev; and how many writes could have taken the wire (emu_wire_choose). */
+	uint64_t wire_ns_per_mib, direct_ns_per_mib;
+	uint32_t wire_choices;
 };
 
 struct emu_device {
@@ -317,6 +322,7 @@ struct emu_device {
 	uint64_t wire_bytes;          /* thread 0's writes by the wire: placed by the target, */
 	uint64_t wire_direct_bytes;   /* ... the rest (did not fit, or rescued), */
 	uint64_t wire_rescues;        /* ... and the pieces rescued (emu_wire.c) */
+	uint64_t wire_skipped_bytes;  /* writes the wire could take sent directly (cheaper) */
 	uint64_t doorbells;           /* emu_doorbell_rank() calls on our rank ... */
 	uint64_t doorbell_wakes;      /* ... that woke a sleeping progress thread */
 	uint32_t rail_faults;         /* a rail of this rank is set to fail */
@@ -552,8 +558,12 @@ uint64_t emu_now_ns(void);
 
 /* emu_wire.c: writes into a peer's private memory through the job segment */
 uint32_t emu_wire_slots(uint32_t nranks);
-/* Would a write of len to peer's private memory go on the wire? */
+/* May a write of len to peer's private memory go on the wire? */
 int emu_wire_takes(const struct dpa_hal *hal, uint32_t peer, uint64_t len);
+/* Does it, by what each way cost lately? After a direct write chosen here, tell
+ * emu_wire_direct_took() what it cost. */
+int emu_wire_choose(struct dpa_hal *hal);
+void emu_wire_direct_took(struct dpa_hal *hal, uint64_t len, uint64_t ns);
 /* Put it there (checked already); its completion comes from emu_wire_poll. */
 int emu_wire_post(struct dpa_hal *hal, uint32_t peer, uint64_t src, uint64_t raddr,
 		  uint32_t rkey, uint64_t len, uint64_t wr_id, uint32_t rail);

@@ -586,4 +586,5 @@ void emu_drive_stats(struct host_device *hd, struct host_drive_stats *out)
 	out->wire_bytes = off_read_once(&dev->wire_bytes);
 	out->wire_direct_bytes = off_read_once(&dev->wire_direct_bytes);
 	out->wire_rescues = off_read_once(&dev->wire_rescues);
+	out->wire_skipped_bytes = off_read_once(&dev->wire_skipped_bytes);
 }

@@ -86,13 +86,59 @@ static void count(uint64_t *counter, uint64_t n)
 	off_write_once(counter, off_read_once(counter) + n);  /* thread 0's; read racily */
 }
 
+/* A cost per MiB, folded into a moving average that follows a machine whose memory gets
+ * faster or slower (neighbours on a shared host). */
+static void note_cost(uint64_t *avg, uint64_t len, uint64_t ns)
+{
+	uint64_t per_mib;
+
+	if (len < EMU_WIRE_TIMED_MIN)
+		return;
+	per_mib = ns * (1u << 20) / len;
+	*avg = *avg ? *avg - *avg / 4 + per_mib / 4 : per_mib;
+}
+
+/*
+ * The wire or one process_vm_writev, by what each cost this thread lately. The wire's
+ * cost is two copies, the target's assumed to cost what ours into the slots did (both
+ * memcpy between private memory and the segment; scripts/copy_cost.c: 107-117 us each
+ * per MiB on a day its process_vm_writev took 145-157, 20-25 against 78-126 on another).
+ * Which is cheaper depends on the machine's memory and on what else runs on it, so it is
+ * measured here, not fixed: where the copies are cheap the wire wins (its pinning-free
+ * copies), where memory is slow the single copy does (n=2, 1 MiB per peer: 0.50-0.54x
+ * Open MPI's busbw by the wire against 0.74-1.00x directly, docs/performance.md). Every
+ * EMU_WIRE_PROBE_EVERY-th write goes the other way, to keep its cost current.
+ */
+int emu_wire_choose(struct dpa_hal *hal)
+{
+	uint32_t k = hal->wire_choices < UINT32_MAX ? hal->wire_choices++ : hal->wire_choices;
+	int wire;
+
+	if (k < EMU_WIRE_WARMUP) {
+		hal->wire_ns_per_mib = 0;  /* only the last of these counts (see emu_wire.h) */
+		return 1;
+	}
+	if (!hal->wire_ns_per_mib)  /* no piece of it went into a slot yet */
+		return 1;
+	if (!hal->direct_ns_per_mib)
+		return 0;
+	wire = 2 * hal->wire_ns_per_mib < hal->direct_ns_per_mib;
+	return k % EMU_WIRE_PROBE_EVERY == EMU_WIRE_PROBE_EVERY - 1 ? !wire : wire;
+}
+
+void emu_wire_direct_took(struct dpa_hal *hal, uint64_t len, uint64_t ns)
+{
+	note_cost(&hal->direct_ns_per_mib, len, ns);
+	count(&hal->dev->wire_skipped_bytes, len);
+}
+
 /* Copy what fits of s into free slots, the rest straight to the target. */
 static void push(struct dpa_hal *hal, struct emu_wire_send *s)
 {
 	struct emu_device *dev = hal->dev;
 	struct emu_wire_tx *tx = &hal->wire_tx[s->peer];
 	struct emu_wire *w = emu_wire_of(dev, dev->attr.rank, s->peer);
-	uint64_t sent = 0;
+	uint64_t sent = 0, start = emu_now_ns();
 
 	s->first = s->end = s->reaped = tx->tail;
 	while (sent < s->len) {
@@ -122,6 +168,7 @@ static void push(struct dpa_hal *hal, struct emu_wire_send *s)
 		}
 		sent += len;
 	}
+	note_cost(&hal->wire_ns_per_mib, sent, emu_now_ns() - start);
 	count(&dev->wire_bytes, sent);
 	if (sent > EMU_WIRE_SLOT_BYTES)  /* for the pieces after the first (rung at the end) */
 		emu_nudge_rank(dev, s->peer, hal);

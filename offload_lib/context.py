@@ -582,10 +582,13 @@ class Context:
             # emulator: bytes this rank sent into peers' ordinary memory through the wire's
             # slots (placed by their own threads), bytes of those writes that went by
             # process_vm_writev instead (the wire full, a stalled target), and the pieces
-            # it took back from a target that did not place them (wire_min, emu_wire.c)
+            # it took back from a target that did not place them (wire_min, emu_wire.c),
+            # and bytes of writes the wire could have taken that went by process_vm_writev
+            # because that cost less lately (each way's cost is measured as it goes)
             "wire_bytes": int(host.wire_bytes),
             "wire_direct_bytes": int(host.wire_direct_bytes),
             "wire_rescues": int(host.wire_rescues),
+            "wire_skipped_bytes": int(host.wire_skipped_bytes),
             # memory registrations made (host_post's and persistent requests'), op buffers
             # the registration cache already held, and the registrations it holds now
             "registrations": int(mr[0]),

@@ -193,6 +193,8 @@ struct host_drive_stats {
 				   * what did not fit, and pieces taken back from a stalled
 				   * target */
 	uint64_t wire_rescues;    /* ... those pieces taken back */
+	uint64_t wire_skipped_bytes; /* ... bytes of writes the wire could have taken that
+				   * went by process_vm_writev, the cheaper way lately */
 };
 void host_drive_stats(struct host_ctx *ctx, struct host_drive_stats *out);
 /* cffi:end */
