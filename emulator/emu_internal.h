@@ -256,11 +256,7 @@ struct dpa_hal {
 	struct emu_wire_tx *wire_tx;
 	uint32_t nout;
 	struct emu_wire_send outbox[EMU_WIRE_OUTBOX];
-	/* What a MiB cost this thread lately by each way into a peer's private memory (ns,
-	 * moving averages; 0: not measured yet): its copy into the wire's slots, and one
-	 * process_vm_writev; and how many writes could have taken the wire (emu_wire_choose). */
-	uint64_t wire_ns_per_mib, direct_ns_per_mib;
-	uint32_t wire_choices;
+	struct emu_wire_costs wire_costs;  /* thread 0's: which way its writes go */
 };
 
 struct emu_device {
@@ -560,8 +556,7 @@ uint64_t emu_now_ns(void);
 uint32_t emu_wire_slots(uint32_t nranks);
 /* May a write of len to peer's private memory go on the wire? */
 int emu_wire_takes(const struct dpa_hal *hal, uint32_t peer, uint64_t len);
-/* Does it, by what each way cost lately? After a direct write chosen here, tell
- * emu_wire_direct_took() what it cost. */
+/* Does it (the cheaper way lately)? A direct write it chose reports its cost below. */
 int emu_wire_choose(struct dpa_hal *hal);
 void emu_wire_direct_took(struct dpa_hal *hal, uint64_t len, uint64_t ns);
 /* Put it there (checked already); its completion comes from emu_wire_poll. */

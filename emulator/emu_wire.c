@@ -111,24 +111,25 @@ static void note_cost(uint64_t *avg, uint64_t len, uint64_t ns)
  */
 int emu_wire_choose(struct dpa_hal *hal)
 {
-	uint32_t k = hal->wire_choices < UINT32_MAX ? hal->wire_choices++ : hal->wire_choices;
+	struct emu_wire_costs *c = &hal->wire_costs;
+	uint32_t k = c->choices++;  /* wrapping round only warms up again */
 	int wire;
 
 	if (k < EMU_WIRE_WARMUP) {
-		hal->wire_ns_per_mib = 0;  /* only the last of these counts (see emu_wire.h) */
+		c->wire_ns_per_mib = 0;  /* only the last of these counts (see emu_wire.h) */
 		return 1;
 	}
-	if (!hal->wire_ns_per_mib)  /* no piece of it went into a slot yet */
+	if (!c->wire_ns_per_mib)  /* no piece of it went into a slot yet */
 		return 1;
-	if (!hal->direct_ns_per_mib)
+	if (!c->direct_ns_per_mib)
 		return 0;
-	wire = 2 * hal->wire_ns_per_mib < hal->direct_ns_per_mib;
+	wire = 2 * c->wire_ns_per_mib < c->direct_ns_per_mib;
 	return k % EMU_WIRE_PROBE_EVERY == EMU_WIRE_PROBE_EVERY - 1 ? !wire : wire;
 }
 
 void emu_wire_direct_took(struct dpa_hal *hal, uint64_t len, uint64_t ns)
 {
-	note_cost(&hal->direct_ns_per_mib, len, ns);
+	note_cost(&hal->wire_costs.direct_ns_per_mib, len, ns);
 	count(&hal->dev->wire_skipped_bytes, len);
 }
 
@@ -168,7 +169,7 @@ static void push(struct dpa_hal *hal, struct emu_wire_send *s)
 		}
 		sent += len;
 	}
-	note_cost(&hal->wire_ns_per_mib, sent, emu_now_ns() - start);
+	note_cost(&hal->wire_costs.wire_ns_per_mib, sent, emu_now_ns() - start);
 	count(&dev->wire_bytes, sent);
 	if (sent > EMU_WIRE_SLOT_BYTES)  /* for the pieces after the first (rung at the end) */
 		emu_nudge_rank(dev, s->peer, hal);

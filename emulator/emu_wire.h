@@ -29,6 +29,14 @@
  * (stopped mid-copy) fails its write with a timeout, as RC's retries running out would. */
 #define EMU_WIRE_TAKEN_NS   1000000000ull
 
+/* What a MiB cost a sender thread lately by each way into a peer's private memory (ns,
+ * moving averages; 0: not measured yet): its copy into the wire's slots, and one
+ * process_vm_writev; and how many writes could have taken the wire (emu_wire_choose). */
+struct emu_wire_costs {
+	uint64_t wire_ns_per_mib, direct_ns_per_mib;
+	uint32_t choices;
+};
+
 enum emu_wire_state {
 	EMU_WIRE_FREE = 0,
 	EMU_WIRE_READY = 1,     /* filled by the sender, not taken */

@@ -312,9 +312,10 @@ TUNABLES: tuple[Tunable, ...] = (
             _choice("cooperative", "threads")),
     Tunable("wire_min", int, 64 * KiB,
             "emulator: RDMA writes of at least this many bytes into another rank's ordinary "
-            "memory (not ctx.empty()) go in two copies through slots in the job segment, "
-            "the second by the receiving rank's own threads, instead of one "
-            "process_vm_writev, which pins the receiver's pages one by one (0: always "
+            "memory (not ctx.empty()) may go in two copies through slots in the job "
+            "segment, the second by the receiving rank's own threads, instead of one "
+            "process_vm_writev, which pins the receiver's pages one by one; each goes by "
+            "the way that cost less lately, both measured as they go (0: always "
             "process_vm_writev; up to 1 GiB; K/M/G suffixes allowed)",
             _size_range(0, 1024 * MiB)),
     Tunable("eager_max", int, 8 * KiB,
