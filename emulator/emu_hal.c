@@ -200,7 +200,7 @@ static int32_t check_local(struct emu_device *dev, uint64_t laddr, uint32_t lkey
 int dpa_hal_rdma_write(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint32_t lkey,
 		       uint64_t raddr, uint32_t rkey, uint64_t len, uint64_t wr_id)
 {
-	int wire = emu_wire_takes(hal, peer, len), timed = 0;
+	int wire = emu_wire_takes(hal, peer, len), chose = 0;
 	uint64_t start = 0;
 	uint32_t rail = 0;
 	int32_t st;
@@ -211,13 +211,15 @@ int dpa_hal_rdma_write(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint3
 	 * piece against the registration in full, where it costs less than the one copy. */
 	if (wire && emu_mr_is_private(hal->dev, peer, rkey)) {
 		wire = emu_wire_choose(hal);
-		timed = !wire;
+		chose = 1;
 	} else {
 		wire = 0;
 	}
 	/* Anything else to that peer lands after what is on its wire. */
 	if (!wire && emu_wire_busy(hal, peer))
 		return DPA_HAL_EAGAIN;
+	if (chose)
+		emu_wire_chosen(hal);
 	if (len >= EMU_FLUSH_BEFORE)
 		emu_flush_wakes(hal);
 	st = check_local(hal->dev, laddr, lkey, len, OFFLOAD_ACCESS_LOCAL_READ);
@@ -226,10 +228,10 @@ int dpa_hal_rdma_write(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint3
 	if (!st && wire)
 		return emu_wire_post(hal, peer, laddr, raddr, rkey, len, wr_id, rail);
 	if (!st) {
-		if (timed)
+		if (chose)
 			start = emu_now_ns();
 		st = emu_write_remote(hal->dev, peer, (const void *)(uintptr_t)laddr, raddr, rkey, len);
-		if (timed && !st)
+		if (chose && !st)
 			emu_wire_direct_took(hal, len, emu_now_ns() - start);
 	}
 	return emu_push_cqe(hal, wr_id, st, st ? 0 : len, rail);

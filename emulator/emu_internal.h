@@ -318,7 +318,7 @@ struct emu_device {
 	uint64_t wire_bytes;          /* thread 0's writes by the wire: placed by the target, */
 	uint64_t wire_direct_bytes;   /* ... the rest (did not fit, or rescued), */
 	uint64_t wire_rescues;        /* ... and the pieces rescued (emu_wire.c) */
-	uint64_t wire_skipped_bytes;  /* writes the wire could take sent directly (cheaper) */
+	uint64_t wire_skipped_bytes;  /* writes the wire could take sent directly by choice */
 	uint64_t doorbells;           /* emu_doorbell_rank() calls on our rank ... */
 	uint64_t doorbell_wakes;      /* ... that woke a sleeping progress thread */
 	uint32_t rail_faults;         /* a rail of this rank is set to fail */
@@ -557,7 +557,8 @@ uint32_t emu_wire_slots(uint32_t nranks);
 /* May a write of len to peer's private memory go on the wire? */
 int emu_wire_takes(const struct dpa_hal *hal, uint32_t peer, uint64_t len);
 /* Does it (the cheaper way lately)? A direct write it chose reports its cost below. */
-int emu_wire_choose(struct dpa_hal *hal);
+int emu_wire_choose(const struct dpa_hal *hal);
+void emu_wire_chosen(struct dpa_hal *hal);
 void emu_wire_direct_took(struct dpa_hal *hal, uint64_t len, uint64_t ns);
 /* Put it there (checked already); its completion comes from emu_wire_poll. */
 int emu_wire_post(struct dpa_hal *hal, uint32_t peer, uint64_t src, uint64_t raddr,

@@ -86,15 +86,27 @@ static void count(uint64_t *counter, uint64_t n)
 	off_write_once(counter, off_read_once(counter) + n);  /* thread 0's; read racily */
 }
 
+/* Writes shorter than this are timed too (a clock read costs ~30 ns): where the wire
+ * takes shorter writes than EMU_WIRE_TIMED_MIN, its choice must still see both costs. */
+static uint64_t timed_min(const struct emu_device *dev)
+{
+	uint64_t min = dev->attr.wire_min > EMU_WIRE_FLOOR ? dev->attr.wire_min : EMU_WIRE_FLOOR;
+
+	return min < EMU_WIRE_TIMED_MIN ? min : EMU_WIRE_TIMED_MIN;
+}
+
 /* A cost per MiB, folded into a moving average that follows a machine whose memory gets
- * faster or slower (neighbours on a shared host). */
-static void note_cost(uint64_t *avg, uint64_t len, uint64_t ns)
+ * faster or slower (neighbours on a shared host). One sample counts at most 4x the
+ * average: a preempted copy must not flip the choice for many writes. */
+static void note_cost(const struct emu_device *dev, uint64_t *avg, uint64_t len, uint64_t ns)
 {
 	uint64_t per_mib;
 
-	if (len < EMU_WIRE_TIMED_MIN)
+	if (len < timed_min(dev))
 		return;
 	per_mib = ns * (1u << 20) / len;
+	if (*avg && per_mib > 4 * *avg)
+		per_mib = 4 * *avg;
 	*avg = *avg ? *avg - *avg / 4 + per_mib / 4 : per_mib;
 }
 
@@ -109,27 +121,28 @@ static void note_cost(uint64_t *avg, uint64_t len, uint64_t ns)
  * Open MPI's busbw by the wire against 0.74-1.00x directly, docs/performance.md). Every
  * EMU_WIRE_PROBE_EVERY-th write goes the other way, to keep its cost current.
  */
-int emu_wire_choose(struct dpa_hal *hal)
+int emu_wire_choose(const struct dpa_hal *hal)
 {
-	struct emu_wire_costs *c = &hal->wire_costs;
-	uint32_t k = c->choices++;  /* wrapping round only warms up again */
+	const struct emu_wire_costs *c = &hal->wire_costs;
 	int wire;
 
-	if (k < EMU_WIRE_WARMUP) {
-		c->wire_ns_per_mib = 0;  /* only the last of these counts (see emu_wire.h) */
-		return 1;
-	}
-	if (!c->wire_ns_per_mib)  /* no piece of it went into a slot yet */
+	if (!c->wire_ns_per_mib)  /* no piece went into a warm slot yet */
 		return 1;
 	if (!c->direct_ns_per_mib)
 		return 0;
 	wire = 2 * c->wire_ns_per_mib < c->direct_ns_per_mib;
-	return k % EMU_WIRE_PROBE_EVERY == EMU_WIRE_PROBE_EVERY - 1 ? !wire : wire;
+	return c->choices % EMU_WIRE_PROBE_EVERY == EMU_WIRE_PROBE_EVERY - 1 ? !wire : wire;
+}
+
+/* Counted only once the write goes (a retry on a busy wire chooses again). */
+void emu_wire_chosen(struct dpa_hal *hal)
+{
+	hal->wire_costs.choices++;  /* wrapping round is harmless */
 }
 
 void emu_wire_direct_took(struct dpa_hal *hal, uint64_t len, uint64_t ns)
 {
-	note_cost(&hal->wire_costs.direct_ns_per_mib, len, ns);
+	note_cost(hal->dev, &hal->wire_costs.direct_ns_per_mib, len, ns);
 	count(&hal->dev->wire_skipped_bytes, len);
 }
 
@@ -139,7 +152,7 @@ static void push(struct dpa_hal *hal, struct emu_wire_send *s)
 	struct emu_device *dev = hal->dev;
 	struct emu_wire_tx *tx = &hal->wire_tx[s->peer];
 	struct emu_wire *w = emu_wire_of(dev, dev->attr.rank, s->peer);
-	uint64_t sent = 0, start = emu_now_ns();
+	uint64_t sent = 0, timed = 0, took = 0;
 
 	s->first = s->end = s->reaped = tx->tail;
 	while (sent < s->len) {
@@ -152,8 +165,16 @@ static void push(struct dpa_hal *hal, struct emu_wire_send *s)
 		if (tx->tail - tx->acked >= dev->wire_slots ||
 		    off_load_acquire(&p->state) != EMU_WIRE_FREE)
 			break;
+		uint64_t start = emu_now_ns();
+
 		memcpy(slot_of(dev, dev->attr.rank, s->peer, tx->tail),
 		       (const void *)(uintptr_t)(s->src + sent), len);
+		/* Only the copy counts, and only into a slot used before: a first use faults
+		 * the segment's pages in, a cost paid once. */
+		if (tx->tail >= dev->wire_slots) {
+			took += emu_now_ns() - start;
+			timed += len;
+		}
 		off_write_once(&p->raddr, s->raddr + sent);
 		off_write_once(&p->index, tx->tail);
 		off_write_once(&p->rkey, s->rkey);
@@ -169,7 +190,7 @@ static void push(struct dpa_hal *hal, struct emu_wire_send *s)
 		}
 		sent += len;
 	}
-	note_cost(&hal->wire_costs.wire_ns_per_mib, sent, emu_now_ns() - start);
+	note_cost(dev, &hal->wire_costs.wire_ns_per_mib, timed, took);
 	count(&dev->wire_bytes, sent);
 	if (sent > EMU_WIRE_SLOT_BYTES)  /* for the pieces after the first (rung at the end) */
 		emu_nudge_rank(dev, s->peer, hal);

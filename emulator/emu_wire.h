@@ -14,13 +14,11 @@
  * but a container's /dev/shm is often 64 MiB): 16 slots per pair up to 4 ranks, 4 at 8. */
 #define EMU_WIRE_BUDGET     (32ull << 20)
 #define EMU_WIRE_OUTBOX     16u            /* writes on the wire per sender thread */
-/* The first writes that could take the wire take it (its slots are faulted in by the
- * first, so only the last of these is its cost), the next goes directly; after that, every
- * this many go the way not chosen, so that both ways' costs stay measured
- * (emu_wire_choose). */
-#define EMU_WIRE_WARMUP     4u
+/* The wire is chosen until its copy into slots used before was timed, then one write
+ * goes directly; after that, every this many go the way not chosen, so that both ways'
+ * costs stay measured (emu_wire_choose). */
 #define EMU_WIRE_PROBE_EVERY 16u
-/* A copy shorter than this times too little to count in a cost (the clock, a wake-up). */
+/* A copy shorter than this (or than wire_min) is not timed: its cost is mostly the call's. */
 #define EMU_WIRE_TIMED_MIN  (64u * 1024u)
 /* A piece nobody placed for this long (the target stopped, closes or died) is placed by
  * its sender with process_vm_writev: an op's abort waits for its writes' completions. */

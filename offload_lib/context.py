@@ -584,7 +584,7 @@ class Context:
             # process_vm_writev instead (the wire full, a stalled target), and the pieces
             # it took back from a target that did not place them (wire_min, emu_wire.c),
             # and bytes of writes the wire could have taken that went by process_vm_writev
-            # because that cost less lately (each way's cost is measured as it goes)
+            # by its choice: that cost less lately, or a probe keeping its cost measured
             "wire_bytes": int(host.wire_bytes),
             "wire_direct_bytes": int(host.wire_direct_bytes),
             "wire_rescues": int(host.wire_rescues),

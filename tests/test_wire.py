@@ -5,9 +5,12 @@ two copies through slots in the job segment, the second by the target's own thre
 instead of one process_vm_writev. The tests run two ranks (the wire needs a core per rank)
 and check: exact results for blocks that fit the wire, overflow it (the rest goes
 directly) or stay under wire_min, on odd sizes, with the wire on and off, and what stats()
-says went which way (the wire, or directly where that measured cheaper); a target stopped with pieces on its wire (the sender takes them back
-after a stall and writes them itself: no op waits on a peer that does not run); and a
-target killed with pieces on its wire (the sender's op fails naming it, no hang).
+says went which way (the wire, or directly where that measured cheaper: which later sizes
+take which way depends on the machine's memory, so only the first, which always takes the
+wire, and the counters' sum are fixed); a target stopped with pieces on its wire (the
+sender takes them back after a stall and writes them itself: no op waits on a peer that
+does not run); and a target killed with pieces on its wire (the sender's op fails naming
+it, no hang).
 """
 from __future__ import annotations
 
@@ -26,9 +29,11 @@ w = ctx.world
 wire_on = int(os.environ["OFFLOAD_WIRE_MIN"]) > 0
 # Per peer: under wire_min, past the wire's 2 MiB (the rest goes directly), one piece and
 # a bit, exactly 2 MiB, and a block that is many pieces with an odd tail. Which way a write
-# goes is measured as it goes (emu_wire_choose): the first four writes the wire may take
-# take it, the fifth goes directly, so with 4 MiB chunks (the test's chunk_size) the first
-# op overflows the wire and both ways run, whatever this machine's costs.
+# goes is measured as it goes (emu_wire_choose): writes take the wire until a copy into
+# slots used before was timed, the next goes directly. With 4 MiB chunks (the test's
+# chunk_size) the first op's write fills the 16 fresh slots (its rest goes directly), the
+# second's is timed, the third's goes directly: every way runs, whatever this machine's
+# costs.
 for per in (64 * 1024 - 1, 4 * 1024 * 1024 + 12, 128 * 1024 + 3, 2 * 1024 * 1024,
             1024 * 1024 + 4097):
     src = ((np.arange(per * size, dtype=np.uint64) * 7 + 131 * rank) % 251).astype(np.uint8)
@@ -64,7 +69,7 @@ def test_exchanges_through_the_wire_are_exact(wire_min, progress):
 
 
 # Both fault tests: every rank's pid, a wait for a rank to stop, a warmed 1 MiB exchange.
-# (Its write and the next are among the first four the wire may take: they take it.)
+# (Its write and the next fill the wire's 16 fresh slots: untimed, they take the wire.)
 STOP_SETUP = r'''
 def pids_of_all(w):
     """Every rank's pid, by rank (an all-to-all of one int64 per peer)."""

@@ -194,7 +194,8 @@ struct host_drive_stats {
 				   * target */
 	uint64_t wire_rescues;    /* ... those pieces taken back */
 	uint64_t wire_skipped_bytes; /* ... bytes of writes the wire could have taken that
-				   * went by process_vm_writev, the cheaper way lately */
+				   * went by process_vm_writev by its choice (the cheaper
+				   * way lately, or a probe keeping that cost measured) */
 };
 void host_drive_stats(struct host_ctx *ctx, struct host_drive_stats *out);
 /* cffi:end */
