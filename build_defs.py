@@ -127,6 +127,9 @@ def targets() -> dict[str, Target]:
         # The C API's own code (dpo_*.c) with the core, as a C program uses it.
         "capi_asan": Target(["tests/c/capi.c", *sources("core")], ASAN,
                             includes=[*INCLUDES, "tests/c"]),
+        # The emulated wire's choice of way, emu_wire.c alone with a clock of the test's own.
+        "wire_choice_test": Target(["tests/c/wire_choice_test.c", "emulator/emu_wire.c"], ASAN,
+                                   includes=[*INCLUDES, "emulator"]),
         # The FlexIO backend's GID and next-hop choice over made-up tables (no SDK needed).
         "flexio_addr_test": Target(["tests/c/flexio_addr_test.c", "host/src/flexio/flexio_addr.c",
                                     "host/src/flexio/flexio_netlink.c"],
