@@ -200,40 +200,29 @@ static int32_t check_local(struct emu_device *dev, uint64_t laddr, uint32_t lkey
 int dpa_hal_rdma_write(struct dpa_hal *hal, uint32_t peer, uint64_t laddr, uint32_t lkey,
 		       uint64_t raddr, uint32_t rkey, uint64_t len, uint64_t wr_id)
 {
-	int wire = emu_wire_takes(hal, peer, len), chose = 0;
-	uint64_t start = 0;
 	uint32_t rail = 0;
 	int32_t st;
+	int way;
 
 	if (emu_cq_full(hal))
 		return DPA_HAL_EAGAIN;
 	/* Into a peer's private memory: by the wire (emu_wire.c), whose placing checks the
 	 * piece against the registration in full, where it costs less than the one copy. */
-	if (wire && emu_mr_is_private(hal->dev, peer, rkey)) {
-		wire = emu_wire_choose(hal);
-		chose = 1;
-	} else {
-		wire = 0;
-	}
-	/* Anything else to that peer lands after what is on its wire. */
-	if (!wire && emu_wire_busy(hal, peer))
-		return DPA_HAL_EAGAIN;
-	if (chose)
-		emu_wire_chosen(hal);
+	way = emu_wire_route(hal, peer, emu_wire_takes(hal, peer, len) &&
+					emu_mr_is_private(hal->dev, peer, rkey));
+	if (way < 0)
+		return way;
 	if (len >= EMU_FLUSH_BEFORE)
 		emu_flush_wakes(hal);
 	st = check_local(hal->dev, laddr, lkey, len, OFFLOAD_ACCESS_LOCAL_READ);
 	if (!st)
 		st = rail_gate(hal, peer, len, &rail);
-	if (!st && wire)
+	if (!st && way == EMU_WAY_WIRE)
 		return emu_wire_post(hal, peer, laddr, raddr, rkey, len, wr_id, rail);
-	if (!st) {
-		if (chose)
-			start = emu_now_ns();
+	if (!st && way == EMU_WAY_MEASURED)
+		st = emu_wire_direct(hal, peer, laddr, raddr, rkey, len);
+	else if (!st)
 		st = emu_write_remote(hal->dev, peer, (const void *)(uintptr_t)laddr, raddr, rkey, len);
-		if (chose && !st)
-			emu_wire_direct_took(hal, len, emu_now_ns() - start);
-	}
 	return emu_push_cqe(hal, wr_id, st, st ? 0 : len, rail);
 }
 

@@ -556,10 +556,10 @@ uint64_t emu_now_ns(void);
 uint32_t emu_wire_slots(uint32_t nranks);
 /* May a write of len to peer's private memory go on the wire? */
 int emu_wire_takes(const struct dpa_hal *hal, uint32_t peer, uint64_t len);
-/* Does it (the cheaper way lately)? A direct write it chose reports its cost below. */
-int emu_wire_choose(const struct dpa_hal *hal);
-void emu_wire_chosen(struct dpa_hal *hal);
-void emu_wire_direct_took(struct dpa_hal *hal, uint64_t len, uint64_t ns);
+/* Its way (may_take: into private memory), enum emu_wire_way, or DPA_HAL_EAGAIN. */
+int emu_wire_route(struct dpa_hal *hal, uint32_t peer, int may_take);
+int32_t emu_wire_direct(struct dpa_hal *hal, uint32_t peer, uint64_t src, uint64_t raddr,
+			uint32_t rkey, uint64_t len);
 /* Put it there (checked already); its completion comes from emu_wire_poll. */
 int emu_wire_post(struct dpa_hal *hal, uint32_t peer, uint64_t src, uint64_t raddr,
 		  uint32_t rkey, uint64_t len, uint64_t wr_id, uint32_t rail);

@@ -96,18 +96,28 @@ static uint64_t timed_min(const struct emu_device *dev)
 }
 
 /* A cost per MiB, folded into a moving average that follows a machine whose memory gets
- * faster or slower (neighbours on a shared host). One sample counts at most 4x the
- * average: a preempted copy must not flip the choice for many writes. */
-static void note_cost(const struct emu_device *dev, uint64_t *avg, uint64_t len, uint64_t ns)
+ * faster or slower (neighbours on a shared host). A preempted copy must not set the cost
+ * for many writes: the lower of the first two samples starts the average, and a sample
+ * after those counts at most 4x it. */
+static void note_cost(const struct emu_device *dev, struct emu_wire_cost *c, uint64_t len,
+		      uint64_t ns)
 {
 	uint64_t per_mib;
 
 	if (len < timed_min(dev))
 		return;
+	if (ns > UINT64_MAX >> 20)  /* a sender stopped for hours */
+		ns = UINT64_MAX >> 20;
 	per_mib = ns * (1u << 20) / len;
-	if (*avg && per_mib > 4 * *avg)
-		per_mib = 4 * *avg;
-	*avg = *avg ? *avg - *avg / 4 + per_mib / 4 : per_mib;
+	if (c->samples == 1 && per_mib < c->ns_per_mib)
+		c->ns_per_mib = per_mib;
+	else if (c->samples > 1)
+		c->ns_per_mib = c->ns_per_mib - c->ns_per_mib / 4 +
+				(per_mib < 4 * c->ns_per_mib ? per_mib : 4 * c->ns_per_mib) / 4;
+	else if (!c->samples)
+		c->ns_per_mib = per_mib;
+	if (c->samples < 2)
+		c->samples++;
 }
 
 /*
@@ -119,31 +129,46 @@ static void note_cost(const struct emu_device *dev, uint64_t *avg, uint64_t len,
  * measured here, not fixed: where the copies are cheap the wire wins (its pinning-free
  * copies), where memory is slow the single copy does (n=2, 1 MiB per peer: 0.50-0.54x
  * Open MPI's busbw by the wire against 0.74-1.00x directly, docs/performance.md). Every
- * EMU_WIRE_PROBE_EVERY-th write goes the other way, to keep its cost current.
+ * EMU_WIRE_PROBE_EVERY-th write goes the other way, to keep its cost current. The wire's
+ * cost leaves out the wake-up of its target (a system call, as a direct write is one).
  */
-int emu_wire_choose(const struct dpa_hal *hal)
+static int wire_cheaper(const struct emu_wire_costs *c)
 {
-	const struct emu_wire_costs *c = &hal->wire_costs;
 	int wire;
 
-	if (!c->wire_ns_per_mib)  /* no piece went into a warm slot yet */
+	if (!c->wire.samples)  /* no piece went into a warm slot yet */
 		return 1;
-	if (!c->direct_ns_per_mib)
+	if (!c->direct.samples)
 		return 0;
-	wire = 2 * c->wire_ns_per_mib < c->direct_ns_per_mib;
+	wire = 2 * c->wire.ns_per_mib < c->direct.ns_per_mib;
 	return c->choices % EMU_WIRE_PROBE_EVERY == EMU_WIRE_PROBE_EVERY - 1 ? !wire : wire;
 }
 
-/* Counted only once the write goes (a retry on a busy wire chooses again). */
-void emu_wire_chosen(struct dpa_hal *hal)
+int emu_wire_route(struct dpa_hal *hal, uint32_t peer, int may_take)
 {
-	hal->wire_costs.choices++;  /* wrapping round is harmless */
+	int way = may_take && wire_cheaper(&hal->wire_costs) ? EMU_WAY_WIRE :
+		  may_take ? EMU_WAY_MEASURED : EMU_WAY_DIRECT;
+
+	/* Anything else to that peer lands after what is on its wire; a write sent back
+	 * here chooses again when it is retried, and only the choice that goes counts. */
+	if (way != EMU_WAY_WIRE && emu_wire_busy(hal, peer))
+		return DPA_HAL_EAGAIN;
+	if (may_take)
+		hal->wire_costs.choices++;  /* wrapping round is harmless */
+	return way;
 }
 
-void emu_wire_direct_took(struct dpa_hal *hal, uint64_t len, uint64_t ns)
+int32_t emu_wire_direct(struct dpa_hal *hal, uint32_t peer, uint64_t src, uint64_t raddr,
+			uint32_t rkey, uint64_t len)
 {
-	note_cost(hal->dev, &hal->wire_costs.direct_ns_per_mib, len, ns);
-	count(&hal->dev->wire_skipped_bytes, len);
+	uint64_t start = emu_now_ns();
+	int32_t st = emu_write_remote(hal->dev, peer, (const void *)(uintptr_t)src, raddr, rkey, len);
+
+	if (!st) {
+		note_cost(hal->dev, &hal->wire_costs.direct, len, emu_now_ns() - start);
+		count(&hal->dev->wire_skipped_bytes, len);
+	}
+	return st;
 }
 
 /* Copy what fits of s into free slots, the rest straight to the target. */
@@ -169,9 +194,9 @@ static void push(struct dpa_hal *hal, struct emu_wire_send *s)
 
 		memcpy(slot_of(dev, dev->attr.rank, s->peer, tx->tail),
 		       (const void *)(uintptr_t)(s->src + sent), len);
-		/* Only the copy counts, and only into a slot used before: a first use faults
-		 * the segment's pages in, a cost paid once. */
-		if (tx->tail >= dev->wire_slots) {
+		/* Only the copy counts, and only into a slot this process used before: a
+		 * first use faults the segment's page in, a cost paid once. */
+		if (tx->tail >= tx->first + dev->wire_slots) {
 			took += emu_now_ns() - start;
 			timed += len;
 		}
@@ -190,7 +215,7 @@ static void push(struct dpa_hal *hal, struct emu_wire_send *s)
 		}
 		sent += len;
 	}
-	note_cost(dev, &hal->wire_costs.wire_ns_per_mib, timed, took);
+	note_cost(dev, &hal->wire_costs.wire, timed, took);
 	count(&dev->wire_bytes, sent);
 	if (sent > EMU_WIRE_SLOT_BYTES)  /* for the pieces after the first (rung at the end) */
 		emu_nudge_rank(dev, s->peer, hal);
@@ -410,9 +435,10 @@ void emu_wire_adopt(struct emu_device *dev)
 
 	for (uint32_t r = 0; r < dev->attr.size; r++) {
 		struct emu_wire *out = emu_wire_of(dev, me, r), *in = emu_wire_of(dev, r, me);
+		struct emu_wire_tx *tx = &dev->hals[0].wire_tx[r];
 
-		dev->hals[0].wire_tx[r].tail = dev->hals[0].wire_tx[r].acked =
-			off_load_acquire(&out->tail);
+		/* The slots are the segment's, their page-table entries this process's. */
+		tx->first = tx->tail = tx->acked = off_load_acquire(&out->tail);
 		dev->wire_head[r] = off_load_acquire(&in->tail);
 		for (uint32_t k = 0; k < dev->wire_slots && r != me; k++) {
 			uint32_t ready = EMU_WIRE_READY, rescued = EMU_WIRE_RESCUED;

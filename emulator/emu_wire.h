@@ -18,7 +18,8 @@
  * goes directly; after that, every this many go the way not chosen, so that both ways'
  * costs stay measured (emu_wire_choose). */
 #define EMU_WIRE_PROBE_EVERY 16u
-/* A copy shorter than this (or than wire_min) is not timed: its cost is mostly the call's. */
+/* A copy shorter than both this and wire_min (4 KiB at least) is not timed: its cost is
+ * mostly the call's. */
 #define EMU_WIRE_TIMED_MIN  (64u * 1024u)
 /* A piece nobody placed for this long (the target stopped, closes or died) is placed by
  * its sender with process_vm_writev: an op's abort waits for its writes' completions. */
@@ -27,12 +28,27 @@
  * (stopped mid-copy) fails its write with a timeout, as RC's retries running out would. */
 #define EMU_WIRE_TAKEN_NS   1000000000ull
 
-/* What a MiB cost a sender thread lately by each way into a peer's private memory (ns,
- * moving averages; 0: not measured yet): its copy into the wire's slots, and one
- * process_vm_writev; and how many writes could have taken the wire (emu_wire_choose). */
+/* What a MiB cost a sender thread lately by one way into a peer's private memory (ns, a
+ * moving average) and how many samples (counted up to 2) made it. */
+struct emu_wire_cost {
+	uint64_t ns_per_mib;
+	uint32_t samples;
+	uint32_t resv;
+};
+
+/* Both ways (emu_wire_route): its copy into the wire's slots, and one process_vm_writev;
+ * and how many writes that could have taken the wire went (by either way). */
 struct emu_wire_costs {
-	uint64_t wire_ns_per_mib, direct_ns_per_mib;
+	struct emu_wire_cost wire, direct;
 	uint32_t choices;
+};
+
+/* How a write goes (emu_wire_route): directly, not eligible for the wire; on the wire;
+ * directly by the choice, timed (emu_wire_direct). */
+enum emu_wire_way {
+	EMU_WAY_DIRECT = 0,
+	EMU_WAY_WIRE = 1,
+	EMU_WAY_MEASURED = 2,
 };
 
 enum emu_wire_state {
@@ -86,6 +102,7 @@ struct emu_wire_send {
 struct emu_wire_tx {
 	uint64_t tail;        /* pieces published */
 	uint64_t acked;       /* pieces whose placement was seen (their slots free again) */
+	uint64_t first;       /* the first piece this process sent (its slots: emu_wire.c) */
 	uint32_t sending;     /* writes in the outbox: other work to this peer waits */
 	uint32_t resv;
 };
