@@ -16,7 +16,7 @@
 #define EMU_WIRE_OUTBOX     16u            /* writes on the wire per sender thread */
 /* The wire is chosen until its copy into slots used before was timed, then one write
  * goes directly; after that, every this many go the way not chosen, so that both ways'
- * costs stay measured (emu_wire_choose). */
+ * costs stay measured (emu_wire_route). */
 #define EMU_WIRE_PROBE_EVERY 16u
 /* A copy shorter than both this and wire_min (4 KiB at least) is not timed: its cost is
  * mostly the call's. */

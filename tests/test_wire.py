@@ -30,7 +30,7 @@ w = ctx.world
 wire_on = int(os.environ["OFFLOAD_WIRE_MIN"]) > 0
 # Per peer: under wire_min, past the wire's 2 MiB (the rest goes directly), one piece and
 # a bit, exactly 2 MiB, and a block that is many pieces with an odd tail. Which way a write
-# goes is measured as it goes (emu_wire_choose): writes take the wire until a copy into
+# goes is measured as it goes (emu_wire_route): writes take the wire until a copy into
 # slots used before was timed, the next goes directly. With 4 MiB chunks (the test's
 # chunk_size) the first op's write fills the 16 fresh slots (its rest goes directly), the
 # second's is timed, the third's goes directly: every way runs, whatever this machine's
