@@ -204,10 +204,10 @@ static int wait_in(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, int64
 	/* A small op's waiter runs the firmware; for a bulk op's the device decides whether
 	 * the host may copy (a command its threads have not taken yet is bulk work too). */
 	int drive = ctx->coop && ctx->ops->drive;
+	int poll = -1;  /* is polling worthwhile: asked when first needed (it reads every
+			 * rank's line; a wait that drives never needs it) */
 	uint32_t small = 0;
 
-	if (poll_ns && !ctx->ops->poll_worthwhile(ctx->dev))
-		poll_ns = 0;
 	for (;;) {
 		uint32_t seen = off_load_acquire(&ctx->ring->cq_tail);
 		int64_t now, left;
@@ -227,7 +227,9 @@ static int wait_in(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, int64
 		if (drive && ctx->ops->drive(ctx->dev, &ctx->ring->cq_tail, seen, left,
 					     small ? 0 : HOST_DRIVE_BULK_WAIT) != -EBUSY)
 			continue;
-		if (now - start < poll_ns) {
+		if (now - start < poll_ns && poll < 0)
+			poll = ctx->ops->poll_worthwhile(ctx->dev);
+		if (now - start < poll_ns && poll) {
 			for (int i = 0; i < 64; i++)
 				off_cpu_relax();
 			continue;
