@@ -63,6 +63,12 @@ static uint8_t *slot_of(const struct emu_device *dev, uint32_t from, uint32_t to
 				EMU_WIRE_SLOT_BYTES;
 }
 
+/* The shortest write the wire takes (a smaller wire_min counts as EMU_WIRE_FLOOR). */
+static uint64_t wire_floor(const struct emu_device *dev)
+{
+	return dev->attr.wire_min > EMU_WIRE_FLOOR ? dev->attr.wire_min : EMU_WIRE_FLOOR;
+}
+
 /*
  * Only where every rank has a core: the target's thread then places a piece while it is
  * still in the caches the sender's copy left it in. Where the ranks share the cores a
@@ -76,7 +82,7 @@ int emu_wire_takes(const struct dpa_hal *hal, uint32_t peer, uint64_t len)
 	const struct emu_device *dev = hal->dev;
 	uint64_t min = dev->attr.wire_min;
 
-	return hal->wire_tx && min && len >= (min > EMU_WIRE_FLOOR ? min : EMU_WIRE_FLOOR) &&
+	return hal->wire_tx && min && len >= wire_floor(dev) &&
 	       peer < dev->attr.size && peer != dev->attr.rank && dev->attr.size <= dev->ncores &&
 	       hal->nout < EMU_WIRE_OUTBOX;
 }
@@ -90,7 +96,7 @@ static void count(uint64_t *counter, uint64_t n)
  * takes shorter writes than EMU_WIRE_TIMED_MIN, its choice must still see both costs. */
 static uint64_t timed_min(const struct emu_device *dev)
 {
-	uint64_t min = dev->attr.wire_min > EMU_WIRE_FLOOR ? dev->attr.wire_min : EMU_WIRE_FLOOR;
+	uint64_t min = wire_floor(dev);
 
 	return min < EMU_WIRE_TIMED_MIN ? min : EMU_WIRE_TIMED_MIN;
 }
@@ -109,15 +115,14 @@ static void note_cost(const struct emu_device *dev, struct emu_wire_cost *c, uin
 	if (ns > UINT64_MAX >> 20)  /* a sender stopped for hours */
 		ns = UINT64_MAX >> 20;
 	per_mib = ns * (1u << 20) / len;
-	if (c->samples == 1 && per_mib < c->ns_per_mib)
+	if (c->samples >= 2) {
+		if (per_mib > 4 * c->ns_per_mib)
+			per_mib = 4 * c->ns_per_mib;
+		c->ns_per_mib = c->ns_per_mib - c->ns_per_mib / 4 + per_mib / 4;
+		return;
+	}
+	if (!c->samples++ || per_mib < c->ns_per_mib)
 		c->ns_per_mib = per_mib;
-	else if (c->samples > 1)
-		c->ns_per_mib = c->ns_per_mib - c->ns_per_mib / 4 +
-				(per_mib < 4 * c->ns_per_mib ? per_mib : 4 * c->ns_per_mib) / 4;
-	else if (!c->samples)
-		c->ns_per_mib = per_mib;
-	if (c->samples < 2)
-		c->samples++;
 }
 
 /*

@@ -33,7 +33,6 @@
 struct emu_wire_cost {
 	uint64_t ns_per_mib;
 	uint32_t samples;
-	uint32_t resv;
 };
 
 /* Both ways (emu_wire_route): its copy into the wire's slots, and one process_vm_writev;

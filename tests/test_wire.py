@@ -8,10 +8,9 @@ directly) or stay under wire_min, on odd sizes, with the wire on and off, and wh
 says went which way (the wire, or directly where that measured cheaper: which later sizes
 take which way depends on the machine's memory, so only the first, which always takes the
 wire, and the counters' sum are fixed: tests/test_wire_choice.py checks the choice itself
-with a clock of its own); a target stopped with pieces on its wire (the
-sender takes them back after a stall and writes them itself: no op waits on a peer that
-does not run); and a target killed with pieces on its wire (the sender's op fails naming
-it, no hang).
+with a clock of its own); a target stopped with pieces on its wire (the sender takes them
+back after a stall and writes them itself: no op waits on a peer that does not run); and a
+target killed with pieces on its wire (the sender's op fails naming it, no hang).
 """
 from __future__ import annotations
 

@@ -227,12 +227,14 @@ static int wait_in(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, int64
 		if (drive && ctx->ops->drive(ctx->dev, &ctx->ring->cq_tail, seen, left,
 					     small ? 0 : HOST_DRIVE_BULK_WAIT) != -EBUSY)
 			continue;
-		if (now - start < poll_ns && poll < 0)
-			poll = ctx->ops->poll_worthwhile(ctx->dev);
-		if (now - start < poll_ns && poll) {
-			for (int i = 0; i < 64; i++)
-				off_cpu_relax();
-			continue;
+		if (now - start < poll_ns) {
+			if (poll < 0)
+				poll = ctx->ops->poll_worthwhile(ctx->dev);
+			if (poll) {
+				for (int i = 0; i < 64; i++)
+					off_cpu_relax();
+				continue;
+			}
 		}
 		off_fetch_add(&ctx->ring->cq_waiters, 1);
 		/* Pairs with the DPA's fence between publishing cq_tail and reading cq_waiters. */
