@@ -135,6 +135,7 @@ class Context:
         self._lock = threading.Lock()
         self._orphans: dict[int, tuple[Any, ...]] = {}
         self._persistents: weakref.WeakSet[PersistentRequest] = weakref.WeakSet()
+        self._teams: weakref.WeakSet[Team] = weakref.WeakSet()  # their C calls read flags
         self._next_team = 1
         self._stager: _staging.Stager | None = None  # made when a GPU buffer first shows up
         self._cookies = Cookies(self)  # exporters of buffers host_post registers and keeps
@@ -252,6 +253,8 @@ class Context:
             self._closed = True  # from here on, calls raise before entering the library
             for p in list(self._persistents):  # children first: they hold registrations
                 p._freed = True
+            for t in list(self._teams):  # their barrier() and alltoall() in C look no further
+                t._fast_closed = True
             lib.host_ctx_shutdown(self._ptr)  # wakes the threads inside, waits for them
             self._cookies.close()
             self._orphans.clear()
@@ -278,7 +281,11 @@ class Context:
         self._check(lib.host_team_create(self._handle(), team_id, len(ranks), arr,
                                          int(self.config.post_timeout * 1e9)),
                     f"creating team {team_id}")
-        return Team(self, team_id, ranks)
+        team = Team(self, team_id, ranks)
+        with self._lock:  # as _gpu() marks them: a stager made meanwhile is not missed
+            self._teams.add(team)
+            team._staged = self._stager is not None
+        return team
 
     def _rank_list(self, closed: bool) -> list[int]:
         """The ring's failed (or closed) set, ascending (host_failed_list)."""
@@ -415,6 +422,8 @@ class Context:
                 self._stager = _staging.Stager(self, _cuda.driver(), direct)
                 for p in list(self._persistents):  # their post() in C looks no further
                     p._staged = True  # (_persistent() reads the stager under this lock too)
+                for t in list(self._teams):  # nor do a team's barrier() and alltoall()
+                    t._staged = True
             return self._stager
 
     # -- posting: what Team, the stager and the reductions submit through ---------------------

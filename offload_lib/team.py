@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from offload_lib import _commands, _reduce
+from offload_lib import _commands, _fast, _reduce
 from offload_lib._prepared import PreparedCache
 from offload_lib._native import ffi, lib
 from offload_lib.errors import InvalidArgument
@@ -20,8 +20,13 @@ DST_ACCESS = (lib.OFFLOAD_ACCESS_LOCAL_READ | lib.OFFLOAD_ACCESS_LOCAL_WRITE |
               lib.OFFLOAD_ACCESS_REMOTE_WRITE)
 
 
-class Team:
-    """An ordered group of ranks; ops on a team must be called in the same order by all."""
+class Team(_fast.TeamCore):
+    """An ordered group of ranks; ops on a team must be called in the same order by all.
+
+    ``barrier()`` and ``alltoall(src, dst)`` are C (offload_lib._fast, host/py/team.c) for
+    the common case: the context open, nothing staged or orphaned in line, and for the
+    all-to-all the same numpy arrays as a call before. Everything else comes to
+    ``_barrier_slow`` and ``_alltoall_slow``."""
 
     def __init__(self, ctx: Context, team_id: int, ranks: Sequence[int]) -> None:
         self._ctx = ctx
@@ -36,6 +41,8 @@ class Team:
         self._barrier_addr = int(ffi.cast("uintptr_t", self._barrier_op))  # for _fast.post
         self._alltoalls = PreparedCache()  # the next call on the same arrays posts these
         self._allreduces = PreparedCache()
+        super().__init__(ctx, self._barrier_op, self._barrier_addr, self._alltoalls._entries,
+                         ctx._poll_ns, ctx._post_timeout_ns, ctx._orphans)
 
     def __repr__(self) -> str:
         return f"<Team id={self.id} rank={self.rank}/{self.size}>"
@@ -44,8 +51,9 @@ class Team:
         return self._ctx._submit(cmd)
 
     # -- all-to-all -------------------------------------------------------------------------
-    def alltoall(self, src: Any, dst: Any) -> Request:
-        """Post an all-to-all: block j of src goes to rank j, block i of dst comes from rank i."""
+    def _alltoall_slow(self, src: Any, dst: Any) -> Request:
+        """alltoall(src, dst) (TeamCore's in C) where the C path cannot post: block j of src
+        goes to rank j, block i of dst comes from rank i."""
         ctx = self._ctx
         ctx._check_open()
         req = self._alltoalls.post(ctx, src, dst)  # the same numpy arrays as a call before
@@ -175,7 +183,8 @@ class Team:
         return ctx._make_team(ctx._new_team_id(team_id), survivors)
 
     # -- barrier ----------------------------------------------------------------------------
-    def barrier(self) -> Request:
+    def _barrier_slow(self) -> Request:
+        """barrier() (TeamCore's in C) where the C path cannot post."""
         ctx = self._ctx
         ctx._check_open()
         return ctx._post_ready(self._barrier_addr, "barrier", (), True, None)

@@ -324,3 +324,80 @@ else:
 @pytest.mark.timeout(90)
 def test_c_persistent_post_test_and_every_way_out():
     run_ranks(2, PERSISTENT, timeout=60)
+
+
+# A team's barrier() and kept all-to-all in C (host/py/team.c): the C path runs where it
+# may (the slow methods, overridden on the instance, are not called), and every other call
+# reaches the Python methods: first arrays, other arrays, keywords, wrong arguments,
+# something in line (an orphan, a stager), a closed context.
+TEAM_CORE = r'''
+import gc, weakref
+ctx = ol.init()
+team = ctx.world
+assert isinstance(team, ol._fast.TeamCore) and team in ctx._teams
+calls = []
+def counted(name):
+    real = getattr(type(team), name)
+    def slow(*args, **kwargs):
+        calls.append(name)
+        return real(team, *args, **kwargs)
+    return slow
+team._barrier_slow, team._alltoall_slow = counted("_barrier_slow"), counted("_alltoall_slow")
+src, dst = np.arange(64, dtype=np.float32), np.zeros(64, np.float32)
+team.alltoall(src, dst).wait()              # first arrays: the full way keeps the command
+assert calls == ["_alltoall_slow"], calls
+for _ in range(3):
+    assert type(team.barrier()) is ol.Request
+    team.barrier().wait()
+    dst[:] = 0
+    team.alltoall(src, dst).wait()
+assert calls == ["_alltoall_slow"], calls  # both in C
+check_equal(dst, src, "the C path's alltoall")
+dst[:] = 0
+team.alltoall(src=src, dst=dst).wait()
+check_equal(dst, src, "alltoall with keywords")
+other = np.zeros(64, np.float32)
+team.alltoall(src, other).wait()
+check_equal(other, src, "alltoall on other arrays")
+assert calls == ["_alltoall_slow"] * 3, calls
+for call in (lambda: team.barrier(1), lambda: team.barrier(x=1), lambda: team.alltoall(src),
+             lambda: team.alltoall(src, dst, dst)):
+    try:
+        call()
+        raise AssertionError("wrong arguments accepted")
+    except TypeError:
+        pass
+team._barrier_slow, team._alltoall_slow = (lambda: "slow"), (lambda s, d: "slow")
+ctx._orphans[1 << 30] = ()                  # something in line: the Python way sees to it
+assert team.barrier() == "slow" and team.alltoall(src, dst) == "slow"
+del ctx._orphans[1 << 30]
+team._staged = True                         # a stager: its ops go first
+assert team.barrier() == "slow" and team.alltoall(src, dst) == "slow"
+team._staged = False
+del team._barrier_slow, team._alltoall_slow
+team.barrier().wait()
+ctx.close()
+assert team._fast_closed
+for call in (team.barrier, lambda: team.alltoall(src, dst)):
+    try:
+        call()
+        raise AssertionError("posted on a closed context")
+    except ol.OffloadError as e:
+        assert "closed" in str(e), e
+ref = weakref.ref(team)
+del team, ctx, call
+gc.collect()
+assert ref() is None, "a team and its context in a cycle were not collected"
+blank = ol._fast.TeamCore.__new__(ol._fast.TeamCore)
+for call in (blank.barrier, lambda: blank.alltoall(src, dst)):  # never initialised
+    try:
+        call()
+        raise AssertionError("an uninitialised TeamCore posted")
+    except AttributeError:
+        pass
+'''
+
+
+@pytest.mark.timeout(60)
+def test_c_team_barrier_and_alltoall_and_every_way_out():
+    run_ranks(1, TEAM_CORE, timeout=45)

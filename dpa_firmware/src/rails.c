@@ -63,9 +63,31 @@ void dpa_rail_failed(struct dpa_engine *eng, struct dpa_hal *hal, uint32_t peer,
 		dpa_stats(hal)->failovers++;
 }
 
+_Static_assert(DPA_CTRL_LOG <= 32, "ctrl_busy has one bit per log entry");
+
 static struct dpa_ctrl_msg *log_of(struct dpa_engine *eng, struct dpa_hal *hal)
 {
 	return eng->ctrl_log[dpa_hal_thread_index(hal)];
+}
+
+/* The log's busy word (only its thread writes the log and the word). The bit is set before
+ * an entry's pending goes nonzero and cleared after it went to 0: a scan that reads the
+ * word misses no entry still pending. */
+static uint32_t *busy_of(struct dpa_engine *eng, struct dpa_hal *hal)
+{
+	return &eng->ctrl_busy[dpa_hal_thread_index(hal)];
+}
+
+static void set_pending(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa_ctrl_msg *m,
+			uint8_t pending)
+{
+	uint32_t bit = 1u << (uint32_t)(m - log_of(eng, hal));
+
+	if (pending)
+		__atomic_fetch_or(busy_of(eng, hal), bit, __ATOMIC_SEQ_CST);
+	__atomic_store_n(&m->pending, pending, __ATOMIC_RELEASE);
+	if (!pending)
+		__atomic_fetch_and(busy_of(eng, hal), ~bit, __ATOMIC_SEQ_CST);
 }
 
 /* Completions a logged word's post produces: a signal, or a write of the seq word alone
@@ -106,7 +128,7 @@ static int post_msg(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa_ctrl
 		}
 	}
 	if (rc == 0)  /* release: dpa_ctrl_pending() on other threads reads wr_id after it */
-		__atomic_store_n(&m->pending, msg_posts(m), __ATOMIC_RELEASE);
+		set_pending(eng, hal, m, msg_posts(m));
 	return rc;
 }
 
@@ -131,15 +153,15 @@ static int post_owed_seq(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa
 
 int dpa_ctrl_post(struct dpa_engine *eng, struct dpa_hal *hal, const struct dpa_ctrl_msg *msg)
 {
-	struct dpa_ctrl_msg *log = log_of(eng, hal);
-	struct dpa_ctrl_msg *m = NULL;
+	uint32_t free = ~off_read_once(busy_of(eng, hal));
+	struct dpa_ctrl_msg *m;
 	int rc;
 
-	for (uint32_t i = 0; i < DPA_CTRL_LOG && !m; i++)
-		if (!__atomic_load_n(&log[i].pending, __ATOMIC_ACQUIRE))
-			m = &log[i];
-	if (!m)
+	if (DPA_CTRL_LOG < 32)
+		free &= (1u << (DPA_CTRL_LOG % 32)) - 1;
+	if (!free)
 		return DPA_HAL_EAGAIN;  /* older control words not acknowledged yet */
+	m = &log_of(eng, hal)[__builtin_ctz(free)];
 	/* Field by field: other threads read wr_id (dpa_ctrl_pending) while we refill. */
 	m->raddr = msg->raddr;
 	m->value = msg->value;
@@ -164,8 +186,8 @@ int dpa_ctrl_completed(struct dpa_engine *eng, struct dpa_hal *hal, const struct
 {
 	struct dpa_ctrl_msg *log = log_of(eng, hal);
 
-	for (uint32_t i = 0; i < DPA_CTRL_LOG; i++) {
-		struct dpa_ctrl_msg *m = &log[i];
+	for (uint32_t busy = off_read_once(busy_of(eng, hal)); busy; busy &= busy - 1) {
+		struct dpa_ctrl_msg *m = &log[__builtin_ctz(busy)];
 		uint8_t left;
 
 		/* An entry waiting to be resent expects no completion. */
@@ -184,7 +206,7 @@ int dpa_ctrl_completed(struct dpa_engine *eng, struct dpa_hal *hal, const struct
 			m->seq_owed = 0;
 			left = (uint8_t)DPA_CTRL_RESEND;
 		}
-		__atomic_store_n(&m->pending, left, __ATOMIC_RELEASE);
+		set_pending(eng, hal, m, left);
 		return 1;
 	}
 	return 0;
@@ -200,8 +222,10 @@ int dpa_ctrl_resend(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa_wr_f
 	int work = 0;
 
 	/* Called every pass: nothing to look at unless a rail dropped a word. */
-	for (uint32_t i = 0; i < DPA_CTRL_LOG && *resends; i++) {
-		struct dpa_ctrl_msg *m = &log[i];
+	if (!*resends)
+		return 0;
+	for (uint32_t busy = off_read_once(busy_of(eng, hal)); busy && *resends; busy &= busy - 1) {
+		struct dpa_ctrl_msg *m = &log[__builtin_ctz(busy)];
 		int rc;
 
 		if (m->pending == DPA_CTRL_RESEND) {
@@ -223,7 +247,7 @@ int dpa_ctrl_resend(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa_wr_f
 		(*resends)--;
 		m->seq_owed = 0;
 		lost[(*nlost)++] = (struct dpa_wr_failure){ .wr_id = m->wr_id, .peer = m->peer };
-		__atomic_store_n(&m->pending, 0, __ATOMIC_RELEASE);
+		set_pending(eng, hal, m, 0);
 	}
 	return work;
 }
@@ -232,8 +256,9 @@ int dpa_ctrl_resend(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa_wr_f
 static int log_owes(struct dpa_engine *eng, uint64_t mask, uint64_t want)
 {
 	for (uint32_t t = 0; t < eng->params.num_threads; t++)
-		for (uint32_t i = 0; i < DPA_CTRL_LOG; i++) {
-			const struct dpa_ctrl_msg *m = &eng->ctrl_log[t][i];
+		for (uint32_t busy = __atomic_load_n(&eng->ctrl_busy[t], __ATOMIC_SEQ_CST); busy;
+		     busy &= busy - 1) {
+			const struct dpa_ctrl_msg *m = &eng->ctrl_log[t][__builtin_ctz(busy)];
 
 			if (__atomic_load_n(&m->pending, __ATOMIC_ACQUIRE) &&
 			    (__atomic_load_n(&m->wr_id, __ATOMIC_RELAXED) & mask) == want)

@@ -87,7 +87,7 @@ PyMODINIT_FUNC PyInit__fast(void);
 PyMODINIT_FUNC PyInit__fast(void)
 {
 	PyObject *m = PyModule_Create(&fast_module), *request = NULL, *kept = NULL;
-	PyObject *persistent = NULL;
+	PyObject *persistent = NULL, *team = NULL;
 	static const struct {
 		PyObject **slot;
 		const char *name;
@@ -95,7 +95,8 @@ PyMODINIT_FUNC PyInit__fast(void)
 		{&fast.addr_name, "_addr"},
 		{&fast.wait_slow_name, "_wait_slow"}, {&fast.test_slow_name, "_test_slow"},
 		{&fast.adopt_name, "_adopt_self"}, {&fast.dtype_name, "dtype"},
-		{&fast.post_slow_name, "_post_slow"},
+		{&fast.post_slow_name, "_post_slow"}, {&fast.barrier_slow_name, "_barrier_slow"},
+		{&fast.alltoall_slow_name, "_alltoall_slow"}, {&fast.barrier_name, "barrier"},
 	};
 
 	if (!m)
@@ -106,7 +107,8 @@ PyMODINIT_FUNC PyInit__fast(void)
 	request = PyType_FromSpec(&fast_request_spec);
 	kept = PyType_FromSpec(&fast_kept_spec);
 	persistent = PyType_FromSpec(&fast_persistent_spec);
-	if (!request || !kept || !persistent)
+	team = PyType_FromSpec(&fast_team_spec);
+	if (!request || !kept || !persistent || !team || !(fast.empty_tuple = PyTuple_New(0)))
 		goto fail;
 	fast_kept_type = (PyTypeObject *)kept;
 	fast.request_core = (PyTypeObject *)request;  /* the module's reference holds it */
@@ -119,8 +121,12 @@ PyMODINIT_FUNC PyInit__fast(void)
 		goto fail;
 	if (PyModule_AddObject(m, "PersistentCore", persistent) < 0)
 		goto fail;
+	persistent = NULL;
+	if (PyModule_AddObject(m, "TeamCore", team) < 0)
+		goto fail;
 	return m;
 fail:
+	Py_XDECREF(team);
 	Py_XDECREF(persistent);
 	Py_XDECREF(request);
 	Py_XDECREF(kept);

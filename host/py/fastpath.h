@@ -4,6 +4,7 @@
  *   request.c  the one-shot request (offload_lib.request.Request's base): wait(), test()
  *   kept.c     a command kept for the next call on the same numpy arrays, and its post
  *   persistent.c  the persistent request (PersistentRequest's base): post(), test()
+ *   team.c     the team (Team's base): barrier(), and alltoall() of a kept command
  *   fastpath.c the module: bind() and post()
  * The library's functions are offload_lib._native's (their addresses come from bind()),
  * so that one copy of the library runs in the process.
@@ -32,11 +33,13 @@ struct fast_binding {
 	PyTypeObject *request_type; /* offload_lib.request.Request */
 	PyTypeObject *request_core; /* its C base, RequestCore */
 	PyObject *addr_name, *wait_slow_name, *test_slow_name, *adopt_name,
-		*dtype_name, *post_slow_name;
+		*dtype_name, *post_slow_name, *barrier_slow_name, *alltoall_slow_name,
+		*barrier_name;
+	PyObject *empty_tuple;
 };
 
 extern struct fast_binding fast;
-extern PyType_Spec fast_request_spec, fast_kept_spec, fast_persistent_spec;
+extern PyType_Spec fast_request_spec, fast_kept_spec, fast_persistent_spec, fast_team_spec;
 extern PyTypeObject *fast_kept_type;
 
 /* The raw host_ctx of a Context (its _addr); NULL with an exception set if none. */
@@ -47,5 +50,10 @@ PyObject *fast_post_op(PyObject *ctx, struct host_ctx *handle, const struct host
 		       int64_t timeout_ns, PyObject *what, PyObject *keep, long long poll_ns,
 		       PyObject *itemsize);
 PyObject *fast_post_kept(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
+/* The command kept in entries for (src, dst) and variant, posted (a Request), or None
+ * when there is none or the arrays changed (kept.c). handle NULL: read from ctx. */
+PyObject *fast_kept_post(PyObject *entries, PyObject *variant, PyObject *ctx,
+			 struct host_ctx *handle, long long poll_ns, long long timeout_ns,
+			 PyObject *src, PyObject *dst);
 
 #endif

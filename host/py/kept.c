@@ -144,39 +144,31 @@ static int kept_init(PyObject *o, PyObject *args, PyObject *kwds)
 	return k->src_ref && k->dst_ref ? 0 : -1;
 }
 
-/* post_kept(entries, variant, ctx, poll_ns, timeout_ns, src, dst) -> Request or None:
- * the command kept in entries (a dict by (id(src), id(dst))) for these arrays and this
- * variant, posted if they are still what it was encoded for; None sends the caller the
- * full way. The caller has checked the context (open, nothing staged or orphaned). */
-PyObject *fast_post_kept(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+/* The command kept in entries (a dict by (id(src), id(dst))) for these arrays and this
+ * variant, posted if they are still what it was encoded for (a Request); None sends the
+ * caller the full way. The caller has checked the context (open, nothing staged or
+ * orphaned); handle: its host_ctx, or NULL to read it from ctx when a post is due. */
+PyObject *fast_kept_post(PyObject *entries, PyObject *variant, PyObject *ctx,
+			 struct host_ctx *handle, long long poll_ns, long long timeout_ns,
+			 PyObject *src, PyObject *dst)
 {
-	PyObject *key, *entry, *src, *dst, *keep, *req;
-	struct host_ctx *handle;
+	PyObject *key, *entry, *keep, *req;
 	struct kept *k;
-	long long poll_ns, timeout_ns;
 	int rc;
 
-	(void)module;
-	if (nargs != 7 || !PyDict_Check(args[0])) {
-		PyErr_SetString(PyExc_TypeError, "post_kept(entries, variant, ctx, poll_ns, "
-				"timeout_ns, src, dst)");
-		return NULL;
-	}
-	src = args[5];
-	dst = args[6];
 	key = Py_BuildValue("(NN)", PyLong_FromVoidPtr(src), PyLong_FromVoidPtr(dst));
 	if (!key)
 		return NULL;
 	/* Ours from here: the comparison and the post may run Python code that drops it. */
-	entry = Py_XNewRef(PyDict_GetItemWithError(args[0], key));
+	entry = Py_XNewRef(PyDict_GetItemWithError(entries, key));
 	Py_DECREF(key);
 	if (!entry)
 		return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
 	req = NULL;
 	k = (struct kept *)entry;
 	rc = Py_TYPE(entry) == fast_kept_type && k->src_ref;
-	if (rc > 0 && k->variant != args[1])
-		rc = PyObject_RichCompareBool(k->variant, args[1], Py_EQ);
+	if (rc > 0 && k->variant != variant)
+		rc = PyObject_RichCompareBool(k->variant, variant, Py_EQ);
 	if (rc > 0)
 		rc = kept_matches_arrays(k, src, dst);
 	if (rc <= 0) {
@@ -184,20 +176,38 @@ PyObject *fast_post_kept(PyObject *module, PyObject *const *args, Py_ssize_t nar
 			req = Py_NewRef(Py_None);
 		goto out;
 	}
-	poll_ns = PyLong_AsLongLong(args[3]);
-	if (poll_ns == -1 && PyErr_Occurred())
-		goto out;
-	timeout_ns = PyLong_AsLongLong(args[4]);
-	if ((timeout_ns == -1 && PyErr_Occurred()) || !(handle = fast_ctx_handle(args[2])))
+	if (!handle && !(handle = fast_ctx_handle(ctx)))
 		goto out;
 	if ((keep = PyTuple_Pack(2, src, dst))) {
-		req = fast_post_op(args[2], handle, &k->op, timeout_ns, k->what, keep,
+		req = fast_post_op(ctx, handle, &k->op, timeout_ns, k->what, keep,
 				   k->small ? poll_ns : 0, k->itemsize);
 		Py_DECREF(keep);
 	}
 out:
 	Py_DECREF(entry);
 	return req;
+}
+
+/* post_kept(entries, variant, ctx, poll_ns, timeout_ns, src, dst) -> Request or None:
+ * fast_kept_post() for Python callers (PreparedCache.post). */
+PyObject *fast_post_kept(PyObject *module, PyObject *const *args, Py_ssize_t nargs)
+{
+	long long poll_ns, timeout_ns;
+
+	(void)module;
+	if (nargs != 7 || !PyDict_Check(args[0])) {
+		PyErr_SetString(PyExc_TypeError, "post_kept(entries, variant, ctx, poll_ns, "
+				"timeout_ns, src, dst)");
+		return NULL;
+	}
+	poll_ns = PyLong_AsLongLong(args[3]);
+	if (poll_ns == -1 && PyErr_Occurred())
+		return NULL;
+	timeout_ns = PyLong_AsLongLong(args[4]);
+	if (timeout_ns == -1 && PyErr_Occurred())
+		return NULL;
+	return fast_kept_post(args[0], args[1], args[2], NULL, poll_ns, timeout_ns, args[5],
+			      args[6]);
 }
 
 static PyObject *kept_matches(PyObject *o, PyObject *const *args, Py_ssize_t nargs)
