@@ -104,7 +104,6 @@ def _resolve_threads(config: Config, ranks: int) -> int:
     return max(1, min(4, _cores() // ranks))
 
 
-
 class Context:
     """One rank's connection to its (emulated or real) DPA. Close it, or use ``with``."""
 
@@ -281,11 +280,7 @@ class Context:
         self._check(lib.host_team_create(self._handle(), team_id, len(ranks), arr,
                                          int(self.config.post_timeout * 1e9)),
                     f"creating team {team_id}")
-        team = Team(self, team_id, ranks)
-        with self._lock:  # as _gpu() marks them: a stager made meanwhile is not missed
-            self._teams.add(team)
-            team._staged = self._stager is not None
-        return team
+        return Team(self, team_id, ranks)
 
     def _rank_list(self, closed: bool) -> list[int]:
         """The ring's failed (or closed) set, ascending (host_failed_list)."""
@@ -420,10 +415,8 @@ class Context:
                 direct = lib.host_mr_acquire_dmabuf(self._handle(), 0, 0, -1, 0, key) != \
                     -errno.EOPNOTSUPP
                 self._stager = _staging.Stager(self, _cuda.driver(), direct)
-                for p in list(self._persistents):  # their post() in C looks no further
-                    p._staged = True  # (_persistent() reads the stager under this lock too)
-                for t in list(self._teams):  # nor do a team's barrier() and alltoall()
-                    t._staged = True
+                for p in [*self._persistents, *self._teams]:  # their C calls look no further
+                    p._staged = True  # (_persistent() and Team() read the stager under this lock)
             return self._stager
 
     # -- posting: what Team, the stager and the reductions submit through ---------------------

@@ -43,6 +43,9 @@ class Team(_fast.TeamCore):
         self._allreduces = PreparedCache()
         super().__init__(ctx, self._barrier_op, self._barrier_addr, self._alltoalls._entries,
                          ctx._poll_ns, ctx._post_timeout_ns, ctx._orphans)
+        with ctx._lock:  # as Context._gpu() marks them: a stager made meanwhile is not missed
+            ctx._teams.add(self)
+            self._staged = ctx._stager is not None
 
     def __repr__(self) -> str:
         return f"<Team id={self.id} rank={self.rank}/{self.size}>"

@@ -11,10 +11,7 @@
 #include "offload_atomic.h"
 #include "offload_abi.h"
 
-enum dpa_op_state {
-	DPA_OP_FREE = 0,
-	DPA_OP_ACTIVE = 1,
-};
+enum dpa_op_state { DPA_OP_FREE = 0, DPA_OP_ACTIVE = 1 };
 
 /* Per-peer step of an op; item i is owned by thread i % num_threads (peers striped). */
 struct dpa_item {
@@ -359,10 +356,7 @@ struct dpa_engine {
 	uint64_t arena_bytes;
 	struct dpa_ctrl_msg ctrl_log[OFFLOAD_MAX_THREADS][DPA_CTRL_LOG];
 	uint32_t ctrl_resends[OFFLOAD_MAX_THREADS];  /* log entries waiting to be sent again */
-	/* Bit i: ctrl_log[t][i] is pending (rails.c). The scans read this word instead of the
-	 * log's 32 entries, 40 cache lines that are cold whenever another process ran on the
-	 * core (4 ranks on 2 vCPUs: most of a small op's cache misses were these). */
-	uint32_t ctrl_busy[OFFLOAD_MAX_THREADS];
+	uint32_t ctrl_busy[OFFLOAD_MAX_THREADS];     /* bit i: ctrl_log[t][i] pending (rails.c) */
 };
 
 #define DPA_MC_POSTED   1u  /* receive regions posted: readies may go out */
