@@ -70,9 +70,10 @@ static struct dpa_ctrl_msg *log_of(struct dpa_engine *eng, struct dpa_hal *hal)
 	return eng->ctrl_log[dpa_hal_thread_index(hal)];
 }
 
-/* The log's busy word (only its thread writes the log and the word). The bit is set before
- * an entry's pending goes nonzero and cleared after it went to 0: a scan that reads the
- * word misses no entry still pending. */
+/* The log's busy word. Only the log's thread writes the log and the word, so plain
+ * release stores do: the bit is set before an entry's pending goes nonzero and cleared
+ * after it went to 0, and a scan that reads the word misses no entry still pending. Only
+ * those two transitions touch it (a completion that leaves words due does not). */
 static uint32_t *busy_of(struct dpa_engine *eng, struct dpa_hal *hal)
 {
 	return &eng->ctrl_busy[dpa_hal_thread_index(hal)];
@@ -81,13 +82,13 @@ static uint32_t *busy_of(struct dpa_engine *eng, struct dpa_hal *hal)
 static void set_pending(struct dpa_engine *eng, struct dpa_hal *hal, struct dpa_ctrl_msg *m,
 			uint8_t pending)
 {
-	uint32_t bit = 1u << (uint32_t)(m - log_of(eng, hal));
+	uint32_t *busy = busy_of(eng, hal), bit = 1u << (uint32_t)(m - log_of(eng, hal));
 
-	if (pending)
-		__atomic_fetch_or(busy_of(eng, hal), bit, __ATOMIC_SEQ_CST);
+	if (pending && !m->pending)
+		off_store_release(busy, off_read_once(busy) | bit);
 	__atomic_store_n(&m->pending, pending, __ATOMIC_RELEASE);
 	if (!pending)
-		__atomic_fetch_and(busy_of(eng, hal), ~bit, __ATOMIC_SEQ_CST);
+		off_store_release(busy, off_read_once(busy) & ~bit);
 }
 
 /* Completions a logged word's post produces: a signal, or a write of the seq word alone
