@@ -27,6 +27,13 @@ ROOT = Path(__file__).resolve().parent
 INCLUDES = ["dpa_firmware/include", "host/include"]
 WARNINGS = ["-Wall", "-Wextra", "-Werror"]
 STRICT = ["-std=c11", "-O2", "-g", *WARNINGS]
+# The core as the Python extension and libdpaoffload.so link it: whole-program optimised,
+# so that the firmware's calls into its HAL (thread index, windows, stats: a few
+# instructions each, behind a call per use) inline across files, and nothing is exported
+# but what the target exports on purpose. A small op's pass ran 23% fewer instructions.
+# Fat objects: an archiver or linker without the LTO plugin still links plain code.
+LTO = ["-fvisibility=hidden", "-flto", "-ffat-lto-objects"]
+LTO_LINK = ["-flto=auto", "-O2"]
 # The contract headers as any C11 user compiles them: pedantic, no extensions.
 PEDANTIC = ["-std=c11", "-pedantic", *WARNINGS]
 # The firmware as dpacc sees it: no libc, no system headers but the compiler's own.
@@ -130,6 +137,9 @@ def targets() -> dict[str, Target]:
         # The emulated wire's choice of way, emu_wire.c alone with a clock of the test's own.
         "wire_choice_test": Target(["tests/c/wire_choice_test.c", "emulator/emu_wire.c"], ASAN,
                                    includes=[*INCLUDES, "emulator"]),
+        # Ranks spread over the cores, emu_spin.c alone with a job table of the test's own.
+        "balance_test": Target(["tests/c/balance_test.c", "emulator/emu_spin.c"], ASAN,
+                               includes=[*INCLUDES, "emulator"]),
         # The FlexIO backend's GID and next-hop choice over made-up tables (no SDK needed).
         "flexio_addr_test": Target(["tests/c/flexio_addr_test.c", "host/src/flexio/flexio_addr.c",
                                     "host/src/flexio/flexio_netlink.c"],
@@ -157,7 +167,7 @@ def flags(name: str) -> list[str]:
 def library() -> tuple[str, dict[str, object]]:
     """The static library setup.py builds and links into the cffi extension."""
     return ("dpaoffload_core", {"sources": sources("core"), "include_dirs": INCLUDES,
-                                "cflags": [*STRICT, "-fPIC"]})
+                                "cflags": [*STRICT, "-fPIC", *LTO]})
 
 
 def freestanding_command(cc: str, source: str | Path, out: Path | str) -> list[str]:

@@ -9,11 +9,14 @@ the module loads. Python then reads ``lib.OFFLOAD_*`` and ``ffi.offsetof("struct
 from __future__ import annotations
 
 import re
+import sys
 from pathlib import Path
 
 from cffi import FFI
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # build_defs.py: the build's flags (setup.py does the same)
+from build_defs import LTO_LINK  # noqa: E402
 HEADER = ROOT / "host" / "include" / "offload_host.h"
 ABI_HEADER = ROOT / "dpa_firmware" / "include" / "offload_abi.h"
 ENGINE_HEADER = ROOT / "dpa_firmware" / "include" / "dpa_engine.h"  # the firmware's settings
@@ -113,6 +116,7 @@ ffibuilder.set_source(
     '#include "offload_abi.h"\n#include "offload_host.h"\n',
     include_dirs=[str(ROOT / "host" / "include"), str(ROOT / "dpa_firmware" / "include")],
     libraries=["dpaoffload_core", "pthread", "rt"],
+    extra_link_args=LTO_LINK,
 )
 
 if __name__ == "__main__":
