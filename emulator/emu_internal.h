@@ -70,7 +70,7 @@ struct emu_job_hdr {
 	uint32_t closed_gen;
 	uint32_t mtu;         /* multicast slot size: every rank must agree (claimed at join) */
 	uint32_t resv1;
-	uint64_t resv2;
+	uint64_t balance_ns;  /* no rank moves itself to another CPU before this (emu_spin.c) */
 	/* The job's secret (OFFLOAD_JOB_KEY from its launcher), claimed by the first rank:
 	 * a rank of another job given the same name finds another key and stays out. */
 	uint64_t key;
@@ -307,7 +307,8 @@ struct emu_device {
 	/* cooperative progress (emu_progress.c) */
 	uint32_t drive_lock;          /* one host thread drives at a time */
 	uint32_t closing;             /* host threads leave (emu_wake_waiters): no drive runs */
-	uint32_t ncores;              /* CPUs this process may run on */
+	uint32_t ncores;              /* CPUs this process may run on ... */
+	cpu_set_t cpus;               /* ... which, at start */
 	uint64_t wake_cost_ns;        /* measured futex wake-up latency (moving average) */
 	uint64_t host_ops;            /* ops completed by passes host threads ran */
 	uint64_t host_passes;
@@ -315,6 +316,7 @@ struct emu_device {
 	uint64_t host_sleeps;         /* ... sleeps between their rounds */
 	uint64_t handoff_yields;      /* ... and yields instead (host_idle's hand-off) */
 	uint64_t wake_handovers;      /* our wake-ups of peers taken by a thread on their CPU */
+	uint64_t balance_moves, crowded_ns; /* our host thread's moves; its CPU crowded since */
 	uint64_t wire_bytes;          /* thread 0's writes by the wire: placed by the target, */
 	uint64_t wire_direct_bytes;   /* ... the rest (did not fit, or rescued), */
 	uint64_t wire_rescues;        /* ... and the pieces rescued (emu_wire.c) */
@@ -504,24 +506,23 @@ void emu_flush_wakes(struct dpa_hal *pass);
 void emu_kick_rank(struct emu_device *dev, uint32_t rank);
 /* A kick at the end of the pass (the wire's: a rank's firmware cannot count them). */
 void emu_nudge_rank(struct emu_device *dev, uint32_t rank, struct dpa_hal *pass);
-/* The host's doorbell: a kick that spares progress threads in their idle poll the wake-up
- * (they see the command within a nap). */
+/* The host's doorbell: a kick, but a progress thread in its idle poll sees it in a nap. */
 void emu_doorbell_rank(struct emu_device *dev, uint32_t rank);
 int emu_threads_start(struct emu_device *dev);
 void emu_threads_stop(struct emu_device *dev);
 int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t timeout_ns,
 	      uint32_t flags);
 void emu_drive_stats(struct host_device *hd, struct host_drive_stats *out);
-/* host_device_ops.wake_waiters: host_ctx_shutdown() wants every host thread out of the
- * device (drivers, sleepers on the completion ring `word`); called until they left. */
+/* host_device_ops.wake_waiters: every host thread out (drivers, sleepers on `word`). */
 void emu_wake_waiters(struct host_device *hd, uint32_t *word);
 /* emu_spin.c: who may spin, and when a peer's write need not wake a progress thread */
 uint64_t emu_spin_budget_ns(const struct emu_device *dev);
 int emu_cores_to_spare(const struct emu_device *dev);
 int emu_cpu_alone(const struct emu_device *dev);
 int emu_woken_waiting(const struct emu_device *dev, uint64_t now);
-/* Would a waiting host thread's spin help: no rank copies in bulk (it would take the
- * copiers' core) and every awake thread of the job has a core? */
+/* Ranks outnumber the cores and ours has two more than another CPU: move there (1). */
+int emu_balance(struct emu_device *dev, uint64_t now);
+/* Would a waiting host's spin help: no bulk copier's core taken, a core per awake thread? */
 int emu_spin_worthwhile(const struct emu_device *dev);
 /* Need a peer's write to rank not wake its progress thread (the host's lease holds)? */
 int emu_host_leased(const struct emu_device *dev, uint32_t rank);
@@ -530,8 +531,7 @@ int emu_host_leased(const struct emu_device *dev, uint32_t rank);
 int emu_hand_over(struct emu_device *dev, uint32_t rank);
 /* A driver published on `cpu` wakes the sleepers handed to it there. */
 void emu_take_handovers(struct emu_device *dev, uint32_t cpu);
-/* Publish the CPU this rank's host thread runs on (or EMU_CPU_ASLEEP): one that leaves a
- * CPU first wakes what was handed to it there. */
+/* Publish our host thread's CPU (or EMU_CPU_ASLEEP), first waking what was handed to it. */
 void emu_publish_cpu(struct emu_device *dev, uint32_t cpu);
 
 /* emu_bell.c: the job's bell, private futex words, the clock */

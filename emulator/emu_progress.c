@@ -327,9 +327,9 @@ static void *progress_thread(void *arg)
 
 int emu_threads_start(struct emu_device *dev)
 {
-	cpu_set_t cpus;
-
-	dev->ncores = sched_getaffinity(0, sizeof(cpus), &cpus) ? 1 : (uint32_t)CPU_COUNT(&cpus);
+	CPU_ZERO(&dev->cpus);
+	dev->ncores = sched_getaffinity(0, sizeof(dev->cpus), &dev->cpus) ? 1 :
+		      (uint32_t)CPU_COUNT(&dev->cpus);
 	off_write_once(&dev->wake_cost_ns, EMU_WAKE_COST_INIT);
 	for (uint32_t i = 0; i < dev->attr.num_threads; i++) {
 		int rc;
@@ -436,7 +436,7 @@ static void host_idle(struct emu_device *dev, uint32_t snap, uint32_t *word, uin
 		until = timer;
 	if (until - now > (uint64_t)EMU_SLEEP_SLICE_NS)
 		until = now + (uint64_t)EMU_SLEEP_SLICE_NS;
-	if (until <= now)
+	if (until <= now || emu_balance(dev, now))
 		return;
 	if (!*yielded && !emu_cores_to_spare(dev)) {
 		*yielded = 1;
@@ -587,4 +587,5 @@ void emu_drive_stats(struct host_device *hd, struct host_drive_stats *out)
 	out->wire_direct_bytes = off_read_once(&dev->wire_direct_bytes);
 	out->wire_rescues = off_read_once(&dev->wire_rescues);
 	out->wire_skipped_bytes = off_read_once(&dev->wire_skipped_bytes);
+	out->balance_moves = off_read_once(&dev->balance_moves);
 }

@@ -563,13 +563,11 @@ class Context:
             "bytes": totals["bytes_written"],
             "chunks": totals["writes"],
             **totals,
-            # cooperative progress: what host threads did of the above (ops whose completion
-            # a host thread's pass wrote, and the passes it ran)
+            # cooperative progress: ops whose completion a host thread's pass wrote; its passes
             "progress": self.progress,
             "host_ops": int(host.ops),
             "host_passes": int(host.passes),
-            # work handed to the progress threads, and how much of it had to wake one
-            # (the rest found it in its idle poll: idle_poll_us)
+            # work handed to the progress threads, and how much had to wake one (idle_poll_us)
             "doorbells": int(host.doorbells),
             "doorbell_wakes": int(host.doorbell_wakes),
             # cooperative waits (host threads running the firmware until a completion),
@@ -579,8 +577,10 @@ class Context:
             "host_sleeps": int(host.sleeps),
             "handoff_yields": int(host.handoff_yields),
             # wake-ups of peers' sleeping drivers this rank handed to a thread of the job
-            # running on the sleeper's CPU (a local wake-up, not an inter-processor interrupt)
+            # running on the sleeper's CPU (a local wake-up, not an inter-processor interrupt),
+            # and moves of this rank's host thread to a CPU with fewer ranks of the job
             "wake_handovers": int(host.wake_handovers),
+            "balance_moves": int(host.balance_moves),
             # emulator: bytes this rank sent into peers' ordinary memory through the wire's
             # slots (placed by their own threads), bytes of those writes that went by
             # process_vm_writev instead (the wire full, a stalled target), and the pieces

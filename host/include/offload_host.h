@@ -196,6 +196,8 @@ struct host_drive_stats {
 	uint64_t wire_skipped_bytes; /* ... bytes of writes the wire could have taken that
 				   * went by process_vm_writev by its choice (the cheaper
 				   * way lately, or a probe keeping that cost measured) */
+	uint64_t balance_moves;   /* emulator: the host thread moved itself to a CPU with two
+				   * fewer of the job's ranks (ranks outnumber the cores) */
 };
 void host_drive_stats(struct host_ctx *ctx, struct host_drive_stats *out);
 /* cffi:end */
