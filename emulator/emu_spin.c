@@ -108,6 +108,8 @@ int emu_balance(struct emu_device *dev, uint64_t now)
 		const struct emu_rank *r = &dev->ranks[i];
 		uint32_t at = i == dev->attr.rank ? cpu : off_read_once(&r->host_cpu);
 
+		if (i != dev->attr.rank && off_read_once(&r->state) != EMU_RANK_ALIVE)
+			continue;  /* not joined, or gone: its last CPU means nothing */
 		if (at == EMU_CPU_ASLEEP)
 			at = off_read_once(&r->sleep_cpu);
 		if (at < EMU_BALANCE_CPUS)

@@ -517,10 +517,10 @@ static int progress_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal
 	return work;
 }
 
-static int progress_ops(struct dpa_engine *eng, struct dpa_hal *hal)
+/* *now: the pass's clock, read once when an op first needs it (0 until then). */
+static int progress_ops(struct dpa_engine *eng, struct dpa_hal *hal, uint64_t *now)
 {
 	uint32_t me = dpa_hal_thread_index(hal), nthreads = dpa_hal_num_threads(hal);
-	uint64_t now = 0;
 	int work = 0;
 
 	/* Closed first: the host writes a closer's known deaths into the failed set before
@@ -534,7 +534,7 @@ static int progress_ops(struct dpa_engine *eng, struct dpa_hal *hal)
 			struct dpa_op *op = &eng->ops[w * 64 + (uint32_t)__builtin_ctzll(m)];
 
 			if (off_read_once(&op->state) == DPA_OP_ACTIVE)
-				work += progress_op(eng, op, hal, me, nthreads, &now);
+				work += progress_op(eng, op, hal, me, nthreads, now);
 		}
 	}
 	return work;
@@ -544,6 +544,7 @@ int dpa_progress(void *state, struct dpa_hal *hal)
 {
 	struct dpa_engine *eng = state;
 	struct offload_thread_stats *stats = dpa_stats(hal);
+	uint64_t now = 0;  /* deadlines are seconds: one clock read a pass (repolls included) */
 	int work;
 
 	dpa_failed_refresh(eng, hal);  /* intake poisons teams that lost a member */
@@ -555,7 +556,7 @@ int dpa_progress(void *state, struct dpa_hal *hal)
 		work += intake(eng, hal);
 		off_unlock(&eng->intake_lock);
 	}
-	work += progress_ops(eng, hal);
+	work += progress_ops(eng, hal, &now);
 	/* The writes this pass posted may have completed already (a short write reaches a
 	 * near peer's memory in about the time the pass takes): reap them and move their ops
 	 * on now instead of a pass later, while that keeps paying (an eager op settles each
@@ -566,7 +567,7 @@ int dpa_progress(void *state, struct dpa_hal *hal)
 
 		if (!n)
 			break;
-		work += n + progress_ops(eng, hal);
+		work += n + progress_ops(eng, hal, &now);
 	}
 	work += dpa_agree_progress(eng, hal);  /* after progress_ops: its closed snapshot */
 	if (!work)

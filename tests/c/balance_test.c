@@ -5,9 +5,9 @@
  * thread whose CPU holds two more ranks (awake ones where they last drove, sleepers where
  * they went to sleep) than another CPU it may run on, for EMU_BALANCE_AFTER_NS, moves
  * there, with its affinity as it was; one move in the job per EMU_BALANCE_GAP_NS; never
- * onto a CPU its own affinity leaves out, never where the ranks fit the cores. emu_spin.c
- * is linked alone; the bell is a stub. Prints "ok" (or "skip": fewer than two CPUs) and
- * exits 0, else names each failed check.
+ * onto a CPU its own affinity leaves out, never where the ranks fit the cores, never for
+ * ranks that left the job. emu_spin.c is linked alone; the bell is a stub. Prints "ok" (or
+ * "skip": fewer than two CPUs) and exits 0, else names each failed check.
  */
 #define _GNU_SOURCE
 #include <sched.h>
@@ -110,6 +110,8 @@ int main(void)
 	dev.ncores = 2;
 	dev.cpus = both;
 	ranks[1].driving = 1;
+	for (int i = 0; i < 4; i++)
+		ranks[i].state = EMU_RANK_ALIVE;
 
 	/* Crowded: the first sight only starts the clock; the move once it lasted. */
 	place(cpu1, &both);
@@ -163,6 +165,15 @@ int main(void)
 	CHECK(!emu_balance(&dev, t) && !emu_balance(&dev, t + AFTER), "moved with a core per rank");
 	CHECK(dev.balance_moves == 2, "balance_moves %llu at the end",
 	      (unsigned long long)dev.balance_moves);
+
+	/* A rank that left the job is not counted where it last ran. */
+	place(cpu1, &both);
+	crowd(&dev);
+	ranks[2].state = EMU_RANK_CLOSED;
+	ranks[3].state = EMU_RANK_DEAD;
+	dev.ncores = 2;
+	t += GAP;
+	CHECK(!emu_balance(&dev, t) && !emu_balance(&dev, t + AFTER), "moved for ranks gone");
 
 	if (failed)
 		return 1;
