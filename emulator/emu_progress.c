@@ -407,10 +407,10 @@ static int drive_round(struct emu_device *dev, int *all)
  * instead. The peer then runs on this core at once, with no wake-up at all (a sleeping
  * driver costs a futex wake later, an inter-processor interrupt when its core is busy or
  * halted: 4 ranks on 2 vCPUs, 1 KiB all-to-all, 64-117 us per op against 46-66 with the
- * hand-off, docs/performance.md). Once per drive, and once more only after a sleep: a
- * yield is never repeated while nothing wakes us, so an unrelated busy task cannot keep
- * the driver off its core by yield-polling; with nobody of the job waiting for a core
- * there is no yield at all.
+ * hand-off, docs/performance.md). Once per drive, and once more only after a round that
+ * found work (a peer's write came in) or a sleep: a yield is never repeated while nothing
+ * comes in, so an unrelated busy task cannot keep the driver off its core by
+ * yield-polling; with nobody of the job waiting for a core there is no yield at all.
  */
 static void host_idle(struct emu_device *dev, uint32_t snap, uint32_t *word, uint32_t seen,
 		      uint64_t deadline, int *yielded)
@@ -507,6 +507,8 @@ int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t tim
 		emu_take_handovers(dev, cpu);
 		int work = drive_round(dev, &all);
 
+		if (work)  /* something came in: the next idle step may hand the core over again */
+			yielded = 0;
 		quiet = !work && all;
 		if (!may_drive(dev, flags & ~(HOST_DRIVE_BULK_CMD | HOST_DRIVE_BULK_WAIT))) {
 			bulk = 1;  /* bulk work stays with the progress threads */

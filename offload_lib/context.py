@@ -572,7 +572,7 @@ class Context:
             "doorbell_wakes": int(host.doorbell_wakes),
             # cooperative waits (host threads running the firmware until a completion),
             # their sleeps between passes, and the yields that handed the core to a thread
-            # of the job waiting for one instead (at most one per wait and one per sleep)
+            # of the job waiting for one instead (one per wait, per pass with news, per sleep)
             "host_waits": int(host.waits),
             "host_sleeps": int(host.sleeps),
             "handoff_yields": int(host.handoff_yields),
