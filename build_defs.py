@@ -14,9 +14,12 @@ sources or flags. Run it to build a target outside pytest or to print a list:
 """
 from __future__ import annotations
 
+import functools
 import os
+import shlex
 import subprocess
 import sys
+import sysconfig
 import tempfile
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -31,9 +34,11 @@ STRICT = ["-std=c11", "-O2", "-g", *WARNINGS]
 # so that the firmware's calls into its HAL (thread index, windows, stats: a few
 # instructions each, behind a call per use) inline across files, and nothing is exported
 # but what the target exports on purpose. A small op's pass ran 23% fewer instructions.
-# Fat objects: an archiver or linker without the LTO plugin still links plain code.
+# Fat objects: an archiver or linker without the LTO plugin still links plain code. A
+# compiler that refuses these flags (an old one, clang without fat objects) builds without
+# them (lto()), as does DPA_OFFLOAD_LTO=0.
 LTO = ["-fvisibility=hidden", "-flto", "-ffat-lto-objects"]
-LTO_LINK = ["-flto=auto", "-O2"]
+LTO_LINK = ["-flto=auto", "-O2", "-g"]
 # The contract headers as any C11 user compiles them: pedantic, no extensions.
 PEDANTIC = ["-std=c11", "-pedantic", *WARNINGS]
 # The firmware as dpacc sees it: no libc, no system headers but the compiler's own.
@@ -164,10 +169,33 @@ def flags(name: str) -> list[str]:
     return sets[name]
 
 
+@functools.cache
+def lto() -> tuple[list[str], list[str]]:
+    """The core's compile and link flags beyond STRICT: LTO and LTO_LINK where the compiler
+    the build uses ($CC, else Python's) compiles and links a shared object with them (warnings
+    as errors), else hidden visibility alone."""
+    plain: tuple[list[str], list[str]] = (["-fvisibility=hidden"], [])
+    if os.environ.get("DPA_OFFLOAD_LTO", "1") == "0":
+        return plain
+    cc = shlex.split(os.environ.get("CC") or sysconfig.get_config_var("CC") or "cc")
+    with tempfile.TemporaryDirectory() as tmp:
+        src, obj = Path(tmp) / "probe.c", Path(tmp) / "probe.o"
+        src.write_text("int dpa_lto_probe(int x);\nint dpa_lto_probe(int x) { return x + 1; }\n")
+        steps = [[*cc, *STRICT, "-fPIC", *LTO, "-c", str(src), "-o", str(obj)],
+                 [*cc, "-shared", str(obj), "-o", str(Path(tmp) / "probe.so"), *LTO_LINK]]
+        for step in steps:
+            try:
+                if subprocess.run(step, capture_output=True).returncode != 0:
+                    return plain
+            except OSError:
+                return plain
+    return LTO, LTO_LINK
+
+
 def library() -> tuple[str, dict[str, object]]:
     """The static library setup.py builds and links into the cffi extension."""
     return ("dpaoffload_core", {"sources": sources("core"), "include_dirs": INCLUDES,
-                                "cflags": [*STRICT, "-fPIC", *LTO]})
+                                "cflags": [*STRICT, "-fPIC", *lto()[0]]})
 
 
 def freestanding_command(cc: str, source: str | Path, out: Path | str) -> list[str]:

@@ -14,7 +14,7 @@ from setuptools.command.build_clib import build_clib
 from setuptools.command.build_ext import build_ext
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from build_defs import INCLUDES, LTO, LTO_LINK, SIM_INCLUDES, STRICT, library, sources  # noqa: E402
+from build_defs import INCLUDES, SIM_INCLUDES, STRICT, library, lto, sources  # noqa: E402
 
 SONAME = "libdpaoffload.so.1"
 CORE_SOURCES = sources("core")
@@ -67,11 +67,11 @@ class BuildWithCLibrary(build_ext):
         os.makedirs(pkg, exist_ok=True)
         objects = compile_on_every_core(
             self.compiler, CORE_SOURCES, output_dir=os.path.join(self.build_temp, "shared"),
-            include_dirs=INCLUDES, extra_postargs=[*STRICT, "-fPIC", *LTO])
+            include_dirs=INCLUDES, extra_postargs=[*STRICT, "-fPIC", *lto()[0]])
         target = os.path.join(pkg, "libdpaoffload.so")
         self.compiler.link_shared_object(
             objects, target, libraries=["pthread", "rt", "dl", "m"],
-            extra_postargs=[f"-Wl,-soname,{SONAME}", "-Wl,--no-undefined", *LTO_LINK])
+            extra_postargs=[f"-Wl,-soname,{SONAME}", "-Wl,--no-undefined", *lto()[1]])
         # the soname's link, for programs linked against it (a copy: wheels carry no links)
         shutil.copyfile(target, os.path.join(pkg, SONAME))
         os.makedirs(os.path.join(pkg, "include"), exist_ok=True)

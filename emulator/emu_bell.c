@@ -31,7 +31,7 @@ uint32_t emu_cpu_now(void)
 {
 	int cpu = sched_getcpu();
 
-	return cpu < 0 ? 0 : (uint32_t)cpu;
+	return cpu < 0 ? EMU_CPU_UNKNOWN : (uint32_t)cpu;
 }
 
 struct timespec emu_ns_to_ts(int64_t ns)

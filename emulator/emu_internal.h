@@ -157,12 +157,10 @@ struct emu_map {
 	uint64_t len;
 };
 
-/*
- * A multicast group in the job segment (one per team id). Slot indices are free-running
+/* A multicast group in the job segment (one per team id). Slot indices are free-running
  * 64-bit counters, masked on access. `head` is the next index to claim (senders CAS it);
  * each member publishes `cursor`: it has consumed [0, cursor), so a sender may reuse the
- * slot of index i only once every counted member's cursor passed i - slots (credits).
- */
+ * slot of index i only once every counted member's cursor passed i - slots (credits). */
 struct emu_mcast_member {
 	uint64_t cursor;      /* written by its rank (release), read by senders (acquire) */
 	uint64_t resv[7];
@@ -316,7 +314,10 @@ struct emu_device {
 	uint64_t host_sleeps;         /* ... sleeps between their rounds */
 	uint64_t handoff_yields;      /* ... and yields instead (host_idle's hand-off) */
 	uint64_t wake_handovers;      /* our wake-ups of peers taken by a thread on their CPU */
-	uint64_t balance_moves, crowded_ns; /* our host thread's moves; its CPU crowded since */
+	uint64_t handoff_rearms;      /* ... passes with news that allowed one more yield */
+	struct emu_balance {          /* our host thread's moves (emu_spin.c: emu_balance) */
+		uint64_t moves, crowded_ns, seen_ns, hold_ns, moved_ns; uint32_t moved_from, off;
+	} balance;
 	uint64_t wire_bytes;          /* thread 0's writes by the wire: placed by the target, */
 	uint64_t wire_direct_bytes;   /* ... the rest (did not fit, or rescued), */
 	uint64_t wire_rescues;        /* ... and the pieces rescued (emu_wire.c) */
@@ -454,13 +455,11 @@ static inline uint8_t *emu_mcast_payload_of(const struct emu_device *dev, uint32
 	       ((uint64_t)group * dev->mc_nslots + (i & (dev->mc_nslots - 1))) * dev->attr.mtu;
 }
 
-/* emu_mcast_place.c: a member's NIC delivering accepted chunks (placed, or staged) */
-/*
+/* emu_mcast_place.c: a member's NIC delivering accepted chunks (placed, or staged).
  * By-reference chunks that land back to back from back-to-back source bytes (an owner's
  * train, as a poll usually finds it) are copied as one run: one resolve of the source and
  * one copy instead of one per chunk, then each slot's seqlock is checked. Their
- * completions are the last `count` entries of the poll's output until the run is flushed.
- */
+ * completions are the last `count` entries of the poll's output until the run is flushed. */
 #define EMU_MCAST_RUN_MAX 64u
 
 struct emu_mcast_run {
@@ -536,6 +535,7 @@ void emu_publish_cpu(struct emu_device *dev, uint32_t cpu);
 
 /* emu_bell.c: the job's bell, private futex words, the clock */
 #define EMU_CPU_ASLEEP 0xffffffffu      /* emu_rank.host_cpu of a host thread asleep */
+#define EMU_CPU_UNKNOWN 0xfffffffeu     /* emu_cpu_now() where the kernel did not say */
 #define EMU_HOST_LEASE_NS 1000000ull    /* a host that drove small ops is back within this */
 uint32_t emu_cpu_now(void);             /* the calling thread's CPU (rseq: no system call) */
 #define EMU_WAKE_DPA  1u                /* futex bitset: progress threads */

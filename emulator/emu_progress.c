@@ -507,8 +507,10 @@ int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t tim
 		emu_take_handovers(dev, cpu);
 		int work = drive_round(dev, &all);
 
-		if (work)  /* something came in: the next idle step may hand the core over again */
+		if (work && yielded) {  /* news: the next idle step may hand the core over again */
 			yielded = 0;
+			off_write_once(&dev->handoff_rearms, off_read_once(&dev->handoff_rearms) + 1);
+		}
 		quiet = !work && all;
 		if (!may_drive(dev, flags & ~(HOST_DRIVE_BULK_CMD | HOST_DRIVE_BULK_WAIT))) {
 			bulk = 1;  /* bulk work stays with the progress threads */
@@ -584,10 +586,11 @@ void emu_drive_stats(struct host_device *hd, struct host_drive_stats *out)
 	out->waits = off_read_once(&dev->host_waits);
 	out->sleeps = off_read_once(&dev->host_sleeps);
 	out->handoff_yields = off_read_once(&dev->handoff_yields);
+	out->handoff_rearms = off_read_once(&dev->handoff_rearms);
 	out->wake_handovers = off_read_once(&dev->wake_handovers);
 	out->wire_bytes = off_read_once(&dev->wire_bytes);
 	out->wire_direct_bytes = off_read_once(&dev->wire_direct_bytes);
 	out->wire_rescues = off_read_once(&dev->wire_rescues);
 	out->wire_skipped_bytes = off_read_once(&dev->wire_skipped_bytes);
-	out->balance_moves = off_read_once(&dev->balance_moves);
+	out->balance_moves = off_read_once(&dev->balance.moves);
 }

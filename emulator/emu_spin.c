@@ -17,8 +17,10 @@
 
 #define EMU_WAKING_NS 3000ull           /* a woken thread normally runs within this */
 #define EMU_BALANCE_GAP_NS 1000000ull   /* the job's ranks move one at a time, this apart */
-#define EMU_BALANCE_CPUS 64u            /* CPUs the balance looks at (the first of ours) */
+#define EMU_BALANCE_CPUS 64u            /* CPUs the balance counts ranks on: 0-63 */
 #define EMU_BALANCE_AFTER_NS 300000ull  /* a rank moves once it saw its CPU crowded this long */
+#define EMU_BALANCE_UNDONE_NS 50000000ull      /* moved back within this: the kernel undid it */
+#define EMU_BALANCE_HOLD_MAX_NS 1000000000ull  /* how long a crowd may have to last, at most */
 
 /* How long a waiter spins before it sleeps: never longer than a wake-up costs (nor
  * spin_us). */
@@ -90,54 +92,115 @@ int emu_woken_waiting(const struct emu_device *dev, uint64_t now)
  * A 1 KiB all-to-all took 40-55 us instead of 26 for the first 30-150 ms of a job until
  * the load balancer moved one (it leaves a thread that ran within the last 0.5 ms where
  * it is: cache hot) (a perf sched trace, docs/performance.md). So a host thread about to
- * give up its CPU (host_idle) that finds two more of the job's ranks there than on
- * another CPU it may run on moves itself: pinned to that CPU for the move, its own
- * affinity back at once (widening it moves nothing). A rank counts where its host thread
- * last drove, or slept in a drive. One move in the job per EMU_BALANCE_GAP_NS, so that
- * the crowd does not all leave at once.
+ * give up its CPU (host_idle) that has seen two more of the job's ranks there than on
+ * another CPU it may run on, at every look for EMU_BALANCE_AFTER_NS, moves itself: pinned
+ * to that CPU for the move, its own affinity back at once (widening it moves nothing).
+ * One move in the job per EMU_BALANCE_GAP_NS, so that the crowd does not all leave at
+ * once. A move the kernel undoes soon (it has its reasons: someone else's busy task on
+ * the CPU we went to) doubles how long a crowd must last before our next one: we do not
+ * fight the kernel's balancer forever.
  */
-int emu_balance(struct emu_device *dev, uint64_t now)
-{
-	uint32_t count[EMU_BALANCE_CPUS] = { 0 }, cpu = emu_cpu_now(), target = cpu;
-	uint64_t until = off_read_once(&dev->hdr->balance_ns);
-	cpu_set_t mine, one;
 
-	if (dev->attr.size <= dev->ncores || cpu >= EMU_BALANCE_CPUS)
-		return 0;
+/* The job's ranks by CPU: a host thread awake where it last drove, a driver asleep where
+ * it went to sleep. Not counted: host threads asleep in a plain wait (not back for their
+ * firmware on their own), ranks not in the job (not joined, or gone). */
+static void count_ranks(const struct emu_device *dev, uint32_t cpu, uint32_t *count)
+{
 	for (uint32_t i = 0; i < dev->attr.size; i++) {
 		const struct emu_rank *r = &dev->ranks[i];
 		uint32_t at = i == dev->attr.rank ? cpu : off_read_once(&r->host_cpu);
 
 		if (i != dev->attr.rank && off_read_once(&r->state) != EMU_RANK_ALIVE)
-			continue;  /* not joined, or gone: its last CPU means nothing */
-		if (at == EMU_CPU_ASLEEP)
+			continue;
+		if (at == EMU_CPU_ASLEEP && off_read_once(&r->armed))
 			at = off_read_once(&r->sleep_cpu);
 		if (at < EMU_BALANCE_CPUS)
 			count[at]++;
 	}
+}
+
+/* The CPU of `allowed` with the fewest ranks (ours if none has fewer). */
+static uint32_t least_crowded(const uint32_t *count, const cpu_set_t *allowed, uint32_t cpu)
+{
+	uint32_t best = cpu;
+
 	for (uint32_t c = 0; c < EMU_BALANCE_CPUS; c++)
-		if (CPU_ISSET(c, &dev->cpus) && count[c] < count[target])
-			target = c;
-	if (count[target] + 2 > count[cpu]) {
-		dev->crowded_ns = 0;
-		return 0;
+		if (CPU_ISSET(c, allowed) && count[c] < count[best])
+			best = c;
+	return best;
+}
+
+/* Back where we moved from, within EMU_BALANCE_UNDONE_NS of the move: the kernel undid it. */
+static void note_undone(struct emu_balance *b, uint32_t cpu, uint64_t now)
+{
+	if (!b->moved_ns || (now - b->moved_ns < EMU_BALANCE_UNDONE_NS && cpu != b->moved_from))
+		return;
+	if (now - b->moved_ns < EMU_BALANCE_UNDONE_NS) {
+		uint64_t hold = 2 * (b->hold_ns ? b->hold_ns : EMU_BALANCE_AFTER_NS);
+
+		b->hold_ns = hold < EMU_BALANCE_HOLD_MAX_NS ? hold : EMU_BALANCE_HOLD_MAX_NS;
 	}
-	if (!dev->crowded_ns)
-		dev->crowded_ns = now;
-	/* The process's CPUs at start said where to look; our own, now, say whether we may. */
-	if (now - dev->crowded_ns < EMU_BALANCE_AFTER_NS || now < until ||
-	    sched_getaffinity(0, sizeof(mine), &mine) ||
-	    !CPU_ISSET(target, &mine) ||
-	    !off_cas(&dev->hdr->balance_ns, &until, now + EMU_BALANCE_GAP_NS))
-		return 0;
+	b->moved_ns = 0;  /* undone, or it held: judged once */
+}
+
+/* Pin ourselves to `target` for the move, then give ourselves back `mine` (else the
+ * process's CPUs at start). 0 if we did not move. */
+static int move_to(struct emu_balance *b, uint32_t target, const cpu_set_t *mine,
+		   const cpu_set_t *start)
+{
+	cpu_set_t one;
+
 	CPU_ZERO(&one);
 	CPU_SET(target, &one);
 	if (sched_setaffinity(0, sizeof(one), &one))
 		return 0;
-	sched_setaffinity(0, sizeof(mine), &mine);
-	dev->crowded_ns = 0;
-	off_write_once(&dev->balance_moves, off_read_once(&dev->balance_moves) + 1);
-	emu_publish_cpu(dev, emu_cpu_now());
+	if (sched_setaffinity(0, sizeof(*mine), mine) &&
+	    sched_setaffinity(0, sizeof(*start), start))
+		b->off = 1;  /* left pinned to target: at least never move again */
+	return 1;
+}
+
+int emu_balance(struct emu_device *dev, uint64_t now)
+{
+	struct emu_balance *b = &dev->balance;
+	uint32_t count[EMU_BALANCE_CPUS] = { 0 }, cpu = emu_cpu_now(), target;
+	uint64_t until = off_read_once(&dev->hdr->balance_ns);
+	cpu_set_t mine, may;
+
+	if (dev->attr.size <= dev->ncores || cpu >= EMU_BALANCE_CPUS || b->off)
+		return 0;
+	note_undone(b, cpu, now);
+	count_ranks(dev, cpu, count);
+	if (count[least_crowded(count, &dev->cpus, cpu)] + 2 > count[cpu]) {
+		b->crowded_ns = 0;
+		return 0;
+	}
+	/* A crowd lasts from its first sighting while we look again within AFTER: a host
+	 * thread away longer cannot say what happened meanwhile. */
+	if (!b->crowded_ns || now - b->seen_ns > EMU_BALANCE_AFTER_NS)
+		b->crowded_ns = now;
+	b->seen_ns = now;
+	if (now - b->crowded_ns < (b->hold_ns ? b->hold_ns : EMU_BALANCE_AFTER_NS) || now < until)
+		return 0;
+	/* The process's CPUs at start said where to look; our own, now, say where we may go. */
+	if (sched_getaffinity(0, sizeof(mine), &mine)) {
+		b->off = 1;
+		return 0;
+	}
+	CPU_AND(&may, &mine, &dev->cpus);
+	target = least_crowded(count, &may, cpu);
+	if (count[target] + 2 > count[cpu]) {
+		b->crowded_ns = now;  /* pinned here (by the user): look again a hold later */
+		return 0;
+	}
+	if (!off_cas(&dev->hdr->balance_ns, &until, now + EMU_BALANCE_GAP_NS) ||
+	    !move_to(b, target, &mine, &dev->cpus))
+		return 0;
+	b->crowded_ns = 0;
+	b->moved_ns = now;
+	b->moved_from = cpu;
+	off_write_once(&b->moves, b->moves + 1);
+	emu_publish_cpu(dev, target);
 	return 1;
 }
 
@@ -204,7 +267,8 @@ int emu_hand_over(struct emu_device *dev, uint32_t rank)
 	struct emu_rank *r = &dev->ranks[rank];
 	uint32_t cpu = off_read_once(&r->sleep_cpu), g;
 
-	if (cpu == emu_cpu_now() || (g = guardian(dev, rank, cpu)) == UINT32_MAX)
+	if (cpu >= EMU_CPU_UNKNOWN || cpu == emu_cpu_now() ||
+	    (g = guardian(dev, rank, cpu)) == UINT32_MAX)
 		return 0;
 	off_fetch_add(&dev->hdr->handovers, 1);
 	__atomic_store_n(&r->handed, 1, __ATOMIC_SEQ_CST);

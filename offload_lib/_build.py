@@ -16,7 +16,7 @@ from cffi import FFI
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # build_defs.py: the build's flags (setup.py does the same)
-from build_defs import LTO_LINK  # noqa: E402
+from build_defs import lto  # noqa: E402
 HEADER = ROOT / "host" / "include" / "offload_host.h"
 ABI_HEADER = ROOT / "dpa_firmware" / "include" / "offload_abi.h"
 ENGINE_HEADER = ROOT / "dpa_firmware" / "include" / "dpa_engine.h"  # the firmware's settings
@@ -116,7 +116,7 @@ ffibuilder.set_source(
     '#include "offload_abi.h"\n#include "offload_host.h"\n',
     include_dirs=[str(ROOT / "host" / "include"), str(ROOT / "dpa_firmware" / "include")],
     libraries=["dpaoffload_core", "pthread", "rt"],
-    extra_link_args=LTO_LINK,
+    extra_link_args=lto()[1],
 )
 
 if __name__ == "__main__":

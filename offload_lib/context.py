@@ -570,15 +570,15 @@ class Context:
             # work handed to the progress threads, and how much had to wake one (idle_poll_us)
             "doorbells": int(host.doorbells),
             "doorbell_wakes": int(host.doorbell_wakes),
-            # cooperative waits (host threads running the firmware until a completion),
-            # their sleeps between passes, and the yields that handed the core to a thread
-            # of the job waiting for one instead (one per wait, per pass with news, per sleep)
+            # cooperative waits (host threads running the firmware until a completion), their
+            # sleeps between passes, the yields that handed the core to a thread of the job
+            # waiting for one instead: one per wait, per sleep, per pass with news after one
             "host_waits": int(host.waits),
             "host_sleeps": int(host.sleeps),
             "handoff_yields": int(host.handoff_yields),
-            # wake-ups of peers' sleeping drivers this rank handed to a thread of the job
-            # running on the sleeper's CPU (a local wake-up, not an inter-processor interrupt),
-            # and moves of this rank's host thread to a CPU with fewer ranks of the job
+            "handoff_rearms": int(host.handoff_rearms),
+            # peers' wake-ups handed to a thread of the job on the sleeper's CPU (a local
+            # wake-up, not an inter-processor interrupt), moves to a CPU with fewer ranks
             "wake_handovers": int(host.wake_handovers),
             "balance_moves": int(host.balance_moves),
             # emulator: bytes this rank sent into peers' ordinary memory through the wire's

@@ -86,3 +86,26 @@ def test_firmware_calls_run_one_way(tmp_path: Path) -> None:
     wrong = {caller: sorted(reached(caller) & banned) for caller, banned in upward.items()
              if reached(caller) & banned}
     assert not wrong, f"calls against the layering (caller: callees' files): {wrong}"
+
+
+def test_a_compiler_that_refuses_lto_builds_the_core_without_it(tmp_path: Path,
+                                                                 monkeypatch) -> None:
+    """build_defs.lto(): the LTO flags where the build's compiler takes them (a probe built
+    with warnings as errors), hidden visibility alone where it does not, or if told."""
+    refusing = tmp_path / "cc"
+    refusing.write_text("#!/bin/sh\nfor a; do [ \"$a\" = -ffat-lto-objects ] && "
+                        "{ echo 'unknown argument: -ffat-lto-objects' >&2; exit 1; }; done\n"
+                        f"exec {CC} \"$@\"\n")
+    refusing.chmod(0o755)
+    (tmp_path / "ok.c").write_text("int ok(void) { return 0; }\n")
+    assert subprocess.run([str(refusing), "-c", str(tmp_path / "ok.c"), "-o",
+                           str(tmp_path / "ok.o")]).returncode == 0, "the refusing cc compiles"
+    plain = (["-fvisibility=hidden"], [])
+    try:
+        for cc, told, want in [(str(refusing), "1", plain), (CC, "0", plain)]:
+            monkeypatch.setenv("CC", cc)
+            monkeypatch.setenv("DPA_OFFLOAD_LTO", told)
+            build_defs.lto.cache_clear()
+            assert build_defs.lto() == want, (cc, told)
+    finally:
+        build_defs.lto.cache_clear()

@@ -17,7 +17,7 @@
 #define DPA_POLL_BUDGET   256
 /* Rounds of poll + progress a pass adds while its own writes keep completing at once. */
 #define DPA_PASS_REPOLLS  3
-#define DPA_DEAD_GRACE_NS 200000000ull  /* see check_abort() */
+#define DPA_DEAD_GRACE_NS 200000000ll  /* see check_abort() */
 #define DPA_PEER_OP_SETTLE_NS 1000000ull /* see try_complete_op() */
 
 /* The op's bit in eng->active_ops (see there). */
@@ -422,8 +422,9 @@ static void check_abort(struct dpa_engine *eng, struct dpa_op *op, struct dpa_ha
 
 		if (!*now)
 			*now = dpa_hal_time_ns(hal);
+		/* Signed: a sibling thread may have stamped it after this pass read the clock. */
 		if (!off_cas(&op->dead_since, &none, *now) &&
-		    *now - off_load_acquire(&op->dead_since) > DPA_DEAD_GRACE_NS)
+		    (int64_t)(*now - off_load_acquire(&op->dead_since)) > DPA_DEAD_GRACE_NS)
 			dpa_op_abort(eng, hal, op, OFFLOAD_ERR_PEER, dead);
 		return;
 	}

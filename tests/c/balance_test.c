@@ -1,25 +1,29 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * Ranks spread over the cores (emulator/emu_spin.c: emu_balance), on a job table of the
- * test's own and this thread's real CPU: where the job's ranks outnumber its CPUs, a host
- * thread whose CPU holds two more ranks (awake ones where they last drove, sleepers where
- * they went to sleep) than another CPU it may run on, for EMU_BALANCE_AFTER_NS, moves
- * there, with its affinity as it was; one move in the job per EMU_BALANCE_GAP_NS; never
- * onto a CPU its own affinity leaves out, never where the ranks fit the cores, never for
- * ranks that left the job. emu_spin.c is linked alone; the bell is a stub. Prints "ok" (or
- * "skip": fewer than two CPUs) and exits 0, else names each failed check.
+ * test's own: where the job's ranks outnumber its CPUs, a host thread whose CPU holds two
+ * more ranks (awake ones where they last drove, drivers asleep where they went to sleep)
+ * than another CPU it may run on, at every look for EMU_BALANCE_AFTER_NS, moves there,
+ * with its affinity as it was; one move in the job per EMU_BALANCE_GAP_NS; a move the
+ * kernel undoes soon doubles the hold; never onto a CPU its own affinity leaves out,
+ * never where the ranks fit the cores, never for ranks that left the job or sleep outside
+ * a drive. emu_spin.c is linked alone: the bell is a stub, and this file stands in for the
+ * kernel (the CPU we run on, sched_getaffinity and sched_setaffinity: the executable's
+ * definitions take the calls), so that nothing depends on where the kernel puts the test.
+ * Prints "ok: balance" and exits 0, else names each failed check.
  */
 #define _GNU_SOURCE
+#include <errno.h>
 #include <sched.h>
 #include <stdio.h>
-#include <stdlib.h>
 #include <string.h>
 
 #include "emu_internal.h"
 
-#define US 1000ull
-#define AFTER 300000ull   /* EMU_BALANCE_AFTER_NS */
-#define GAP 1000000ull    /* EMU_BALANCE_GAP_NS */
+#define AFTER 300000ull     /* EMU_BALANCE_AFTER_NS */
+#define GAP 1000000ull      /* EMU_BALANCE_GAP_NS */
+#define UNDONE 50000000ull  /* EMU_BALANCE_UNDONE_NS */
+#define HOLD_MAX 1000000000ull
 
 static int failed;
 
@@ -33,6 +37,13 @@ static int failed;
 		}                                               \
 	} while (0)
 
+/* The kernel as the test plays it: where we run, what we may run on, the calls made. */
+static uint32_t on_cpu;
+static cpu_set_t allowed;
+static int get_calls, set_calls;
+static uint32_t sets_to_fail;   /* bit k: the k-th sched_setaffinity call from now fails */
+static cpu_set_t last_sets[2];  /* the last two masks set, oldest first */
+
 uint64_t emu_now_ns(void)
 {
 	return 0;  /* emu_balance takes its time from the caller */
@@ -40,7 +51,38 @@ uint64_t emu_now_ns(void)
 
 uint32_t emu_cpu_now(void)
 {
-	return (uint32_t)sched_getcpu();
+	return on_cpu;
+}
+
+int sched_getaffinity(pid_t pid, size_t size, cpu_set_t *set)
+{
+	(void)pid;
+	get_calls++;
+	memcpy(set, &allowed, size < sizeof(allowed) ? size : sizeof(allowed));
+	return 0;
+}
+
+int sched_setaffinity(pid_t pid, size_t size, const cpu_set_t *set)
+{
+	(void)pid, (void)size;
+	int fail = sets_to_fail & 1;
+
+	set_calls++;
+	sets_to_fail >>= 1;
+	last_sets[0] = last_sets[1];
+	last_sets[1] = *set;
+	if (fail) {
+		errno = EINVAL;
+		return -1;
+	}
+	allowed = *set;
+	if (!CPU_ISSET(on_cpu, set))  /* the kernel moves us onto a CPU we may run on */
+		for (uint32_t c = 0; c < CPU_SETSIZE; c++)
+			if (CPU_ISSET(c, set)) {
+				on_cpu = c;
+				break;
+			}
+	return 0;
 }
 
 uint32_t emu_bell_bits(uint32_t rank, uint32_t kind)
@@ -53,31 +95,29 @@ void emu_ring(struct emu_device *dev, uint32_t bits, const uint32_t *ranks, uint
 	(void)dev, (void)bits, (void)ranks, (void)nranks;
 }
 
-static uint32_t cpu0, cpu1;
-static cpu_set_t both;
+static cpu_set_t both, only0, only1;
 
-/* Run on `cpu` now, allowed `allowed` afterwards (how the kernel may have left us). */
-static void place(uint32_t cpu, const cpu_set_t *allowed)
-{
-	cpu_set_t one;
-
-	CPU_ZERO(&one);
-	CPU_SET(cpu, &one);
-	if (sched_setaffinity(0, sizeof(one), &one) ||
-	    sched_setaffinity(0, sizeof(*allowed), allowed)) {
-		perror("sched_setaffinity");
-		exit(2);
-	}
-}
-
-/* Rank 1 (us) on cpu1 with two others there (one awake, one asleep), rank 0 on cpu0. */
+/* Rank 1 (us) on CPU 1 with two others there (one awake, one asleep in a drive), rank 0
+ * on CPU 0; we may run on both. */
 static void crowd(struct emu_device *dev)
 {
-	dev->ranks[0].host_cpu = cpu0;
-	dev->ranks[1].host_cpu = cpu1;
-	dev->ranks[2].host_cpu = cpu1;
+	on_cpu = 1;
+	allowed = both;
+	dev->ranks[0].host_cpu = 0;
+	dev->ranks[1].host_cpu = 1;
+	dev->ranks[2].host_cpu = 1;
 	dev->ranks[3].host_cpu = EMU_CPU_ASLEEP;
-	dev->ranks[3].sleep_cpu = cpu1;
+	dev->ranks[3].sleep_cpu = 1;
+	dev->ranks[3].armed = 1;
+}
+
+/* Seen crowded at t and every AFTER / 2 until t + hold: moved only at the end. */
+static int moves_after(struct emu_device *dev, uint64_t t, uint64_t hold)
+{
+	for (uint64_t at = t; at < t + hold; at += AFTER / 2)
+		if (emu_balance(dev, at))
+			return 0;
+	return emu_balance(dev, t + hold);
 }
 
 int main(void)
@@ -85,21 +125,14 @@ int main(void)
 	struct emu_job_hdr hdr;
 	struct emu_rank ranks[4];
 	struct emu_device dev;
-	cpu_set_t now_allowed, pinned;
-	uint32_t seen = 0;
 
-	if (sched_getaffinity(0, sizeof(now_allowed), &now_allowed))
-		return perror("sched_getaffinity"), 2;
-	for (uint32_t c = 0; c < 64 && seen < 2; c++)
-		if (CPU_ISSET(c, &now_allowed))
-			*(seen++ ? &cpu1 : &cpu0) = c;
-	if (seen < 2) {
-		printf("skip: fewer than two CPUs\n");
-		return 0;
-	}
 	CPU_ZERO(&both);
-	CPU_SET(cpu0, &both);
-	CPU_SET(cpu1, &both);
+	CPU_SET(0, &both);
+	CPU_SET(1, &both);
+	CPU_ZERO(&only0);
+	CPU_SET(0, &only0);
+	CPU_ZERO(&only1);
+	CPU_SET(1, &only1);
 	memset(&hdr, 0, sizeof(hdr));
 	memset(ranks, 0, sizeof(ranks));
 	memset(&dev, 0, sizeof(dev));
@@ -114,66 +147,133 @@ int main(void)
 		ranks[i].state = EMU_RANK_ALIVE;
 
 	/* Crowded: the first sight only starts the clock; the move once it lasted. */
-	place(cpu1, &both);
 	crowd(&dev);
 	uint64_t t = 10 * GAP;
 	CHECK(!emu_balance(&dev, t), "moved at the first sight of a crowd");
 	CHECK(!emu_balance(&dev, t + AFTER - 1), "moved before the crowd lasted");
 	CHECK(emu_balance(&dev, t + AFTER), "stayed on a CPU with two more ranks");
-	CHECK((uint32_t)sched_getcpu() == cpu0, "on CPU %d after the move, not %u",
-	      sched_getcpu(), cpu0);
-	CHECK(sched_getaffinity(0, sizeof(now_allowed), &now_allowed) == 0 &&
-	      CPU_EQUAL(&now_allowed, &both), "affinity not restored after the move");
-	CHECK(ranks[1].host_cpu == cpu0, "the new CPU not published (%u)", ranks[1].host_cpu);
-	CHECK(dev.balance_moves == 1, "balance_moves %llu", (unsigned long long)dev.balance_moves);
+	CHECK(on_cpu == 0, "on CPU %u after the move, not 0", on_cpu);
+	CHECK(CPU_EQUAL(&last_sets[0], &only0) && CPU_EQUAL(&last_sets[1], &both) &&
+	      CPU_EQUAL(&allowed, &both), "not pinned to CPU 0, then given both back");
+	CHECK(ranks[1].host_cpu == 0, "the new CPU not published (%u)", ranks[1].host_cpu);
+	CHECK(dev.balance.moves == 1, "balance moves %llu", (unsigned long long)dev.balance.moves);
 	CHECK(hdr.balance_ns == t + AFTER + GAP, "the job's next move not held off");
 
-	/* Crowded again at once: the job's gap holds any move, however long it lasts. */
-	place(cpu1, &both);
+	/* Crowded again when the job's gap holds any move, however long the crowd lasts. The
+	 * move held past UNDONE: the kernel did not undo it, the hold stays. */
+	t += 2 * UNDONE;
+	hdr.balance_ns = t + 2 * AFTER;
 	crowd(&dev);
-	t += AFTER + 1;
-	CHECK(!emu_balance(&dev, t) && !emu_balance(&dev, t + AFTER), "moved within the gap");
-	t = hdr.balance_ns;
-	CHECK(emu_balance(&dev, t), "no move after the gap, the crowd lasting");
-	CHECK((uint32_t)sched_getcpu() == cpu0, "not on CPU %u after the second move", cpu0);
+	CHECK(!emu_balance(&dev, t) && !emu_balance(&dev, t + AFTER) &&
+	      !emu_balance(&dev, t + 2 * AFTER - 1), "moved within the job's gap");
+	CHECK(emu_balance(&dev, t + 2 * AFTER), "no move after the gap, the crowd lasting");
+	CHECK(dev.balance.hold_ns == 0, "a move that held doubled the hold");
 
-	/* One more rank than there is room for is no crowd; a crowd seen, then gone, restarts. */
-	place(cpu1, &both);
+	/* Seen crowded twice, AFTER apart and more: we cannot say it lasted; the clock restarts. */
+	t += 2 * UNDONE;
 	crowd(&dev);
-	ranks[2].host_cpu = cpu0;
-	t = hdr.balance_ns + GAP;
-	CHECK(!emu_balance(&dev, t) && !emu_balance(&dev, t + 2 * AFTER), "moved for 2 against 2");
-	crowd(&dev);
-	CHECK(!emu_balance(&dev, t + 3 * AFTER), "a new crowd took the clock of an old one");
-	CHECK(dev.crowded_ns == t + 3 * AFTER, "the crowd's clock not restarted");
+	CHECK(!emu_balance(&dev, t) && !emu_balance(&dev, t + AFTER + 1),
+	      "moved for a crowd seen twice, too far apart");
+	CHECK(dev.balance.crowded_ns == t + AFTER + 1, "the crowd's clock not restarted");
+	CHECK(emu_balance(&dev, t + 2 * AFTER + 1), "no move once the new sighting lasted");
 
-	/* Pinned by the user to cpu1: never moved, however crowded. */
-	CPU_ZERO(&pinned);
-	CPU_SET(cpu1, &pinned);
-	place(cpu1, &pinned);
+	/* The kernel undoes our moves: each undo doubles how long a crowd must last. */
+	uint64_t hold = AFTER;
+	for (int undo = 0; undo < 14; undo++) {
+		t += 2 * GAP;
+		crowd(&dev);  /* back on CPU 1, soon after the move from it */
+		hold = 2 * hold < HOLD_MAX ? 2 * hold : HOLD_MAX;
+		CHECK(moves_after(&dev, t, hold), "undo %d: no move after a crowd of %llu us",
+		      undo, (unsigned long long)(hold / 1000));
+		CHECK(dev.balance.hold_ns == hold, "undo %d: hold %llu us, not %llu", undo,
+		      (unsigned long long)(dev.balance.hold_ns / 1000),
+		      (unsigned long long)(hold / 1000));
+		t += hold;
+	}
+	CHECK(hold == HOLD_MAX, "the hold never reached its cap");
+
+	/* A crowd elsewhere than where we moved from is no undo. */
+	dev.balance.hold_ns = 0;
+	t += 2 * UNDONE;
 	crowd(&dev);
-	t = hdr.balance_ns + GAP;
-	CHECK(!emu_balance(&dev, t) && !emu_balance(&dev, t + AFTER), "moved a pinned thread");
-	CHECK((uint32_t)sched_getcpu() == cpu1, "a pinned thread left its CPU");
+	CHECK(moves_after(&dev, t, AFTER), "no move after a plain crowd");
+	t += AFTER + GAP;  /* soon after the move, as an undo would come */
+	crowd(&dev);
+	on_cpu = 0;  /* where we went: crowd it instead, rank 2 there too, rank 0 elsewhere */
+	ranks[1].host_cpu = 0;
+	ranks[2].host_cpu = 0;
+	ranks[3].sleep_cpu = 0;
+	ranks[0].host_cpu = 1;
+	CHECK(moves_after(&dev, t, AFTER), "no move from a crowd on the CPU we moved to");
+	CHECK(dev.balance.hold_ns == 0, "a crowd on the new CPU counted as an undo");
+
+	/* A driver asleep counts where it sleeps; a host thread asleep outside a drive not. */
+	t += 2 * UNDONE;
+	crowd(&dev);
+	ranks[3].armed = 0;
+	uint64_t moves = dev.balance.moves;
+	CHECK(!emu_balance(&dev, t) && !emu_balance(&dev, t + AFTER) && dev.balance.moves == moves,
+	      "moved for a rank asleep in a plain wait");
+
+	/* Pinned by the user to CPU 1: never moved, however crowded; its affinity read once a
+	 * hold, not at every look. */
+	t += 2 * UNDONE;
+	crowd(&dev);
+	allowed = only1;
+	get_calls = set_calls = 0;
+	for (uint64_t at = t; at <= t + 10 * AFTER; at += AFTER / 10)
+		CHECK(!emu_balance(&dev, at), "moved a pinned thread");
+	CHECK(on_cpu == 1 && set_calls == 0, "a pinned thread's affinity changed");
+	CHECK(get_calls >= 1 && get_calls <= 10, "affinity read %d times in 10 holds", get_calls);
+
+	/* The affinity not given back: the process's CPUs at start instead (here a third CPU,
+	 * which no rank runs on, and which ours leaves out); if that fails too, no more moves:
+	 * left pinned, we must not move again. */
+	cpu_set_t three = both;
+
+	CPU_SET(2, &three);
+	dev.cpus = three;
+	t += 2 * UNDONE;
+	crowd(&dev);
+	set_calls = 0;
+	sets_to_fail = 1u << 1;  /* the pin works, the restore to ours fails */
+	CHECK(moves_after(&dev, t, AFTER), "no move when the restore failed");
+	CHECK(on_cpu == 0 && set_calls == 3 && CPU_EQUAL(&allowed, &three) && !dev.balance.off,
+	      "not given the start's CPUs when ours failed (%d calls)", set_calls);
+	t += 2 * UNDONE;
+	crowd(&dev);
+	set_calls = 0;
+	sets_to_fail = 3u << 1;  /* both restores fail */
+	CHECK(moves_after(&dev, t, AFTER), "no move when the restores failed");
+	CHECK(on_cpu == 0 && CPU_EQUAL(&allowed, &only0) && dev.balance.off,
+	      "balancing on after we were left pinned");
+	t += 2 * UNDONE;
+	crowd(&dev);
+	moves = dev.balance.moves;
+	CHECK(!moves_after(&dev, t, AFTER) && dev.balance.moves == moves, "moved while off");
+	dev.balance.off = 0;
+	dev.cpus = both;
 
 	/* Ranks that fit the cores: the kernel spreads them; nothing to do. */
-	place(cpu1, &both);
+	t += 2 * UNDONE;
 	crowd(&dev);
 	dev.ncores = 4;
-	dev.crowded_ns = 0;
-	t += GAP;
-	CHECK(!emu_balance(&dev, t) && !emu_balance(&dev, t + AFTER), "moved with a core per rank");
-	CHECK(dev.balance_moves == 2, "balance_moves %llu at the end",
-	      (unsigned long long)dev.balance_moves);
+	CHECK(!moves_after(&dev, t, AFTER), "moved with a core per rank");
+	dev.ncores = 2;
 
-	/* A rank that left the job is not counted where it last ran. */
-	place(cpu1, &both);
+	/* Ranks that left the job are not counted where they last ran. */
+	t += 2 * UNDONE;
 	crowd(&dev);
 	ranks[2].state = EMU_RANK_CLOSED;
 	ranks[3].state = EMU_RANK_DEAD;
-	dev.ncores = 2;
-	t += GAP;
-	CHECK(!emu_balance(&dev, t) && !emu_balance(&dev, t + AFTER), "moved for ranks gone");
+	CHECK(!moves_after(&dev, t, AFTER), "moved for ranks gone");
+	ranks[2].state = ranks[3].state = EMU_RANK_ALIVE;
+
+	/* A CPU the kernel did not tell: nothing counted, nothing moved. */
+	t += 2 * UNDONE;
+	crowd(&dev);
+	on_cpu = EMU_CPU_UNKNOWN;
+	CHECK(!moves_after(&dev, t, AFTER), "moved from an unknown CPU");
 
 	if (failed)
 		return 1;
