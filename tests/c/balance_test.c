@@ -7,7 +7,8 @@
  * with its affinity as it was; one move in the job per EMU_BALANCE_GAP_NS; a move the
  * kernel undoes soon doubles the hold; never onto a CPU its own affinity leaves out,
  * never where the ranks fit the cores, never for ranks that left the job or sleep outside
- * a drive. emu_spin.c is linked alone: the bell is a stub, and this file stands in for the
+ * a drive. Also: a spinner stops for a woken sleeper that has not run yet only where the
+ * ranks outnumber the cores (emu_woken_waiting). emu_spin.c is linked alone: the bell is a stub, and this file stands in for the
  * kernel (the CPU we run on, sched_getaffinity and sched_setaffinity: the executable's
  * definitions take the calls), so that nothing depends on where the kernel puts the test.
  * Prints "ok: balance" and exits 0, else names each failed check.
@@ -274,6 +275,14 @@ int main(void)
 	crowd(&dev);
 	on_cpu = EMU_CPU_UNKNOWN;
 	CHECK(!moves_after(&dev, t, AFTER), "moved from an unknown CPU");
+
+	/* A sleeper woken 10 us ago and not running yet is queued behind us only where the
+	 * ranks outnumber the cores; where they fit, it is on its way to a core of its own. */
+	ranks[2].waking_ns = t;
+	dev.ncores = 2;
+	CHECK(emu_woken_waiting(&dev, t + 10000), "a late wake-up, 4 ranks on 2 CPUs, not seen");
+	dev.ncores = 4;
+	CHECK(!emu_woken_waiting(&dev, t + 10000), "a spin stopped for a rank with a core");
 
 	if (failed)
 		return 1;
