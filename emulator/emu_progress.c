@@ -237,7 +237,7 @@ static void thread_idle(struct emu_device *dev, struct dpa_hal *hal, uint32_t sn
 	while (now < spin_end && emu_cores_to_spare(dev) && !emu_woken_waiting(dev, now)) {
 		if (thread_called(dev, snap, timer, now) || off_read_once(&self_rank(dev)->driving))
 			return;
-		for (int i = 0; i < 64; i++)
+		for (int i = 0; i < OFF_SPIN_PAUSES; i++)
 			off_cpu_relax();
 		now = emu_now_ns();
 	}
@@ -427,7 +427,7 @@ static void host_idle(struct emu_device *dev, uint32_t snap, uint32_t *word, uin
 		    off_read_once(&dev->stop) || off_read_once(&dev->closing) || now >= deadline ||
 		    (timer && now >= timer))
 			return;
-		for (int i = 0; i < 64; i++)
+		for (int i = 0; i < OFF_SPIN_PAUSES; i++)
 			off_cpu_relax();
 		emu_take_handovers(dev, off_read_once(&r->host_cpu));
 		now = emu_now_ns();

@@ -30,6 +30,11 @@ static inline void off_cpu_relax(void)
 #endif
 }
 
+/* Pauses between two looks of a spin-wait at what it waits for. A pause takes 37 ns on
+ * an AMD EPYC (Zen) vCPU and ~140 cycles on Intel since Skylake: 64 of them let a peer's
+ * write sit unseen for 2.4 us, longer than a small op's whole exchange. */
+#define OFF_SPIN_PAUSES 4
+
 /* A test-and-set lock for short critical sections between DPA threads (no sleeping). */
 static inline int off_trylock(uint32_t *lock)
 {

@@ -231,7 +231,7 @@ static int wait_in(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, int64
 			if (poll < 0)
 				poll = ctx->ops->poll_worthwhile(ctx->dev);
 			if (poll) {
-				for (int i = 0; i < 64; i++)
+				for (int i = 0; i < OFF_SPIN_PAUSES; i++)
 					off_cpu_relax();
 				continue;
 			}
