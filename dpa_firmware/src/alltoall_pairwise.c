@@ -77,12 +77,22 @@ static int a2a_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, s
 	uint32_t lag = eng->params.a2a_window * dpa_hal_num_threads(hal);
 	int work;
 
+	int later = 0;
+
 	send.hold = lag && i >= lag &&
 		    !(op->items[i - lag].flags & (DPA_ITEM_SIGNALED | DPA_ITEM_FINISHED | DPA_ITEM_ABORTED));
+	/* Our own block (item 0) goes a visit after the peers' blocks, which come next in the
+	 * same pass: a peer waits for its block from us, nobody waits for ours (n=2, 1 MiB:
+	 * the peer's block went out after a 1 MiB local copy). The deferral is work: the pass
+	 * after this one copies it. */
+	if (i == 0 && team->size > 1 && !(op->items[0].flags & DPA_ITEM_SELF_LATER)) {
+		op->items[0].flags |= DPA_ITEM_SELF_LATER;
+		send.hold = later = 1;
+	}
 	send.recv_later = !recv_due(op, i, dpa_hal_num_threads(hal));
 	work = dpa_item_begin(eng, op, i, hal, publish);
 
-	return work < 0 ? 0 : work + dpa_exchange_step(eng, op, i, hal, &send);
+	return work < 0 ? later : later + work + dpa_exchange_step(eng, op, i, hal, &send);
 }
 
 /* Paced, a thread's items past the first one it has not sent (signaled) plus the window

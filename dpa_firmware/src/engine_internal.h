@@ -47,6 +47,8 @@ struct dpa_item {
 #define DPA_ITEM_FALLBACK  (1u << 16) /* the peer runs a gated op: its gate needs our
 				       * signature (SIG_OUT once posted) */
 #define DPA_ITEM_JUDGED    (1u << 17) /* the peer's slot header (signature) was judged */
+#define DPA_ITEM_SELF_LATER (1u << 18) /* pairwise: our own block waited one visit for the
+					   * peers' (alltoall_pairwise.c) */
 /* Bits 28-30: the rail this item's writes in flight went out on (p2p.c put_chunks). */
 #define DPA_ITEM_RAIL_SHIFT 28u
 #define DPA_ITEM_RAIL_MASK  (7u << DPA_ITEM_RAIL_SHIFT)
