@@ -228,8 +228,6 @@ struct emu_mcast_rx {
 	uint32_t stage_next;  /* where the search for a free slot starts */
 };
 
-struct emu_device;
-
 #define EMU_WAKE_LIST 8u
 
 struct dpa_hal {
@@ -316,7 +314,8 @@ struct emu_device {
 	uint64_t wake_handovers;      /* our wake-ups of peers taken by a thread on their CPU */
 	uint64_t handoff_rearms;      /* ... passes with news that allowed one more yield */
 	struct emu_balance {          /* our host thread's moves (emu_spin.c: emu_balance) */
-		uint64_t moves, crowded_ns, seen_ns, hold_ns, moved_ns; uint32_t moved_from, off;
+		uint64_t moves, looked_ns, crowded_ns, seen_ns, hold_ns, moved_ns;
+		uint32_t moved_from, off;
 	} balance;
 	uint64_t wire_bytes;          /* thread 0's writes by the wire: placed by the target, */
 	uint64_t wire_direct_bytes;   /* ... the rest (did not fit, or rescued), */

@@ -24,6 +24,7 @@
 #define AFTER 300000ull     /* EMU_BALANCE_AFTER_NS */
 #define GAP 1000000ull      /* EMU_BALANCE_GAP_NS */
 #define UNDONE 50000000ull  /* EMU_BALANCE_UNDONE_NS */
+#define LOOK 50000ull       /* EMU_BALANCE_LOOK_NS */
 #define HOLD_MAX 1000000000ull
 
 static int failed;
@@ -151,14 +152,16 @@ int main(void)
 	crowd(&dev);
 	uint64_t t = 10 * GAP;
 	CHECK(!emu_balance(&dev, t), "moved at the first sight of a crowd");
-	CHECK(!emu_balance(&dev, t + AFTER - 1), "moved before the crowd lasted");
-	CHECK(emu_balance(&dev, t + AFTER), "stayed on a CPU with two more ranks");
+	CHECK(!emu_balance(&dev, t + AFTER - LOOK / 2), "moved before the crowd lasted");
+	CHECK(!emu_balance(&dev, t + AFTER), "looked again within LOOK of the last look");
+	t += AFTER + LOOK / 2;  /* LOOK after the last look */
+	CHECK(emu_balance(&dev, t), "stayed on a CPU with two more ranks");
 	CHECK(on_cpu == 0, "on CPU %u after the move, not 0", on_cpu);
 	CHECK(CPU_EQUAL(&last_sets[0], &only0) && CPU_EQUAL(&last_sets[1], &both) &&
 	      CPU_EQUAL(&allowed, &both), "not pinned to CPU 0, then given both back");
 	CHECK(ranks[1].host_cpu == 0, "the new CPU not published (%u)", ranks[1].host_cpu);
 	CHECK(dev.balance.moves == 1, "balance moves %llu", (unsigned long long)dev.balance.moves);
-	CHECK(hdr.balance_ns == t + AFTER + GAP, "the job's next move not held off");
+	CHECK(hdr.balance_ns == t + GAP, "the job's next move not held off");
 
 	/* Crowded again when the job's gap holds any move, however long the crowd lasts. The
 	 * move held past UNDONE: the kernel did not undo it, the hold stays. */
@@ -166,7 +169,7 @@ int main(void)
 	hdr.balance_ns = t + 2 * AFTER;
 	crowd(&dev);
 	CHECK(!emu_balance(&dev, t) && !emu_balance(&dev, t + AFTER) &&
-	      !emu_balance(&dev, t + 2 * AFTER - 1), "moved within the job's gap");
+	      !emu_balance(&dev, t + 2 * AFTER - LOOK), "moved within the job's gap");
 	CHECK(emu_balance(&dev, t + 2 * AFTER), "no move after the gap, the crowd lasting");
 	CHECK(dev.balance.hold_ns == 0, "a move that held doubled the hold");
 
