@@ -5,9 +5,8 @@
  *    peers read entries lock-free, validating the key before and after (seqlock style).
  *  - map_lock guards the cache of peers' shared segments mapped into this process.
  *  - everything else in the job segment is atomics (multicast rings: see emu_mcast.c).
- *  - a multicast group's receive side (struct emu_mcast_rx) is guarded by its own lock,
- *    which post takes and poll only tries.
- */
+ *  - a multicast group's receive side (struct emu_mcast_rx): its own lock (post takes it,
+ *    poll only tries). */
 #ifndef EMU_INTERNAL_H
 #define EMU_INTERNAL_H
 
@@ -313,6 +312,7 @@ struct emu_device {
 	uint64_t handoff_yields;      /* ... and yields instead (host_idle's hand-off) */
 	uint64_t wake_handovers;      /* our wake-ups of peers taken by a thread on their CPU */
 	uint64_t handoff_rearms;      /* ... passes with news that allowed one more yield */
+	uint64_t post_yields;         /* small posts that handed the core back (emu_spin.c) */
 	struct emu_balance {          /* our host thread's moves (emu_spin.c: emu_balance) */
 		uint64_t moves, looked_ns, crowded_ns, seen_ns, hold_ns, moved_ns;
 		uint32_t moved_from, off;
@@ -518,6 +518,7 @@ uint64_t emu_spin_budget_ns(const struct emu_device *dev);
 int emu_cores_to_spare(const struct emu_device *dev);
 int emu_cpu_alone(const struct emu_device *dev);
 int emu_woken_waiting(const struct emu_device *dev, uint64_t now);
+int emu_cpu_shared(const struct emu_device *dev);  /* another rank awake on our CPU? */
 /* Ranks outnumber the cores and ours has two more than another CPU: move there (1). */
 int emu_balance(struct emu_device *dev, uint64_t now);
 /* Would a waiting host's spin help: no bulk copier's core taken, a core per awake thread? */

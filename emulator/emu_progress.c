@@ -561,6 +561,11 @@ int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t tim
 						  !emu_host_leased(dev, dev->attr.rank))))
 		emu_kick_rank(dev, dev->attr.rank);
 	off_unlock(&dev->drive_lock);
+	if ((flags & HOST_DRIVE_SMALL_POST) && !bulk && !emu_cores_to_spare(dev) &&
+	    emu_cpu_shared(dev)) {  /* the hand-back (emu_spin.c) */
+		off_write_once(&dev->post_yields, off_read_once(&dev->post_yields) + 1);
+		sched_yield();
+	}
 	return rc;
 }
 
@@ -587,6 +592,7 @@ void emu_drive_stats(struct host_device *hd, struct host_drive_stats *out)
 	out->sleeps = off_read_once(&dev->host_sleeps);
 	out->handoff_yields = off_read_once(&dev->handoff_yields);
 	out->handoff_rearms = off_read_once(&dev->handoff_rearms);
+	out->post_yields = off_read_once(&dev->post_yields);
 	out->wake_handovers = off_read_once(&dev->wake_handovers);
 	out->wire_bytes = off_read_once(&dev->wire_bytes);
 	out->wire_direct_bytes = off_read_once(&dev->wire_direct_bytes);

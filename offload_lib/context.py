@@ -564,21 +564,20 @@ class Context:
             "chunks": totals["writes"],
             **totals,
             # cooperative progress: ops whose completion a host thread's pass wrote; its passes
-            "progress": self.progress,
-            "host_ops": int(host.ops),
-            "host_passes": int(host.passes),
+            "progress": self.progress, "host_ops": int(host.ops), "host_passes": int(host.passes),
             # work handed to the progress threads, and how much had to wake one (idle_poll_us)
             "doorbells": int(host.doorbells),
             "doorbell_wakes": int(host.doorbell_wakes),
             # cooperative waits (host threads running the firmware until a completion), their
-            # sleeps between passes, the yields that handed the core to a thread of the job
-            # waiting for one instead: one per wait, per sleep, per pass with news after one
+            # sleeps, the yields to a thread of the job waiting for the core instead (one per
+            # wait, per sleep, per pass with news after one), small posts that yielded to one
             "host_waits": int(host.waits),
             "host_sleeps": int(host.sleeps),
             "handoff_yields": int(host.handoff_yields),
             "handoff_rearms": int(host.handoff_rearms),
+            "post_yields": int(host.post_yields),
             # peers' wake-ups handed to a thread of the job on the sleeper's CPU (a local
-            # wake-up, not an inter-processor interrupt), moves to a CPU with fewer ranks
+            # wake-up, not an inter-processor interrupt); moves to a CPU with fewer ranks
             "wake_handovers": int(host.wake_handovers),
             "balance_moves": int(host.balance_moves),
             # emulator: bytes this rank sent into peers' ordinary memory through the wire's

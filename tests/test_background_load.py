@@ -6,7 +6,7 @@ check, not a speed check (they take tens of microseconds), for waits that would 
 core away to the loops for whole slices, or sleep without being woken. Cooperative progress
 and the progress threads alone, more ranks than cores; the drivers' yields to a peer waiting
 for a core stay within one per wait, one per sleep and one per pass that found work after
-a yield.
+a yield, and the yields after a small post to a rank waiting for the core within one a post.
 """
 from __future__ import annotations
 
@@ -48,10 +48,13 @@ st = ctx.stats()
 news = st["progress_calls"] - st["idle_calls"]
 assert st["handoff_rearms"] <= news, st
 assert st["handoff_yields"] <= st["host_waits"] + st["host_sleeps"] + st["handoff_rearms"], st
+# The hand-back (emulator/emu_spin.c): at most one yield per small op posted (the ops
+# completed here: a barrier and an all-to-all per iteration), for a rank of the job.
+assert st["post_yields"] <= st["ops_completed"], st
 if os.environ["OFFLOAD_PROGRESS"] == "cooperative":
-    assert st["handoff_yields"] > 0 and st["host_waits"] > 0, st
+    assert st["handoff_yields"] > 0 and st["host_waits"] > 0 and st["post_yields"] > 0, st
 else:
-    assert st["handoff_yields"] == 0 and st["host_waits"] == 0, st
+    assert st["handoff_yields"] == 0 and st["host_waits"] == 0 and st["post_yields"] == 0, st
 print(f"worst {worst * 1e6:.0f} us")
 ctx.close()
 '''

@@ -100,6 +100,8 @@ struct host_device_ops {
 #define HOST_DRIVE_NO_BULK  (1u << 1)  /* never copy in bulk (test(), a small op's post) */
 #define HOST_DRIVE_BULK_WAIT (1u << 2) /* waiting for a bulk op: it is the work; a waiter that
 					* may not copy it sleeps instead, handing it over now */
+#define HOST_DRIVE_SMALL_POST (1u << 3) /* a small op was just posted: a rank of the job
+					 * waiting for this core may go first (emu_spin.c) */
 
 extern const struct host_device_ops emu_device_ops;
 

@@ -188,6 +188,8 @@ struct host_drive_stats {
 	uint64_t handoff_yields;  /* ... and the yields to a peer waiting for a core instead */
 	uint64_t handoff_rearms;  /* ... passes that found work after such a yield: the next
 				   * idle step may yield again */
+	uint64_t post_yields;     /* small posts after which the host thread yielded its core
+				   * to another rank of the job waiting for it (the hand-back) */
 	uint64_t wake_handovers;  /* wake-ups of peers' sleeping drivers handed to a thread of
 				   * the job on the sleeper's CPU (a local wake, no interrupt) */
 	uint64_t wire_bytes;      /* emulator: bytes sent to peers through the wire's slots */

@@ -126,8 +126,9 @@ static int post_in(struct host_ctx *ctx, const struct host_op *user_op, int64_t 
 	 * the host copy): it takes the command, and its first messages leave now. What
 	 * remains waits for peers, whose writes wake whoever runs the firmware then; only a
 	 * drive that could not run (or not to the end) needs the doorbell. */
-	if (!ctx->coop || !ctx->ops->drive ||
-	    ctx->ops->drive(ctx->dev, NULL, 0, 0, op.small ? HOST_DRIVE_NO_BULK : HOST_DRIVE_BULK_CMD))
+	uint32_t how = op.small ? HOST_DRIVE_NO_BULK | HOST_DRIVE_SMALL_POST : HOST_DRIVE_BULK_CMD;
+
+	if (!ctx->coop || !ctx->ops->drive || ctx->ops->drive(ctx->dev, NULL, 0, 0, how))
 		ctx->ops->doorbell(ctx->dev);
 	return 0;
 }

@@ -8,7 +8,8 @@
  * kernel undoes soon doubles the hold; never onto a CPU its own affinity leaves out,
  * never where the ranks fit the cores, never for ranks that left the job or sleep outside
  * a drive. Also: a spinner stops for a woken sleeper that has not run yet only where the
- * ranks outnumber the cores (emu_woken_waiting). emu_spin.c is linked alone: the bell is a stub, and this file stands in for the
+ * ranks outnumber the cores (emu_woken_waiting); a small post yields to another rank
+ * waiting for our CPU (emu_cpu_shared). emu_spin.c is linked alone: the bell is a stub, and this file stands in for the
  * kernel (the CPU we run on, sched_getaffinity and sched_setaffinity: the executable's
  * definitions take the calls), so that nothing depends on where the kernel puts the test.
  * Prints "ok: balance" and exits 0, else names each failed check.
@@ -286,6 +287,25 @@ int main(void)
 	CHECK(emu_woken_waiting(&dev, t + 10000), "a late wake-up, 4 ranks on 2 CPUs, not seen");
 	dev.ncores = 4;
 	CHECK(!emu_woken_waiting(&dev, t + 10000), "a spin stopped for a rank with a core");
+
+	/* The hand-back: another rank of the job awake on our CPU waits for it, if it is in a
+	 * drive (a wait it yielded to us), or is the only one there. */
+	dev.ncores = 2;
+	crowd(&dev);  /* us (rank 1) and rank 2 on CPU 1, rank 3 asleep, rank 0 on CPU 0 */
+	ranks[2].driving = 0;
+	CHECK(emu_cpu_shared(&dev), "the one other rank on our CPU not waiting for it");
+	ranks[0].host_cpu = 1;
+	CHECK(!emu_cpu_shared(&dev), "two ranks in Python on our CPU counted as waiting");
+	ranks[0].driving = 1;
+	CHECK(emu_cpu_shared(&dev), "a rank in a drive on our CPU not waiting for it");
+	ranks[0].state = EMU_RANK_CLOSED;
+	CHECK(emu_cpu_shared(&dev), "the one other rank left, a closed one counted");
+	ranks[2].host_cpu = EMU_CPU_ASLEEP;
+	CHECK(!emu_cpu_shared(&dev), "a rank asleep or closed waits for our CPU");
+	ranks[2].host_cpu = 1;
+	on_cpu = EMU_CPU_UNKNOWN;
+	CHECK(!emu_cpu_shared(&dev), "a CPU the kernel did not tell us shared");
+	ranks[0].state = EMU_RANK_ALIVE;
 
 	if (failed)
 		return 1;
