@@ -1,8 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /*
  * The emulated BlueField of one rank process. Lock rules:
- *  - mr_lock guards allocation of entries in this rank's own MR table (owner-only writes);
- *    peers read entries lock-free, validating the key before and after (seqlock style).
+ *  - mr_lock guards this rank's own MR table; peers read it lock-free (seqlock style).
  *  - map_lock guards the cache of peers' shared segments mapped into this process.
  *  - everything else in the job segment is atomics (multicast rings: see emu_mcast.c).
  *  - a multicast group's receive side (struct emu_mcast_rx): its own lock (post takes it,
@@ -518,7 +517,8 @@ uint64_t emu_spin_budget_ns(const struct emu_device *dev);
 int emu_cores_to_spare(const struct emu_device *dev);
 int emu_cpu_alone(const struct emu_device *dev);
 int emu_woken_waiting(const struct emu_device *dev, uint64_t now);
-int emu_cpu_shared(const struct emu_device *dev);  /* another rank awake on our CPU? */
+int emu_cpu_shared(const struct emu_device *dev);  /* another rank waits for our CPU? */
+void emu_hand_back(struct emu_device *dev);        /* after a small post: yield to it */
 /* Ranks outnumber the cores and ours has two more than another CPU: move there (1). */
 int emu_balance(struct emu_device *dev, uint64_t now);
 /* Would a waiting host's spin help: no bulk copier's core taken, a core per awake thread? */

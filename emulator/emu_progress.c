@@ -561,11 +561,8 @@ int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t tim
 						  !emu_host_leased(dev, dev->attr.rank))))
 		emu_kick_rank(dev, dev->attr.rank);
 	off_unlock(&dev->drive_lock);
-	if ((flags & HOST_DRIVE_SMALL_POST) && !bulk && !emu_cores_to_spare(dev) &&
-	    emu_cpu_shared(dev)) {  /* the hand-back (emu_spin.c) */
-		off_write_once(&dev->post_yields, off_read_once(&dev->post_yields) + 1);
-		sched_yield();
-	}
+	if ((flags & HOST_DRIVE_SMALL_POST) && !bulk)
+		emu_hand_back(dev);
 	return rc;
 }
 

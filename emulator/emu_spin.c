@@ -101,6 +101,14 @@ int emu_cpu_shared(const struct emu_device *dev)
 	return waiting || others == 1;
 }
 
+void emu_hand_back(struct emu_device *dev)
+{
+	if (emu_cores_to_spare(dev) || !emu_cpu_shared(dev))
+		return;
+	off_write_once(&dev->post_yields, off_read_once(&dev->post_yields) + 1);
+	sched_yield();
+}
+
 /* Was a sleeper woken more than EMU_WAKING_NS ago and has not run yet? Then, where the
  * ranks outnumber the cores, it is likely queued behind us (a woken thread lands on its
  * waker's core): stop spinning for it. Where they fit, it has a core of its own, and what
