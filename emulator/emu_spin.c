@@ -179,14 +179,18 @@ static uint32_t least_crowded(const uint32_t *count, const cpu_set_t *allowed, u
 /* Back where we moved from, within EMU_BALANCE_UNDONE_NS of the move: the kernel undid it. */
 static void note_undone(struct emu_balance *b, uint32_t cpu, uint64_t now)
 {
-	if (!b->moved_ns || (now - b->moved_ns < EMU_BALANCE_UNDONE_NS && cpu != b->moved_from))
-		return;
-	if (now - b->moved_ns < EMU_BALANCE_UNDONE_NS) {
-		uint64_t hold = 2 * (b->hold_ns ? b->hold_ns : EMU_BALANCE_AFTER_NS);
+	uint64_t hold = 2 * (b->hold_ns ? b->hold_ns : EMU_BALANCE_AFTER_NS);
 
-		b->hold_ns = hold < EMU_BALANCE_HOLD_MAX_NS ? hold : EMU_BALANCE_HOLD_MAX_NS;
+	if (!b->moved_ns)
+		return;
+	if (now - b->moved_ns >= EMU_BALANCE_UNDONE_NS) {
+		b->moved_ns = 0;  /* it held */
+		return;
 	}
-	b->moved_ns = 0;  /* undone, or it held: judged once */
+	if (cpu != b->moved_from)
+		return;  /* not undone yet */
+	b->hold_ns = hold < EMU_BALANCE_HOLD_MAX_NS ? hold : EMU_BALANCE_HOLD_MAX_NS;
+	b->moved_ns = 0;
 }
 
 /* Pin ourselves to `target` for the move, then give ourselves back `mine` (else the

@@ -75,9 +75,7 @@ static int a2a_progress(struct dpa_engine *eng, struct dpa_op *op, uint32_t i, s
 	 * (the same thread's) is written and acknowledged, so each thread has at most that many
 	 * blocks on the wire; unpaced, every block goes as soon as its ready is in. */
 	uint32_t lag = eng->params.a2a_window * dpa_hal_num_threads(hal);
-	int work;
-
-	int later = 0;
+	int work, later = 0;
 
 	send.hold = lag && i >= lag &&
 		    !(op->items[i - lag].flags & (DPA_ITEM_SIGNALED | DPA_ITEM_FINISHED | DPA_ITEM_ABORTED));

@@ -9,9 +9,10 @@
  * never where the ranks fit the cores, never for ranks that left the job or sleep outside
  * a drive. Also: a spinner stops for a woken sleeper that has not run yet only where the
  * ranks outnumber the cores (emu_woken_waiting); a small post yields to another rank
- * waiting for our CPU (emu_cpu_shared). emu_spin.c is linked alone: the bell is a stub, and this file stands in for the
- * kernel (the CPU we run on, sched_getaffinity and sched_setaffinity: the executable's
- * definitions take the calls), so that nothing depends on where the kernel puts the test.
+ * waiting for our CPU (emu_cpu_shared). emu_spin.c is linked alone: ringing the bell
+ * does nothing here, and this file stands in for the kernel (the CPU we run on,
+ * sched_getaffinity and sched_setaffinity: the executable's definitions take the calls),
+ * so that nothing depends on where the kernel puts the test.
  * Prints "ok: balance" and exits 0, else names each failed check.
  */
 #define _GNU_SOURCE
