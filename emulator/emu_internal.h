@@ -88,47 +88,44 @@ struct emu_job_hdr {
 };
 
 struct emu_rank {
+	/* Line 1: read by peers on each write (rails_down, state) and by spinners' walks
+	 * (host_cpu, waking_ns), written seldom. On line 2, which every write bumps (event),
+	 * each walk missed once per rank (10% of emu_drive's own samples at n=4). */
 	int32_t pid;
 	uint32_t state;
 	uint64_t ctrl_addr;   /* the owner's address of its struct offload_ctrl */
 	uint32_t ctrl_key;
 	uint32_t rails_down;  /* this rank's failed ports (bit per rail), set by the rank */
-	uint64_t resv_dead;
-	/* The end of the sleep of the rank's one progress thread (emu_host_leased). Written
-	 * once a sleep: peers read this line on every write (rails_down, state). */
-	uint64_t dpa_sleep_until;
-	/* The CPU the rank's host thread last slept on in a drive, and whether a waker handed
-	 * its wake-up to a thread of the job running there (emu_spin.c: the hand-over). */
-	uint32_t sleep_cpu;
-	uint32_t handed;
+	uint64_t waking_ns;   /* a sleeper of this rank was woken then and has not run yet */
+	uint64_t dpa_sleep_until;  /* its one progress thread's sleep ends (emu_host_leased) */
+	uint32_t sleep_cpu;   /* where its host thread last slept in a drive, and whether a */
+	uint32_t handed;      /* waker handed its wake-up to a driver there (emu_spin.c) */
 	uint32_t wire_in;     /* bumped by senders publishing on a wire to us (emu_wire.c) */
 	uint32_t threads;     /* its DPA threads (emu_wire.c: may a sender write a held piece?) */
-	uint32_t resv0[2];
-	/* Own line: bumped by doorbells and remote signals, slept on by progress threads
-	 * (futex bitset EMU_WAKE_DPA) and by a host thread driving the engine (EMU_WAKE_HOST). */
+	/* The CPU its host thread last ran on in the library, EMU_CPU_ASLEEP while it sleeps
+	 * in a wait: a driver may spin where no other awake one last ran (emu_spin.c). */
+	uint32_t host_cpu;
+	uint32_t resv0;
+	/* Line 2, bumped by doorbells and remote signals, slept on by progress threads
+	 * (futex bitset EMU_WAKE_DPA) and a host thread driving the engine (EMU_WAKE_HOST). */
 	uint32_t event;
 	uint32_t load;        /* enum dpa_engine_load, published after each pass */
 	/* Progress threads asleep on event, a bit per DPA thread: a waker takes them all at
-	 * once, and a sleeper that wakes knows whether it was taken (its bit gone). A count
-	 * could not say: a sibling that woke, then slept again, would be taken out by us. */
+	 * once, and one that wakes knows whether it was taken (its bit gone), as a count
+	 * could not say. */
 	uint64_t sleepers;
 	uint32_t driving;     /* a host thread runs this rank's engine (cooperative progress) */
 	uint32_t armed;       /* that host thread sleeps: the first waker clears it and wakes it */
 	uint32_t wake_event;  /* ... once event reaches this (peers' writes; kicks ignore it) */
-	/* The CPU this rank's host thread last ran on in the library (a drive round, a wake),
-	 * EMU_CPU_ASLEEP while it sleeps in a wait: a driver may spin where no other awake
-	 * thread of the job last ran on its CPU (emu_spin.c). */
-	uint32_t host_cpu;
+	uint32_t resv1;
 	uint64_t wake_ns;     /* when the last futex wake of this rank was issued */
-	uint64_t waking_ns;   /* a sleeper of this rank was woken then and has not run yet */
-	/* Progress threads of `sleepers` only napping (idle poll after bulk work, a bit per
-	 * thread): they look at the queue again within a nap, so a doorbell need not wake
-	 * them (io_uring SQPOLL's NEED_WAKEUP, inverted). Set before the sleepers bit. */
+	/* Progress threads of `sleepers` only napping (idle poll after bulk work): a doorbell
+	 * need not wake them (io_uring SQPOLL's NEED_WAKEUP, inverted). Set before sleepers. */
 	uint64_t napping;
 	/* The host's lease (emu_spin.c): until then a peer's write need not wake the rank's
-	 * one progress thread, asleep at most until dpa_sleep_until. Written at every drive's
-	 * end, so on this line, which wakers write anyway. */
+	 * one progress thread. Written at every drive's end: on the line wakers write. */
 	uint64_t host_lease_ns;
+	uint64_t resv2;
 };
 
 struct emu_mr {
@@ -197,6 +194,7 @@ _Static_assert(sizeof(struct emu_job_hdr) == 3 * 64, "job header: three lines");
 _Static_assert(offsetof(struct emu_job_hdr, asleep) == 64, "asleep on its own line");
 _Static_assert(offsetof(struct emu_job_hdr, bell) == 128, "the bell on its own line");
 _Static_assert(offsetof(struct emu_rank, event) == 64, "a rank's event word on its own line");
+_Static_assert(offsetof(struct emu_rank, host_cpu) < 64, "where ranks run: off the event line");
 _Static_assert(sizeof(struct emu_rank) == 128, "rank entry: two lines");
 _Static_assert(sizeof(struct emu_mcast_member) == 64, "a cursor per cache line");
 _Static_assert(sizeof(struct emu_mcast_group) == 64, "group header: a line");
@@ -298,7 +296,7 @@ struct emu_device {
 	pthread_t *threads;
 	uint32_t nthreads_started;
 	uint32_t stop;
-	/* cooperative progress (emu_progress.c) */
+	/* cooperative progress (emu_drive.c) */
 	uint32_t drive_lock;          /* one host thread drives at a time */
 	uint32_t closing;             /* host threads leave (emu_wake_waiters): no drive runs */
 	uint32_t ncores;              /* CPUs this process may run on ... */
@@ -490,13 +488,11 @@ void emu_dma_to(const struct emu_device *dev, uint32_t peer, void *dst, const vo
 int emu_mr_is_private(const struct emu_device *dev, uint32_t rank, uint32_t key);
 
 /* emu_progress.c: who runs the firmware (progress threads, or a waiting host thread);
- * emu_bell.c: waking it */
-/* A peer's write reached rank (an event for its firmware): wake whoever runs it, unless
- * it has no op to progress, or its driver asked to sleep through more of them. With a
- * pass's hal, the futex call waits for the end of the pass (one for all its writes). */
+ * emu_bell.c: waking it; emu_drive.c: a host thread running it */
+/* A peer's write reached rank: wake whoever runs its firmware (unless idle, or its
+ * driver sleeps through more); with a pass's hal, at the pass's end. */
 void emu_wake_rank(struct emu_device *dev, uint32_t rank, struct dpa_hal *pass);
-/* Ring now for what the pass wrote so far (before a long copy: a peer must not wait for a
- * ready or a signal until the copy is over). */
+/* Ring now for what the pass wrote so far (before a long copy: no peer waits it out). */
 void emu_flush_wakes(struct dpa_hal *pass);
 #define EMU_FLUSH_BEFORE (64u * 1024u)  /* copies at least this long flush first */
 /* The same, unconditionally: doorbells, sibling notifications, failures, stop. */
@@ -507,6 +503,10 @@ void emu_nudge_rank(struct emu_device *dev, uint32_t rank, struct dpa_hal *pass)
 void emu_doorbell_rank(struct emu_device *dev, uint32_t rank);
 int emu_threads_start(struct emu_device *dev);
 void emu_threads_stop(struct emu_device *dev);
+int emu_run_pass(struct emu_device *dev, struct dpa_hal *hal, int host);  /* under hal->busy */
+uint64_t emu_next_timer(struct emu_device *dev, uint64_t now);  /* 1: one is due now */
+void emu_driver_sleep(struct emu_device *dev, uint32_t snap, uint32_t need, int64_t ns);
+/* emu_drive.c: cooperative progress, a host thread running its rank's firmware */
 int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t timeout_ns,
 	      uint32_t flags);
 void emu_drive_stats(struct host_device *hd, struct host_drive_stats *out);
@@ -521,8 +521,7 @@ int emu_cpu_shared(const struct emu_device *dev);  /* another rank waits for our
 void emu_hand_back(struct emu_device *dev);        /* after a small post: yield to it */
 /* Ranks outnumber the cores and ours has two more than another CPU: move there (1). */
 int emu_balance(struct emu_device *dev, uint64_t now);
-/* Would a waiting host's spin help: no bulk copier's core taken, a core per awake thread? */
-int emu_spin_worthwhile(const struct emu_device *dev);
+int emu_spin_worthwhile(const struct emu_device *dev);  /* no copier's core taken by it */
 /* Need a peer's write to rank not wake its progress thread (the host's lease holds)? */
 int emu_host_leased(const struct emu_device *dev, uint32_t rank);
 /* The wake-up hand-over: 1 if a driver running on the CPU rank's driver sleeps on takes
@@ -537,6 +536,7 @@ void emu_publish_cpu(struct emu_device *dev, uint32_t cpu);
 #define EMU_CPU_ASLEEP 0xffffffffu      /* emu_rank.host_cpu of a host thread asleep */
 #define EMU_CPU_UNKNOWN 0xfffffffeu     /* emu_cpu_now() where the kernel did not say */
 #define EMU_HOST_LEASE_NS 1000000ull    /* a host that drove small ops is back within this */
+#define EMU_SLEEP_SLICE_NS 50000000ll   /* a sleeper re-checks the stop flag this often */
 uint32_t emu_cpu_now(void);             /* the calling thread's CPU (rseq: no system call) */
 #define EMU_WAKE_DPA  1u                /* futex bitset: progress threads */
 #define EMU_WAKE_HOST 2u                /* futex bitset: the host thread driving */

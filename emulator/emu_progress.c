@@ -13,10 +13,7 @@
  * them nothing they would not be woken for: it runs passes until one finds no work and no
  * event came in meanwhile, or else wakes them as it goes.
  *
- * Closing from another thread (host_ctx.c counts the host threads inside the library and
- * closes the device only once none is): emu_wake_waiters() marks the device closing and
- * wakes a driver asleep between rounds; a driver sees the mark after its pass and leaves,
- * and a drive that starts after it refuses, so the closer's wait ends promptly.
+ * The host thread's side, the drive, is emu_drive.c.
  *
  * Waiting (emu_spin.c): spin at most spin_us (and at most what a wake-up was measured to
  * cost), and only while every awake thread of the job has a core (the job header counts
@@ -46,9 +43,7 @@
 #include "emu_internal.h"
 #include "offload_atomic.h"
 
-#define EMU_SLEEP_SLICE_NS 50000000ll   /* re-check the stop flag at least this often */
 #define EMU_WAKE_COST_INIT 20000ull     /* ns, until a wake-up has been measured */
-#define EMU_DRIVE_ROUNDS 64             /* passes a post or a test() runs at most */
 #define EMU_NAP_AFTER_NS 2000000ull     /* an idle poll naps from this much idle time on... */
 #define EMU_NAP_MAX_NS 1000000ull       /* ... at most this long */
 
@@ -147,7 +142,7 @@ static uint64_t idle_nap_ns(const struct emu_device *dev, const struct dpa_hal *
 }
 
 /* The driver's sleep: peers' writes wake it once `need` of them came in (kicks at once). */
-static void driver_sleep(struct emu_device *dev, uint32_t snap, uint32_t need, int64_t ns)
+void emu_driver_sleep(struct emu_device *dev, uint32_t snap, uint32_t need, int64_t ns)
 {
 	struct emu_rank *r = self_rank(dev);
 	uint32_t armed = 1;
@@ -165,7 +160,7 @@ static void driver_sleep(struct emu_device *dev, uint32_t snap, uint32_t need, i
 }
 
 /* The earliest firmware timer of any thread, 0 if none; 1 if one is due now. */
-static uint64_t next_timer(struct emu_device *dev, uint64_t now)
+uint64_t emu_next_timer(struct emu_device *dev, uint64_t now)
 {
 	uint64_t first = 0;
 
@@ -181,7 +176,7 @@ static uint64_t next_timer(struct emu_device *dev, uint64_t now)
 }
 
 /* One firmware pass on hal's queues, by whoever holds hal->busy. */
-static int run_pass(struct emu_device *dev, struct dpa_hal *hal, int host)
+int emu_run_pass(struct emu_device *dev, struct dpa_hal *hal, int host)
 {
 	struct emu_rank *self = self_rank(dev);
 	struct offload_thread_stats *st = (struct offload_thread_stats *)dev->win.stats + hal->index;
@@ -313,7 +308,7 @@ static void *progress_thread(void *arg)
 			thread_idle(dev, hal, snap, 0);
 			continue;
 		}
-		int work = run_pass(dev, hal, 0);
+		int work = emu_run_pass(dev, hal, 0);
 
 		off_unlock(&hal->busy);
 		/* Pinned through the idle poll after bulk work (a bulk loop's next op). */
@@ -363,237 +358,4 @@ void emu_threads_stop(struct emu_device *dev)
 	 * pass: the engine's memory may go only once it left. */
 	while (off_load_acquire(&dev->drive_lock))
 		off_cpu_relax();
-}
-
-/* A command posted that no pass has taken yet? */
-static int cmd_waiting(struct emu_device *dev)
-{
-	struct offload_ring_hdr *ring = dev->win.ring;
-
-	return off_load_acquire(&ring->sq_tail) != off_read_once(&ring->sq_head);
-}
-
-/* Does the engine need a pass without any event coming: a command not taken, or a timer? */
-static int work_waiting(struct emu_device *dev)
-{
-	return cmd_waiting(dev) || emu_wire_pending(dev) || next_timer(dev, emu_now_ns()) != 0;
-}
-
-/* One pass on every thread's queues whose lock is free; *all: every lock was. */
-static int drive_round(struct emu_device *dev, int *all)
-{
-	int work = 0;
-
-	*all = 1;
-	for (uint32_t t = 0; t < dev->attr.num_threads; t++) {
-		struct dpa_hal *hal = &dev->hals[t];
-
-		if (!off_trylock(&hal->busy)) {
-			*all = 0;  /* its progress thread is ending a pass: it sees `driving` next */
-			continue;
-		}
-		work += run_pass(dev, hal, 1);
-		off_unlock(&hal->busy);
-	}
-	return work;
-}
-
-/*
- * The driver's wait between rounds: like thread_idle, also ending when *word moves.
- *
- * Before it sleeps, the hand-off: if a thread of this job is awake without a core (the
- * job's awake threads outnumber the cores: a peer rank that was woken or never slept,
- * likely queued on ours), the driver calls sched_yield once and goes back to its round
- * instead. The peer then runs on this core at once, with no wake-up at all (a sleeping
- * driver costs a futex wake later, an inter-processor interrupt when its core is busy or
- * halted: 4 ranks on 2 vCPUs, 1 KiB all-to-all, 64-117 us per op against 46-66 with the
- * hand-off, docs/performance.md). Once per drive, and once more only after a round that
- * found work (a peer's write came in) or a sleep: a yield is never repeated while nothing
- * comes in, so an unrelated busy task cannot keep the driver off its core by
- * yield-polling; with nobody of the job waiting for a core there is no yield at all.
- */
-static void host_idle(struct emu_device *dev, uint32_t snap, uint32_t *word, uint32_t seen,
-		      uint64_t deadline, int *yielded)
-{
-	struct emu_rank *r = self_rank(dev);
-	uint64_t now = emu_now_ns(), timer = next_timer(dev, now);
-	uint64_t spin_end = now + emu_spin_budget_ns(dev), until = deadline;
-
-	if (timer == 1)
-		return;
-	while (now < spin_end && (emu_cores_to_spare(dev) || emu_cpu_alone(dev)) &&
-	       !emu_woken_waiting(dev, now)) {
-		if (off_load_acquire(&r->event) != snap || off_load_acquire(word) != seen ||
-		    off_read_once(&dev->stop) || off_read_once(&dev->closing) || now >= deadline ||
-		    (timer && now >= timer))
-			return;
-		for (int i = 0; i < OFF_SPIN_PAUSES; i++)
-			off_cpu_relax();
-		emu_take_handovers(dev, off_read_once(&r->host_cpu));
-		now = emu_now_ns();
-	}
-	if (timer && timer < until)
-		until = timer;
-	if (until - now > (uint64_t)EMU_SLEEP_SLICE_NS)
-		until = now + (uint64_t)EMU_SLEEP_SLICE_NS;
-	if (until <= now || emu_balance(dev, now))
-		return;
-	if (!*yielded && !emu_cores_to_spare(dev)) {
-		*yielded = 1;
-		off_write_once(&dev->handoff_yields, off_read_once(&dev->handoff_yields) + 1);
-		sched_yield();
-		return;
-	}
-	*yielded = 0;
-	off_write_once(&dev->host_sleeps, off_read_once(&dev->host_sleeps) + 1);
-	driver_sleep(dev, snap, dpa_engine_events_needed(dev->fw_state), (int64_t)(until - now));
-}
-
-/* Bulk work (long copies) is the progress threads' where the ranks outnumber the cores:
- * the host sleeps, and its core copies. Where every rank has a core of its own, the
- * rank's thread that posts or waits copies itself, as an MPI rank does: a progress
- * thread would need a wake-up to start and the host one to finish, on cores that have
- * nothing else to do (n=2, 1 MiB per peer: 0.5-0.65x Open MPI's busbw, against 0.85-0.9x). */
-static int may_drive(const struct emu_device *dev, uint32_t flags)
-{
-	int host_copies = dev->attr.size <= dev->ncores && !(flags & HOST_DRIVE_NO_BULK);
-
-	/* The op is bulk even before a pass took its command (the load says idle then). */
-	if (flags & (HOST_DRIVE_BULK_CMD | HOST_DRIVE_BULK_WAIT))
-		return host_copies;
-	return dpa_engine_load(dev->fw_state) != DPA_ENGINE_BULK || host_copies;
-}
-
-/*
- * Cooperative progress (host_device_ops.drive): run this rank's firmware on the calling
- * host thread until *word != seen, or (word NULL) until a round finds nothing to do.
- * Bulk ops stay with the progress threads (offload: the host sleeps meanwhile).
- */
-int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t timeout_ns,
-	      uint32_t flags)
-{
-	struct emu_device *dev = to_emu(hd);
-	struct emu_rank *r = self_rank(dev);
-	uint64_t deadline = emu_now_ns() + (uint64_t)(timeout_ns > 0 ? timeout_ns : 0);
-	int rc = -EBUSY, quiet = 0, rounds = 0, bulk = 0, all, yielded = 0;
-	uint32_t snap = 0;
-
-	if (!dev->nthreads_started)
-		return -EBUSY;
-	if (!may_drive(dev, flags)) {
-		/* A bulk op's waiter sleeps next: a command its progress thread has not taken
-		 * (asleep in its idle poll, which a doorbell leaves be) is handed over now, not
-		 * a nap later. The ring is read racily: a pass taking it meanwhile is fine. */
-		if ((flags & HOST_DRIVE_BULK_WAIT) && cmd_waiting(dev))
-			emu_kick_rank(dev, dev->attr.rank);
-		return -EBUSY;
-	}
-	if (!off_trylock(&dev->drive_lock))
-		return -EBUSY;
-	/* Closing: emu_wake_waiters() (host_ctx_shutdown) or emu_threads_stop() waits for us. */
-	if (off_load_acquire(&dev->stop) || off_load_acquire(&dev->closing)) {
-		off_unlock(&dev->drive_lock);
-		return -EBUSY;
-	}
-	off_store_release(&r->driving, 1);
-	off_fence();  /* pairs with wakers' fence: from here on, this rank's wakes are ours */
-	if (word)
-		off_write_once(&dev->host_waits, off_read_once(&dev->host_waits) + 1);
-	while (!off_read_once(&dev->stop) && !off_load_acquire(&dev->closing)) {
-		snap = event_snapshot(dev);
-		uint32_t cpu = emu_cpu_now();
-
-		emu_publish_cpu(dev, cpu);  /* cpu_alone() of the others reads it */
-		emu_take_handovers(dev, cpu);
-		int work = drive_round(dev, &all);
-
-		if (work && yielded) {  /* news: the next idle step may hand the core over again */
-			yielded = 0;
-			off_write_once(&dev->handoff_rearms, off_read_once(&dev->handoff_rearms) + 1);
-		}
-		quiet = !work && all;
-		if (!may_drive(dev, flags & ~(HOST_DRIVE_BULK_CMD | HOST_DRIVE_BULK_WAIT))) {
-			bulk = 1;  /* bulk work stays with the progress threads */
-			break;
-		}
-		if (!word) {  /* a post or a test(): until nothing is left to do */
-			if (quiet)
-				rc = 0;
-			if (quiet || !all || ++rounds >= EMU_DRIVE_ROUNDS)
-				break;
-			continue;
-		}
-		if (rc == 0 || off_load_acquire(word) != seen) {
-			/* Done. A round or two more takes the completions of what the last pass
-			 * posted, so that we leave the threads nothing to be woken for. */
-			rc = 0;
-			if (quiet || ++rounds >= 4)
-				break;
-			continue;
-		}
-		if (emu_now_ns() >= deadline) {
-			rc = -ETIMEDOUT;
-			break;
-		}
-		if (quiet)
-			host_idle(dev, snap, word, seen, deadline, &yielded);
-	}
-	/* Small ops left in flight (the load the last pass published): back soon, as a rule
-	 * (emu_host_leased). The line is written only when the lease changes. */
-	int small_left = !bulk && dev->attr.num_threads == 1 &&
-			 off_read_once(&r->load) == DPA_ENGINE_SMALL;
-	uint64_t lease = small_left ? emu_now_ns() + EMU_HOST_LEASE_NS : 0;
-
-	if (lease || off_read_once(&r->host_lease_ns))
-		off_write_once(&r->host_lease_ns, lease);
-	off_store_release(&r->driving, 0);
-	/* Pairs with a progress thread's sleepers increment and fence before it sleeps: it
-	 * either sees driving clear, or we see it asleep. It needs waking only if we leave
-	 * work behind that no later event would announce (or, leased, its sleep's end).
-	 * Pairs with emu_hand_over's fence too: a waker that saw us driving handed its
-	 * wake-up to us, and we take it now. */
-	off_fence();
-	emu_take_handovers(dev, off_read_once(&r->host_cpu));
-	if (bulk)  /* handed over as a post would: a thread in its idle poll sees it */
-		emu_doorbell_rank(dev, dev->attr.rank);
-	else if (off_read_once(&r->sleepers) &&
-		 (!quiet || work_waiting(dev) || (off_load_acquire(&r->event) != snap &&
-						  !emu_host_leased(dev, dev->attr.rank))))
-		emu_kick_rank(dev, dev->attr.rank);
-	off_unlock(&dev->drive_lock);
-	if ((flags & HOST_DRIVE_SMALL_POST) && !bulk)
-		emu_hand_back(dev);
-	return rc;
-}
-
-void emu_wake_waiters(struct host_device *hd, uint32_t *word)
-{
-	struct emu_device *dev = to_emu(hd);
-
-	/* Before the kick: a driver that reads the event it bumps sees the mark. */
-	__atomic_store_n(&dev->closing, 1, __ATOMIC_SEQ_CST);
-	if (dev->ranks)
-		emu_kick_rank(dev, dev->attr.rank);  /* a driver asleep between rounds */
-	emu_wake_word(dev, word);                /* waiters on the completion ring */
-}
-
-void emu_drive_stats(struct host_device *hd, struct host_drive_stats *out)
-{
-	struct emu_device *dev = to_emu(hd);
-
-	out->ops = off_read_once(&dev->host_ops);
-	out->passes = off_read_once(&dev->host_passes);
-	out->doorbells = off_read_once(&dev->doorbells);
-	out->doorbell_wakes = off_read_once(&dev->doorbell_wakes);
-	out->waits = off_read_once(&dev->host_waits);
-	out->sleeps = off_read_once(&dev->host_sleeps);
-	out->handoff_yields = off_read_once(&dev->handoff_yields);
-	out->handoff_rearms = off_read_once(&dev->handoff_rearms);
-	out->post_yields = off_read_once(&dev->post_yields);
-	out->wake_handovers = off_read_once(&dev->wake_handovers);
-	out->wire_bytes = off_read_once(&dev->wire_bytes);
-	out->wire_direct_bytes = off_read_once(&dev->wire_direct_bytes);
-	out->wire_rescues = off_read_once(&dev->wire_rescues);
-	out->wire_skipped_bytes = off_read_once(&dev->wire_skipped_bytes);
-	out->balance_moves = off_read_once(&dev->balance.moves);
 }

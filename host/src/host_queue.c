@@ -88,7 +88,7 @@ static int drives(const struct host_ctx *ctx, uint32_t small)
 static int post_in(struct host_ctx *ctx, const struct host_op *user_op, int64_t timeout_ns,
 		   uint32_t *tag)
 {
-	int64_t deadline = now_ns() + (timeout_ns > 0 ? timeout_ns : 0);
+	int64_t deadline = 0;  /* set once the ring is full: a post reads no clock otherwise */
 	struct timespec pause = { 0, 20000 };
 	struct host_op op = *user_op;
 	struct host_op_mr mr[HOST_OP_BUFS] = { { 0, 0 } };
@@ -113,7 +113,9 @@ static int post_in(struct host_ctx *ctx, const struct host_op *user_op, int64_t 
 			rc = -ESHUTDOWN;
 			break;
 		}
-		if (now_ns() >= deadline)
+		if (!deadline)
+			deadline = now_ns() + (timeout_ns > 0 ? timeout_ns : 0);
+		else if (now_ns() >= deadline)
 			break;
 		nanosleep(&pause, NULL);
 		rc = 0;
@@ -200,8 +202,7 @@ int host_test(struct host_ctx *ctx, uint32_t tag, struct host_completion *out)
 static int wait_in(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, int64_t poll_ns,
 		   struct host_completion *out)
 {
-	int64_t start = now_ns();
-	int64_t deadline = timeout_ns < 0 ? INT64_MAX : start + timeout_ns;
+	int64_t start = 0, deadline = INT64_MAX;  /* from the first look that finds it pending */
 	/* A small op's waiter runs the firmware; for a bulk op's the device decides whether
 	 * the host may copy (a command its threads have not taken yet is bulk work too). */
 	int drive = ctx->coop && ctx->ops->drive;
@@ -219,6 +220,11 @@ static int wait_in(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, int64
 		if (closing(ctx))  /* woken by host_ctx_shutdown(); the op stays pending */
 			return -ESHUTDOWN;
 		now = now_ns();
+		if (!start) {
+			start = now;
+			if (timeout_ns >= 0)
+				deadline = start + timeout_ns;
+		}
 		if (now >= deadline)
 			return -ETIMEDOUT;
 		left = deadline - now < HOST_SLEEP_MAX ? deadline - now : HOST_SLEEP_MAX;
