@@ -34,8 +34,7 @@ void dpa_hal_host_notify(struct dpa_hal *hal)
 
 uint64_t dpa_hal_time_ns(struct dpa_hal *hal)
 {
-	(void)hal;
-	return emu_now_ns();
+	return emu_pass_now(hal);
 }
 
 static void emu_close(struct host_device *hd)

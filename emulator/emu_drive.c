@@ -246,7 +246,7 @@ int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t tim
 	else if (off_read_once(&r->sleepers) &&
 		 (!quiet || work_waiting(dev) || (off_load_acquire(&r->event) != snap &&
 						  off_read_once(&r->load) != DPA_ENGINE_IDLE &&
-						  !emu_host_leased(dev, dev->attr.rank))))
+						  !emu_host_leased(dev, dev->attr.rank, NULL))))
 		emu_kick_rank(dev, dev->attr.rank);
 	off_unlock(&dev->drive_lock);
 	if ((flags & HOST_DRIVE_SMALL_POST) && !bulk)

@@ -240,8 +240,8 @@ struct dpa_hal {
 	uint8_t *rail;        /* [world size] per peer: the rail this thread posts on */
 	int pinned;           /* its progress thread runs on one CPU for bulk work ... */
 	cpu_set_t cpus;       /* ... and goes back to these after it (emu_progress.c) */
-	uint32_t cq_head;     /* consumer and producer are both this thread */
-	uint32_t cq_tail;
+	uint32_t cq_head, cq_tail;  /* consumer and producer are both this thread */
+	uint64_t now_ns;      /* the pass's clock, read at most once (emu_pass_now); 0: not yet */
 	struct dpa_hal_cqe cq[EMU_CQ_DEPTH];
 	/* Thread 0's writes on the wires (emu_wire.c), oldest first, and its side of each
 	 * wire ([world size]; NULL on the other threads, whose writes never take one). */
@@ -522,8 +522,7 @@ void emu_hand_back(struct emu_device *dev);        /* after a small post: yield 
 /* Ranks outnumber the cores and ours has two more than another CPU: move there (1). */
 int emu_balance(struct emu_device *dev, uint64_t now);
 int emu_spin_worthwhile(const struct emu_device *dev);  /* no copier's core taken by it */
-/* Need a peer's write to rank not wake its progress thread (the host's lease holds)? */
-int emu_host_leased(const struct emu_device *dev, uint32_t rank);
+int emu_host_leased(const struct emu_device *dev, uint32_t rank, struct dpa_hal *pass);
 /* The wake-up hand-over: 1 if a driver running on the CPU rank's driver sleeps on takes
  * the wake-up (the caller owns it: it disarmed the sleeper), 0 to wake it itself. */
 int emu_hand_over(struct emu_device *dev, uint32_t rank);
@@ -551,6 +550,7 @@ struct timespec emu_ns_to_ts(int64_t ns);
 int emu_wait_word(struct emu_device *dev, uint32_t *word, uint32_t seen, int64_t timeout_ns);
 void emu_wake_word(struct emu_device *dev, uint32_t *word);
 uint64_t emu_now_ns(void);
+uint64_t emu_pass_now(struct dpa_hal *pass);  /* the clock read once a pass; NULL: now */
 
 /* emu_wire.c: writes into a peer's private memory through the job segment */
 uint32_t emu_wire_slots(uint32_t nranks);

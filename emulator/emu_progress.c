@@ -187,6 +187,7 @@ int emu_run_pass(struct emu_device *dev, struct dpa_hal *hal, int host)
 	 * after we had stopped waiting: nobody else clears it then). */
 	if (off_read_once(&self->waking_ns))
 		off_write_once(&self->waking_ns, 0);
+	hal->now_ns = 0;  /* emu_pass_now: this pass's clock (emu_flush_wakes resets it too) */
 	emu_sync_peers(dev);  /* closed and unreachable peers, for the firmware */
 	work = emu_wire_place(dev, hal);  /* peers' writes on our wires, into place */
 	work += dpa_progress(dev->fw_state, hal);

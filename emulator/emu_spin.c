@@ -268,13 +268,13 @@ int emu_balance(struct emu_device *dev, uint64_t now)
  * thread per rank (the ranks fill the cores), whose sleep's end is published exactly
  * (dpa_sleep_until); a sleeper that went to bed before the lease, for longer, is woken.
  */
-int emu_host_leased(const struct emu_device *dev, uint32_t rank)
+int emu_host_leased(const struct emu_device *dev, uint32_t rank, struct dpa_hal *pass)
 {
 	const struct emu_rank *r = &dev->ranks[rank];
 	uint64_t lease = off_read_once(&r->host_lease_ns);
 
 	/* No lease (the usual case outside small ops): no clock read on the waker's path. */
-	return lease && emu_now_ns() < lease &&
+	return lease && emu_pass_now(pass) < lease &&
 	       off_read_once(&r->dpa_sleep_until) <= lease + EMU_HOST_LEASE_NS;
 }
 

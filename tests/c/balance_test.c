@@ -53,6 +53,12 @@ uint64_t emu_now_ns(void)
 	return 0;  /* emu_balance takes its time from the caller */
 }
 
+uint64_t emu_pass_now(struct dpa_hal *pass)
+{
+	(void)pass;
+	return emu_now_ns();
+}
+
 uint32_t emu_cpu_now(void)
 {
 	return on_cpu;
