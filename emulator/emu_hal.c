@@ -123,7 +123,7 @@ static int32_t vm_copy(int32_t pid, int to_remote, void *local, uint64_t raddr, 
 
 /* A contiguous write into memory mapped here: as a NIC's DMA does it (emu_dma_copy,
  * streaming stores), except into our own memory where every rank has a core: there the
- * rank's own thread copies (emu_progress.c) between buffers it just touched, and cache-
+ * rank's own thread copies (emu_drive.c) between buffers it just touched, and cache-
  * filling stores beat streaming ones (n=2, 1 MiB per peer: 0.6x Open MPI's busbw with
  * streaming, 0.8x with memcpy). Where ranks share cores the progress threads copy, and
  * streaming measured better (n=4: 0.74-0.90x against 0.64-0.85x). Rows gathered or placed

@@ -55,7 +55,7 @@ for i in range(300):
     assert took < 0.05, f"all-to-all {i} took {took * 1e3:.1f} ms with the background load"
     check_equal(dst, want, f"all-to-all {i}")
 st = ctx.stats()
-# The hand-off (emulator/emu_progress.c host_idle): a waiting driver yields its core to a
+# The hand-off (emulator/emu_drive.c host_idle): a waiting driver yields its core to a
 # thread of the job waiting for one, once per wait and again only after a sleep or a pass
 # that found work after a yield (a peer's write came in: handoff_rearms), never in a loop
 # while nothing comes in; the ranks outnumber the cores here, so it happens; the progress

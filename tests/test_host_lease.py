@@ -1,4 +1,4 @@
-"""The host's lease (emulator/emu_progress.c): after a host thread drove small ops, peers'
+"""The host's lease (emulator/emu_drive.c): after a host thread drove small ops, peers'
 writes do not wake its rank's progress thread for a while, since the host is normally back
 within microseconds (its wait()). A host that goes off to other work instead must not
 hold its ops, nor its peers', for longer than the lease: its progress thread takes over.
