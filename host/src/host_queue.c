@@ -113,9 +113,11 @@ static int post_in(struct host_ctx *ctx, const struct host_op *user_op, int64_t 
 			rc = -ESHUTDOWN;
 			break;
 		}
+		int64_t now = now_ns();
+
 		if (!deadline)
-			deadline = now_ns() + (timeout_ns > 0 ? timeout_ns : 0);
-		else if (now_ns() >= deadline)
+			deadline = now + (timeout_ns > 0 ? timeout_ns : 0);
+		if (now >= deadline)
 			break;
 		nanosleep(&pause, NULL);
 		rc = 0;
