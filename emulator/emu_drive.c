@@ -53,8 +53,10 @@ static int engine_settled(struct emu_device *dev)
 {
 	if (dpa_engine_load(dev->fw_state) != DPA_ENGINE_IDLE)
 		return 0;
+	/* Read after the round released the locks: the progress threads pass no more while
+	 * we drive, so these hold still. */
 	for (uint32_t t = 0; t < dev->attr.num_threads; t++)
-		if (dev->hals[t].cq_head != dev->hals[t].cq_tail)
+		if (off_read_once(&dev->hals[t].cq_head) != off_read_once(&dev->hals[t].cq_tail))
 			return 0;
 	return !work_waiting(dev);
 }
