@@ -29,7 +29,8 @@ static int cmd_waiting(struct emu_device *dev)
 	return off_load_acquire(&ring->sq_tail) != off_read_once(&ring->sq_head);
 }
 
-/* Is a firmware timer set on any thread (due or not)? No clock read. */
+/* Is a firmware timer set on any thread, due or not? (Read with `now` 0: no clock read,
+ * and a due timer is left for the pass that runs it to take.) */
 static int timer_set(struct emu_device *dev)
 {
 	for (uint32_t t = 0; t < dev->attr.num_threads; t++)
@@ -41,8 +42,7 @@ static int timer_set(struct emu_device *dev)
 /* Does the engine need a pass without any event coming: a command not taken, or a timer? */
 static int work_waiting(struct emu_device *dev)
 {
-	return cmd_waiting(dev) || emu_wire_pending(dev) ||
-	       (timer_set(dev) && emu_next_timer(dev, emu_now_ns()) != 0);
+	return cmd_waiting(dev) || emu_wire_pending(dev) || timer_set(dev);
 }
 
 /* Could a pass do anything now? Not with no op in flight, no completion to reap and no
@@ -100,10 +100,6 @@ static void host_idle(struct emu_device *dev, uint32_t snap, uint32_t *word, uin
 	struct emu_rank *r = &dev->ranks[dev->attr.rank];
 	uint64_t now = emu_now_ns(), timer = emu_next_timer(dev, now);
 	uint64_t spin_end = now + emu_spin_budget_ns(dev), until = deadline;
-	/* As the sleep below: a pass only once as many peers' writes came in as the ops need
-	 * (each pass walks every op in flight; one per block of an all-to-all was 2 a op),
-	 * or a command came. */
-	uint32_t need = dpa_engine_events_needed(dev->fw_state);
 
 	if (timer == 1)
 		return;
@@ -132,7 +128,7 @@ static void host_idle(struct emu_device *dev, uint32_t snap, uint32_t *word, uin
 	}
 	*yielded = 0;
 	off_write_once(&dev->host_sleeps, off_read_once(&dev->host_sleeps) + 1);
-	emu_driver_sleep(dev, snap, need, (int64_t)(until - now));
+	emu_driver_sleep(dev, snap, dpa_engine_events_needed(dev->fw_state), (int64_t)(until - now));
 }
 
 /* Bulk work (long copies) is the progress threads' where the ranks outnumber the cores:

@@ -521,7 +521,7 @@ int emu_cpu_shared(const struct emu_device *dev);  /* another rank waits for our
 void emu_hand_back(struct emu_device *dev);        /* after a small post: yield to it */
 /* Ranks outnumber the cores and ours has two more than another CPU: move there (1). */
 int emu_balance(struct emu_device *dev, uint64_t now);
-int emu_spin_worthwhile(const struct emu_device *dev);  /* no copier's core taken by it */
+int emu_spin_worthwhile(const struct emu_device *dev);  /* no bulk copier, a core each? */
 int emu_host_leased(const struct emu_device *dev, uint32_t rank, struct dpa_hal *pass);
 /* The wake-up hand-over: 1 if a driver running on the CPU rank's driver sleeps on takes
  * the wake-up (the caller owns it: it disarmed the sleeper), 0 to wake it itself. */
