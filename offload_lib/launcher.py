@@ -172,8 +172,9 @@ class _Forwarder(threading.Thread):
 
 
 # ---------------------------------------------------------------------------------------------
-# signals: SIGINT/SIGTERM to the launcher must still stop the ranks (they run in their own
-# sessions, so the terminal's Ctrl-C does not reach them) and remove the job's segments.
+# signals: SIGINT/SIGTERM to the launcher must still stop the ranks (each runs in its own process
+# group, outside the terminal's foreground group, so Ctrl-C does not reach them) and remove the
+# job's segments.
 
 
 class _Interrupted(BaseException):
@@ -276,6 +277,11 @@ def _die_with(parent: int) -> Callable[[], None]:
     prctl = _LIBC.prctl  # looked up before fork: the child only calls it
 
     def arm() -> None:  # runs in the child between fork and exec
+        # Own process group (killpg reaches the rank's children) but the launcher's session: a
+        # new session is a new autogroup, and the scheduler weighs a lone autogroup's thread so
+        # lightly that, moved to a CPU other sessions keep busy, it waits there for whole
+        # periods (docs/performance.md, issue 16 sixteenth session).
+        os.setpgid(0, 0)
         prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # the launcher died before we armed: follow it
             os.kill(os.getpid(), signal.SIGKILL)
@@ -378,7 +384,7 @@ def launch(
                     p = subprocess.Popen(
                         list(cmd), env=_rank_env(base_env, rank, nprocs, job, key, port, pipe),
                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                        stderr=subprocess.PIPE, start_new_session=True, pass_fds=(life_r,),
+                        stderr=subprocess.PIPE, pass_fds=(life_r,),
                         preexec_fn=_die_with(os.getpid()),
                     )
                 except OSError as e:
