@@ -105,7 +105,7 @@ struct emu_rank {
 	/* The CPU its host thread last ran on in the library, EMU_CPU_ASLEEP while it sleeps
 	 * in a wait: a driver may spin where no other awake one last ran (emu_spin.c). */
 	uint32_t host_cpu;
-	uint32_t resv0;
+	int32_t sid;          /* its session: the balance moves only within one (emu_spin.c) */
 	/* Line 2, bumped by doorbells and remote signals, slept on by progress threads
 	 * (futex bitset EMU_WAKE_DPA) and a host thread driving the engine (EMU_WAKE_HOST). */
 	uint32_t event;

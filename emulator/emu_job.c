@@ -217,6 +217,7 @@ int emu_job_open(struct emu_device *dev)
 		emu_mcast_forget(dev);
 	}
 	off_write_once(&self->host_cpu, emu_cpu_now());
+	off_write_once(&self->sid, (int32_t)getsid(0));
 	off_write_once(&self->threads, dev->attr.num_threads);
 	off_store_release(&self->pid, pid);
 	if (getrandom(&dev->rng, sizeof(dev->rng), 0) != sizeof(dev->rng))

@@ -145,6 +145,10 @@ int emu_woken_waiting(const struct emu_device *dev, uint64_t now)
  * the CPU we went to) doubles how long a crowd must last before our next one: we do not
  * fight the kernel's balancer forever. A rank counts at most once per EMU_BALANCE_LOOK_NS
  * (at every idle step it was 1.2% of the CPU of a 1 KiB all-to-all loop at n=4).
+ * Only where every rank of the job is in our session: with autogroup, a session is a
+ * scheduling group, and a thread moved onto a CPU that other groups keep busy can wait
+ * there for hundreds of milliseconds (788 ms in one trace) while its own group's weight
+ * on that CPU catches up; torchrun starts each rank in a session of its own.
  */
 
 /* The job's ranks by CPU: a host thread awake where it last drove, a driver asleep where
@@ -163,6 +167,18 @@ static void count_ranks(const struct emu_device *dev, uint32_t cpu, uint32_t *co
 		if (at < EMU_BALANCE_CPUS)
 			count[at]++;
 	}
+}
+
+/* Every rank still in the job is in our session (emu_job_open publishes each one's). */
+static int one_session(const struct emu_device *dev)
+{
+	int32_t ours = off_read_once(&dev->ranks[dev->attr.rank].sid);
+
+	for (uint32_t i = 0; i < dev->attr.size; i++)
+		if (off_read_once(&dev->ranks[i].state) == EMU_RANK_ALIVE &&
+		    off_read_once(&dev->ranks[i].sid) != ours)
+			return 0;
+	return 1;
 }
 
 /* The CPU of `allowed` with the fewest ranks (ours if none has fewer). */
@@ -234,6 +250,10 @@ int emu_balance(struct emu_device *dev, uint64_t now)
 	b->seen_ns = now;
 	if (now - b->crowded_ns < (b->hold_ns ? b->hold_ns : EMU_BALANCE_AFTER_NS) || now < until)
 		return 0;
+	if (!one_session(dev)) {
+		b->crowded_ns = now;  /* the ranks in other sessions may leave: look again later */
+		return 0;
+	}
 	/* The process's CPUs at start said where to look; our own, now, say where we may go. */
 	if (sched_getaffinity(0, sizeof(mine), &mine)) {
 		b->off = 1;

@@ -78,6 +78,19 @@ def check_equal(got, want, what):
             f"got {got[i]!r}, want {want[i]!r}"
         )
 
+
+def own_session():
+    """Go on in a session of our own, as torchrun starts its ranks. The launcher made us a
+    process group leader, which setsid refuses: a child goes on, we wait for it and exit
+    with its status, and it dies with us."""
+    import ctypes
+
+    child = os.fork()
+    if child:
+        os._exit(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    os.setsid()
+
 '''
 
 

@@ -3,8 +3,9 @@
 One ``nice -n 19`` busy loop per core runs for the whole job (as ``dpa-offload bench
 --background-load`` starts them). No 1 KiB all-to-all may take longer than 50 ms: a hang
 check, not a speed check (they take tens of microseconds), for waits that would hand the
-core away to the loops for whole slices, or sleep without being woken. Cooperative progress
-and the progress threads alone, more ranks than cores; the drivers' yields to a peer waiting
+core away to the loops for whole slices, or sleep without being woken, less the time the
+host stopped a CPU (tests/_pause_witness.py). Cooperative progress and the progress threads
+alone, more ranks than cores; the drivers' yields to a peer waiting
 for a core stay within one per wait, one per sleep and one per pass that found work after
 a yield, and the yields after a small post to a rank waiting for the core within one a post.
 """

@@ -13,7 +13,8 @@ again at once, as the library moves a rank), then runs small ops: the data stays
 the moves stay few. With a busy loop of someone else's pinned to the first CPU the kernel
 takes every rank that moves there back within a millisecond or two: each rank's moves grow
 with the logarithm of the job's length, not with its length. Ranks the user pinned there
-(their affinity kept at one CPU) stay where they are.
+(their affinity kept at one CPU) stay where they are, and so do ranks each in a session of
+its own.
 """
 from __future__ import annotations
 
@@ -31,6 +32,8 @@ from _mp import run_ranks
 CC = shutil.which("gcc") or shutil.which("cc")
 
 SPREAD = r'''
+if os.environ.get("OWN_SESSION") == "1":
+    own_session()
 both = sorted(os.sched_getaffinity(0))[:2]
 os.sched_setaffinity(0, both)  # the job's CPUs: the progress threads inherit them
 ctx = ol.init()
@@ -126,6 +129,15 @@ def test_ranks_stop_moving_where_the_kernel_takes_them_back(busy_first_cpu):
     rows = _spread({"USER_PINNED": "0", "ITERATIONS": "1500"})
     ms = max(row["ms"] for row in rows)
     assert all(row["moves"] <= _most_moves(ms) for row in rows), rows
+
+
+@needs_two_cpus
+@pytest.mark.timeout(120)
+def test_ranks_in_sessions_of_their_own_stay_where_the_kernel_puts_them(busy_first_cpu):
+    """As torchrun starts them: with autogroup each is a scheduling group of its own, and a
+    move onto a CPU other groups keep busy can wait there for long (emu_spin.c)."""
+    rows = _spread({"USER_PINNED": "0", "OWN_SESSION": "1", "ITERATIONS": "300"})
+    assert all(row["moves"] == 0 for row in rows), rows
 
 
 @needs_two_cpus

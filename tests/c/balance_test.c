@@ -7,7 +7,7 @@
  * with its affinity as it was; one move in the job per EMU_BALANCE_GAP_NS; a move the
  * kernel undoes soon doubles the hold; never onto a CPU its own affinity leaves out,
  * never where the ranks fit the cores, never for ranks that left the job or sleep outside
- * a drive. Also: a spinner stops for a woken sleeper that has not run yet only where the
+ * a drive, never while a rank of the job is in another session. Also: a spinner stops for a woken sleeper that has not run yet only where the
  * ranks outnumber the cores (emu_woken_waiting); a small post yields to another rank
  * waiting for our CPU (emu_cpu_shared). emu_spin.c is linked alone: ringing the bell
  * does nothing here, and this file stands in for the kernel (the CPU we run on,
@@ -280,6 +280,20 @@ int main(void)
 	ranks[3].state = EMU_RANK_DEAD;
 	CHECK(!moves_after(&dev, t, AFTER), "moved for ranks gone");
 	ranks[2].state = ranks[3].state = EMU_RANK_ALIVE;
+
+	/* A rank of the job in another session (torchrun starts each in its own): with
+	 * autogroup a move onto a CPU other groups keep busy can wait there for long, so none;
+	 * once that rank left the job, the move. */
+	t += 2 * UNDONE;
+	crowd(&dev);
+	ranks[0].sid = 7;
+	int calls_before_sessions = get_calls;
+	CHECK(!moves_after(&dev, t, AFTER), "moved with a rank in another session");
+	CHECK(get_calls == calls_before_sessions, "asked the kernel for our CPUs all the same");
+	ranks[0].state = EMU_RANK_CLOSED;
+	CHECK(moves_after(&dev, t + AFTER + LOOK, AFTER), "no move once the job shares a session");
+	ranks[0].state = EMU_RANK_ALIVE;
+	ranks[0].sid = 0;
 
 	/* A CPU the kernel did not tell: nothing counted, nothing moved. */
 	t += 2 * UNDONE;
