@@ -5,7 +5,8 @@ One ``nice -n 19`` busy loop per core runs for the whole job (as ``dpa-offload b
 check, not a speed check (they take tens of microseconds), for waits that would hand the
 core away to the loops for whole slices, or sleep without being woken, less the time the
 host stopped a CPU (tests/_pause_witness.py). Cooperative progress and the progress threads
-alone, more ranks than cores; the drivers' yields to a peer waiting
+alone, more ranks than cores, the ranks in the launcher's session or (as torchrun starts
+them) each in a session of its own; the drivers' yields to a peer waiting
 for a core stay within one per wait, one per sleep and one per pass that found work after
 a yield, and the yields after a small post to a rank waiting for the core within one a post.
 """
@@ -23,6 +24,8 @@ WITNESS = os.path.join(os.path.dirname(__file__), "_pause_witness.py")
 BUSY_LOOP = "import os\nos.nice(19)\nwhile True:\n    pass\n"
 
 SMALL_OPS = r'''
+if os.environ["SESSIONS"] == "own":
+    own_session()
 ctx = ol.init()
 n, me = ctx.size, ctx.rank
 src = np.arange(256 * n, dtype=np.float32) + 1000 * me
@@ -62,7 +65,10 @@ assert st["handoff_yields"] <= st["host_waits"] + st["host_sleeps"] + st["handof
 # completed here: a barrier and an all-to-all per iteration), for a rank of the job.
 assert st["post_yields"] <= st["ops_completed"], st
 if os.environ["OFFLOAD_PROGRESS"] == "cooperative":
-    assert st["handoff_yields"] > 0 and st["host_waits"] > 0 and st["post_yields"] > 0, st
+    assert st["handoff_yields"] > 0 and st["host_waits"] > 0, st
+    # Each in a session of its own, a rank went a whole job without posting while another
+    # waited for its CPU (1 run in 15): the kernel shares the CPUs between sessions first.
+    assert st["post_yields"] > 0 or os.environ["SESSIONS"] == "own", st
 else:
     assert st["handoff_yields"] == 0 and st["host_waits"] == 0 and st["post_yields"] == 0, st
 print(f"worst {worst * 1e6:.0f} us")
@@ -87,9 +93,11 @@ def background_load(tmp_path):
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("n, progress", [(4, "cooperative"), (8, "cooperative"), (4, "threads")])
-def test_small_alltoalls_never_stall_behind_a_busy_loop(background_load, n, progress):
+@pytest.mark.parametrize("n, progress, sessions", [
+    (4, "cooperative", "shared"), (8, "cooperative", "shared"), (4, "threads", "shared"),
+    (4, "cooperative", "own")])
+def test_small_alltoalls_never_stall_behind_a_busy_loop(background_load, n, progress, sessions):
     out = run_ranks(n, SMALL_OPS, timeout=90,
                     env={"OFFLOAD_PROGRESS": progress, "PAUSE_WITNESS": background_load,
-                         "TESTS_DIR": os.path.dirname(__file__)})
+                         "TESTS_DIR": os.path.dirname(__file__), "SESSIONS": sessions})
     assert all("worst" in text for text in out), out
