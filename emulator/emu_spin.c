@@ -146,9 +146,9 @@ int emu_woken_waiting(const struct emu_device *dev, uint64_t now)
  * fight the kernel's balancer forever. A rank counts at most once per EMU_BALANCE_LOOK_NS
  * (at every idle step it was 1.2% of the CPU of a 1 KiB all-to-all loop at n=4).
  * Only where every rank of the job is in our session: with autogroup, a session is a
- * scheduling group, and a thread moved onto a CPU that other groups keep busy can wait
- * there for hundreds of milliseconds (788 ms in one trace) while its own group's weight
- * on that CPU catches up; torchrun starts each rank in a session of its own.
+ * scheduling group, and a thread moved onto a CPU that other groups keep busy waited there
+ * up to 788 ms, runnable (a perf sched trace); torchrun starts each rank in a session of
+ * its own.
  */
 
 /* The job's ranks by CPU: a host thread awake where it last drove, a driver asleep where

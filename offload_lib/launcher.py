@@ -278,9 +278,9 @@ def _die_with(parent: int) -> Callable[[], None]:
 
     def arm() -> None:  # runs in the child between fork and exec
         # Own process group (killpg reaches the rank's children) but the launcher's session: a
-        # new session is a new autogroup, and the scheduler weighs a lone autogroup's thread so
-        # lightly that, moved to a CPU other sessions keep busy, it waits there for whole
-        # periods (docs/performance.md, issue 16 sixteenth session).
+        # new session is a new autogroup, and a rank alone in one, moved onto a CPU that other
+        # sessions kept busy, waited there up to 788 ms (docs/performance.md, issue 16,
+        # sixteenth session). mpirun does the same.
         os.setpgid(0, 0)
         prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
         if os.getppid() != parent:  # the launcher died before we armed: follow it

@@ -85,10 +85,13 @@ def own_session():
     with its status, and it dies with us."""
     import ctypes
 
+    parent = os.getpid()
     child = os.fork()
     if child:
         os._exit(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
     ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before we armed
+        os._exit(1)
     os.setsid()
 
 '''
