@@ -96,6 +96,22 @@ static int claim_u32(uint32_t *word, uint32_t want)
 	return zero == want ? 0 : -EINVAL;
 }
 
+/* Our session where the kernel schedules each session as a group of its own (autogroup
+ * on), else 0: then sessions do not matter to where a thread may move (emu_spin.c). Under a
+ * cgroup's CPU controller autogroup does not apply either; this stays on the strict side. */
+static int32_t sched_session(void)
+{
+	char on = '0';
+	int fd = open("/proc/sys/kernel/sched_autogroup_enabled", O_RDONLY | O_CLOEXEC);
+
+	if (fd >= 0) {
+		if (read(fd, &on, 1) != 1)
+			on = '0';
+		close(fd);
+	}
+	return on == '1' ? (int32_t)getsid(0) : 0;
+}
+
 /* Is a rank's pid still a live process? (Used to refuse stealing a live rank.) */
 static int pid_alive(int32_t pid)
 {
@@ -217,7 +233,7 @@ int emu_job_open(struct emu_device *dev)
 		emu_mcast_forget(dev);
 	}
 	off_write_once(&self->host_cpu, emu_cpu_now());
-	off_write_once(&self->sid, (int32_t)getsid(0));
+	off_write_once(&self->sid, sched_session());
 	off_write_once(&self->threads, dev->attr.num_threads);
 	off_store_release(&self->pid, pid);
 	if (getrandom(&dev->rng, sizeof(dev->rng), 0) != sizeof(dev->rng))

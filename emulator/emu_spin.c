@@ -169,13 +169,14 @@ static void count_ranks(const struct emu_device *dev, uint32_t cpu, uint32_t *co
 	}
 }
 
-/* Every rank still in the job is in our session (emu_job_open publishes each one's). */
+/* Every rank still in the job is in our session (emu_job_open publishes each one's, 0 for
+ * all where the kernel does not schedule sessions as groups). */
 static int one_session(const struct emu_device *dev)
 {
 	int32_t ours = off_read_once(&dev->ranks[dev->attr.rank].sid);
 
 	for (uint32_t i = 0; i < dev->attr.size; i++)
-		if (off_read_once(&dev->ranks[i].state) == EMU_RANK_ALIVE &&
+		if (off_load_acquire(&dev->ranks[i].state) == EMU_RANK_ALIVE &&
 		    off_read_once(&dev->ranks[i].sid) != ours)
 			return 0;
 	return 1;

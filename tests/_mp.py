@@ -81,14 +81,21 @@ def check_equal(got, want, what):
 
 def own_session():
     """Go on in a session of our own, as torchrun starts its ranks. The launcher made us a
-    process group leader, which setsid refuses: a child goes on, we wait for it and exit
-    with its status, and it dies with us."""
+    process group leader, which setsid refuses: a child goes on, we wait for it (passing
+    the launcher's SIGTERM and SIGINT on, so that its traceback shows) and end as it did;
+    it dies with us."""
     import ctypes
 
     parent = os.getpid()
     child = os.fork()
     if child:
-        os._exit(os.waitstatus_to_exitcode(os.waitpid(child, 0)[1]))
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda signum, frame: os.kill(child, signum))
+        status = os.waitpid(child, 0)[1]
+        if os.WIFSIGNALED(status):
+            signal.signal(os.WTERMSIG(status), signal.SIG_DFL)
+            os.kill(os.getpid(), os.WTERMSIG(status))
+        os._exit(os.waitstatus_to_exitcode(status))
     ctypes.CDLL(None).prctl(1, signal.SIGKILL, 0, 0, 0)  # PR_SET_PDEATHSIG
     if os.getppid() != parent:  # it died before we armed
         os._exit(1)

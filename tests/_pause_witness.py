@@ -16,7 +16,7 @@ another CPU is still stopped (its part there was done): each witness also keeps 
 its last wake in FILE.beat, and stopped_during waits until every CPU's witness has woken
 after t1.
 
-    python tests/_pause_witness.py FILE     # until killed (its watchers die with it)
+    python tests/_pause_witness.py FILE     # until killed, or its parent dies
 
 A hang check subtracts ``stopped_during(FILE, t0, t1)`` from what it measured.
 """
@@ -36,12 +36,20 @@ BEAT = struct.Struct("d")  # one per CPU in FILE.beat: the time of its witness's
 _PR_SET_PDEATHSIG = 1
 
 
+def _die_with(parent: int) -> None:
+    ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # it died before we armed
+        os._exit(0)
+
+
 def _watch(cpu: int, slot: int, out: int, beats: mmap.mmap) -> None:
     os.sched_setaffinity(0, {cpu})
     try:
         os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
     except PermissionError:
-        pass
+        if slot == 0:
+            print("pause witness: SCHED_FIFO refused, running at nice 0: a wait behind busy "
+                  "threads may be recorded as a stop", file=sys.stderr)
     last = time.monotonic()
     while True:
         time.sleep(0.001)
@@ -89,18 +97,16 @@ def stopped_during(path: str, t0: float, t1: float) -> float:
 
 
 def main(path: str) -> None:
+    _die_with(os.getppid())  # the test that started us
     out = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     cpus = sorted(os.sched_getaffinity(0))
     with open(path + ".beat", "w+b") as f:
         f.truncate(BEAT.size * len(cpus))  # zeros: no wake yet
         beats = mmap.mmap(f.fileno(), 0)
-    prctl = ctypes.CDLL(None, use_errno=True).prctl
     parent = os.getpid()
     for slot, cpu in enumerate(cpus):
         if os.fork() == 0:
-            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-            if os.getppid() != parent:  # killed before we armed
-                os._exit(0)
+            _die_with(parent)
             _watch(cpu, slot, out, beats)
     while True:
         signal.pause()

@@ -7,8 +7,9 @@
  * with its affinity as it was; one move in the job per EMU_BALANCE_GAP_NS; a move the
  * kernel undoes soon doubles the hold; never onto a CPU its own affinity leaves out,
  * never where the ranks fit the cores, never for ranks that left the job or sleep outside
- * a drive, never while a rank of the job is in another session. Also: a spinner stops for a woken sleeper that has not run yet only where the
- * ranks outnumber the cores (emu_woken_waiting); a small post yields to another rank
+ * a drive, never while a rank of the job is in another session. Also: a spinner stops
+ * for a woken sleeper that has not run yet only where the ranks outnumber the cores
+ * (emu_woken_waiting); a small post yields to another rank
  * waiting for our CPU (emu_cpu_shared). emu_spin.c is linked alone: ringing the bell
  * does nothing here, and this file stands in for the kernel (the CPU we run on,
  * sched_getaffinity and sched_setaffinity: the executable's definitions take the calls),
