@@ -466,7 +466,10 @@ def _check_size_args(coll: Collective, args: argparse.Namespace) -> str | None:
 
 
 # One per core, at the lowest priority: the load a data loader or a logger puts on a
-# machine, which must not slow a collective down (the ranks do not yield to it).
+# machine, which must not slow a collective down (the ranks do not yield to it). In a session
+# of their own, as someone else's process: with autogroup, nice counts only within a session,
+# and the ranks (ours under the launcher, both libraries' under mpirun) must not share one
+# with the loops in one run and not in another.
 _BUSY_LOOP = "import os\nos.nice(19)\nwhile True:\n    pass\n"
 
 
@@ -477,7 +480,8 @@ def _background_load(on: bool) -> Iterator[None]:
         if on:
             for _ in range(len(os.sched_getaffinity(0))):
                 procs.append(subprocess.Popen([sys.executable, "-c", _BUSY_LOOP],
-                                              stdin=subprocess.DEVNULL))
+                                              stdin=subprocess.DEVNULL,
+                                              start_new_session=True))
         yield
     finally:
         for proc in procs:
