@@ -74,6 +74,23 @@ sys.stdout.write("no newline")
 
 
 @pytest.mark.timeout(60)
+def test_ranks_share_the_launchers_session_in_groups_of_their_own():
+    """A session of its own would be a scheduling group of its own (autogroup): a rank
+    moved onto a CPU other sessions kept busy waited there up to 788 ms. A process group
+    of its own: the terminal's Ctrl-C reaches the launcher only, and killpg a rank's
+    children."""
+    code = PRELUDE + """
+print(f"sid={os.getsid(0)} pgid={os.getpgid(0)} pid={os.getpid()}")
+"""
+    rc, out, _, _ = run(2, code)
+    assert rc == 0
+    rows = re.findall(r"\[\d\] sid=(\d+) pgid=(\d+) pid=(\d+)", out)
+    assert len(rows) == 2, out
+    for sid, pgid, pid in rows:
+        assert int(sid) == os.getsid(0) and pgid == pid, out
+
+
+@pytest.mark.timeout(60)
 def test_large_output_does_not_deadlock():
     code = PRELUDE + """
 line = "x" * 999
