@@ -10,8 +10,8 @@ against `perf sched`: each late wake is a gap with no scheduler event on that CP
 the privilege it runs at nice 0, which preempts ``nice -n 19`` loops but can wait a few ms
 behind busy ranks, and overstates a stop by that much. Processes, not threads: a thread
 stopped with the GIL held would make the others wake late too. Each late wake, over LATE_S,
-is appended to the file as "cpu start end" (CLOCK_MONOTONIC seconds, as time.perf_counter
-reads on Linux). A stop is on record only once its CPU runs again, and an op can end while
+is appended to the file as "cpu start end" (time.monotonic seconds: a hang check times its
+ops on that clock). A stop is on record only once its CPU runs again, and an op can end while
 another CPU is still stopped (its part there was done): each witness also keeps the time of
 its last wake in FILE.beat, and stopped_during waits until every CPU's witness has woken
 after t1.
