@@ -20,6 +20,8 @@
 #include "offload_atomic.h"
 
 #define EMU_DRIVE_ROUNDS 64             /* passes a post or a test() runs at most */
+#define EMU_SPIN_PREEMPTED_NS 10000ull  /* a spin step this long: another task ran */
+#define EMU_BESIDE_IDLE_OFF_NS 100000000ull  /* ... then no spin beside idle ranks */
 
 /* A command posted that no pass has taken yet? */
 static int cmd_waiting(struct emu_device *dev)
@@ -93,6 +95,8 @@ static int drive_round(struct emu_device *dev, int *all)
  * found work (a peer's write came in) or a sleep: a yield is never repeated while nothing
  * comes in, so an unrelated busy task cannot keep the driver off its core by
  * yield-polling; with nobody of the job waiting for a core there is no yield at all.
+ * Meanwhile idle_event tells the others on this CPU that we have nothing to do until our
+ * event moves: one of them may spin rather than hand us the core (emu_cpu_alone).
  */
 static void host_idle(struct emu_device *dev, uint32_t snap, uint32_t *word, uint32_t seen,
 		      uint64_t deadline, int *yielded)
@@ -103,32 +107,39 @@ static void host_idle(struct emu_device *dev, uint32_t snap, uint32_t *word, uin
 
 	if (timer == 1)
 		return;
-	while (now < spin_end && (emu_cores_to_spare(dev) || emu_cpu_alone(dev)) &&
+	off_write_once(&r->idle_event, snap + 1);
+	while (now < spin_end && (emu_cores_to_spare(dev) || emu_cpu_alone(dev, now)) &&
 	       !emu_woken_waiting(dev, now)) {
+		uint64_t before = now;
+
 		if (off_load_acquire(&r->event) != snap || off_load_acquire(word) != seen ||
 		    off_read_once(&dev->stop) || off_read_once(&dev->closing) || now >= deadline ||
 		    (timer && now >= timer))
-			return;
+			goto out;
 		for (int i = 0; i < OFF_SPIN_PAUSES; i++)
 			off_cpu_relax();
 		emu_take_handovers(dev, off_read_once(&r->host_cpu));
 		now = emu_now_ns();
+		if (now - before > EMU_SPIN_PREEMPTED_NS)  /* the CPU is not ours alone */
+			off_write_once(&dev->beside_idle_off_ns, now + EMU_BESIDE_IDLE_OFF_NS);
 	}
 	if (timer && timer < until)
 		until = timer;
 	if (until - now > (uint64_t)EMU_SLEEP_SLICE_NS)
 		until = now + (uint64_t)EMU_SLEEP_SLICE_NS;
 	if (until <= now || emu_balance(dev, now))
-		return;
+		goto out;
 	if (!*yielded && !emu_cores_to_spare(dev)) {
 		*yielded = 1;
 		off_write_once(&dev->handoff_yields, off_read_once(&dev->handoff_yields) + 1);
 		sched_yield();
-		return;
+		goto out;
 	}
 	*yielded = 0;
 	off_write_once(&dev->host_sleeps, off_read_once(&dev->host_sleeps) + 1);
 	emu_driver_sleep(dev, snap, dpa_engine_events_needed(dev->fw_state), (int64_t)(until - now));
+out:
+	off_write_once(&r->idle_event, 0);
 }
 
 /* Bulk work (long copies) is the progress threads' where the ranks outnumber the cores:

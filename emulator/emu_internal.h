@@ -117,7 +117,9 @@ struct emu_rank {
 	uint32_t driving;     /* a host thread runs this rank's engine (cooperative progress) */
 	uint32_t armed;       /* that host thread sleeps: the first waker clears it and wakes it */
 	uint32_t wake_event;  /* ... once event reaches this (peers' writes; kicks ignore it) */
-	uint32_t resv1;
+	/* While its driver idles between rounds (spins, or yielded its core: host_idle): the
+	 * event it last looked at, plus one; 0 otherwise (emu_spin.c, emu_cpu_alone). */
+	uint32_t idle_event;
 	uint64_t wake_ns;     /* when the last futex wake of this rank was issued */
 	/* Progress threads of `sleepers` only napping (idle poll after bulk work): a doorbell
 	 * need not wake them (io_uring SQPOLL's NEED_WAKEUP, inverted). Set before sleepers. */
@@ -310,6 +312,7 @@ struct emu_device {
 	uint64_t wake_handovers;      /* our wake-ups of peers taken by a thread on their CPU */
 	uint64_t handoff_rearms;      /* ... passes with news that allowed one more yield */
 	uint64_t post_yields;         /* small posts that handed the core back (emu_spin.c) */
+	uint64_t beside_idle_off_ns;  /* no spin beside idle ranks until then (emu_cpu_alone) */
 	struct emu_balance {          /* our host thread's moves (emu_spin.c: emu_balance) */
 		uint64_t moves, looked_ns, crowded_ns, seen_ns, hold_ns, moved_ns;
 		uint32_t moved_from, off;
@@ -515,7 +518,7 @@ void emu_wake_waiters(struct host_device *hd, uint32_t *word);
 /* emu_spin.c: who may spin, and when a peer's write need not wake a progress thread */
 uint64_t emu_spin_budget_ns(const struct emu_device *dev);
 int emu_cores_to_spare(const struct emu_device *dev);
-int emu_cpu_alone(const struct emu_device *dev);
+int emu_cpu_alone(const struct emu_device *dev, uint64_t now);
 int emu_woken_waiting(const struct emu_device *dev, uint64_t now);
 int emu_cpu_shared(const struct emu_device *dev);  /* another rank waits for our CPU? */
 void emu_hand_back(struct emu_device *dev);        /* after a small post: yield to it */

@@ -49,25 +49,35 @@ int emu_cores_to_spare(const struct emu_device *dev)
 	return job_awake(dev) <= (int64_t)dev->ncores;
 }
 
-/* Is this CPU ours alone among the job's threads: no other rank's host thread last ran
- * on it and is awake, and no progress thread is awake anywhere (they publish no CPU)?
- * Then a spinner keeps nobody of the job off a core, even where the job's threads
- * outnumber the cores: 4 ranks on 2 vCPUs, the two on the other vCPU sending what we
- * wait for while the other rank of ours sleeps. Sleeping there would halt this vCPU,
- * and the peers' wake-up would cost an inter-processor interrupt into a halted vCPU
- * (~30 us in this VM, against a spin the peers end in a few). */
-int emu_cpu_alone(const struct emu_device *dev)
+/* Is this CPU ours alone among the job's threads: no other rank's host thread that last
+ * ran on it is awake with anything to do, and no progress thread is awake anywhere (they
+ * publish no CPU)? Then a spinner keeps nobody of the job off a core, even where the
+ * job's threads outnumber the cores: 4 ranks on 2 vCPUs, the two on the other vCPU
+ * sending what we wait for while the other rank of ours sleeps. Sleeping there would
+ * halt this vCPU, and the peers' wake-up would cost an inter-processor interrupt into a
+ * halted vCPU (~30 us in this VM, against a spin the peers end in a few). A host thread
+ * idling between rounds of a wait with nothing new since it looked (its event where it
+ * left it: idle_event) has nothing to do either: handed the core, it would give it
+ * straight back. Both ranks of a vCPU waiting for the other vCPU's posts used to yield
+ * to each other like that, two switches of ~0.8 us for nothing each time, while the
+ * blocks they waited for came in (docs/performance.md, seventeenth session). */
+int emu_cpu_alone(const struct emu_device *dev, uint64_t now)
 {
 	uint32_t me = dev->attr.rank, cpu = emu_cpu_now(), hosts_awake = 0;
+	int beside_idle = now >= off_read_once(&dev->beside_idle_off_ns);
 
 	for (uint32_t i = 0; i < dev->attr.size; i++) {
-		uint32_t at = off_read_once(&dev->ranks[i].host_cpu);
+		const struct emu_rank *o = &dev->ranks[i];
+		uint32_t at = off_read_once(&o->host_cpu), idle;
 
 		if (at == EMU_CPU_ASLEEP)
 			continue;
-		if (at == cpu && i != me)
-			return 0;
 		hosts_awake++;
+		if (at != cpu || i == me)
+			continue;
+		idle = off_read_once(&o->idle_event);
+		if (!beside_idle || !idle || off_load_acquire(&o->event) != idle - 1)
+			return 0;
 	}
 	return job_awake(dev) <= (int64_t)hosts_awake;
 }

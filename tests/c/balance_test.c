@@ -10,7 +10,8 @@
  * a drive, never while a rank of the job is in another session. Also: a spinner stops
  * for a woken sleeper that has not run yet only where the ranks outnumber the cores
  * (emu_woken_waiting); a small post yields to another rank
- * waiting for our CPU (emu_cpu_shared). emu_spin.c is linked alone: ringing the bell
+ * waiting for our CPU (emu_cpu_shared); a waiter spins where nobody of the job on its CPU
+ * has anything to do (emu_cpu_alone), unless a spin of its was preempted lately. emu_spin.c is linked alone: ringing the bell
  * does nothing here, and this file stands in for the kernel (the CPU we run on,
  * sched_getaffinity and sched_setaffinity: the executable's definitions take the calls),
  * so that nothing depends on where the kernel puts the test.
@@ -328,6 +329,43 @@ int main(void)
 	on_cpu = EMU_CPU_UNKNOWN;
 	CHECK(!emu_cpu_shared(&dev), "a CPU the kernel did not tell us shared");
 	ranks[0].state = EMU_RANK_ALIVE;
+
+	/* A spin where a core would not be handed to anyone with something to do: no other
+	 * host thread awake on our CPU, or only drivers idling with nothing new since they
+	 * looked; never while a progress thread is awake (it publishes no CPU). */
+	crowd(&dev);  /* us (rank 1) and rank 2 on CPU 1, rank 3 asleep, rank 0 on CPU 0 */
+	ranks[0].driving = ranks[2].driving = 1;
+	hdr.asleep = 1;  /* rank 3's host thread; no progress threads here (num_threads 0) */
+	ranks[2].event = 7;
+	CHECK(!emu_cpu_alone(&dev, t), "alone beside a rank running its own code");
+	ranks[2].idle_event = 8;  /* idling since it saw event 7 */
+	CHECK(emu_cpu_alone(&dev, t), "a rank idling with nothing new counted as busy");
+	ranks[2].event = 8;
+	CHECK(!emu_cpu_alone(&dev, t), "a rank idling with a new event counted as idle");
+	ranks[2].event = 0xffffffffu;
+	ranks[2].idle_event = 0;  /* its event + 1 wrapped: counted busy, as if not idling */
+	CHECK(!emu_cpu_alone(&dev, t), "a wrapped idle_event counted as idling");
+	ranks[2].host_cpu = EMU_CPU_ASLEEP;
+	hdr.asleep = 2;
+	CHECK(emu_cpu_alone(&dev, t), "a rank asleep counted on our CPU");
+	hdr.asleep = 1;  /* one thread more awake than the host threads seen: a progress thread */
+	CHECK(!emu_cpu_alone(&dev, t), "alone while a progress thread is awake");
+	ranks[2].host_cpu = 1;
+	ranks[2].event = 7;
+	ranks[2].idle_event = 8;
+	ranks[0].host_cpu = 1;
+	ranks[0].idle_event = 3;
+	ranks[0].event = 2;
+	CHECK(emu_cpu_alone(&dev, t), "two ranks idling with nothing new counted as busy");
+	dev.beside_idle_off_ns = t + 1;  /* a spin of ours was preempted lately */
+	CHECK(!emu_cpu_alone(&dev, t), "a spin beside idle ranks on a CPU shared with others");
+	CHECK(emu_cpu_alone(&dev, t + 1), "the spin beside idle ranks not back after the pause");
+	dev.beside_idle_off_ns = 0;
+	ranks[0].event = 3;
+	CHECK(!emu_cpu_alone(&dev, t), "one of two idling ranks with news missed");
+	ranks[0].host_cpu = 0;
+	ranks[0].idle_event = ranks[0].event = ranks[2].idle_event = ranks[2].event = 0;
+	hdr.asleep = 0;
 
 	if (failed)
 		return 1;
