@@ -117,9 +117,7 @@ struct emu_rank {
 	uint32_t driving;     /* a host thread runs this rank's engine (cooperative progress) */
 	uint32_t armed;       /* that host thread sleeps: the first waker clears it and wakes it */
 	uint32_t wake_event;  /* ... once event reaches this (peers' writes; kicks ignore it) */
-	/* While its driver idles between rounds (spins, or yielded its core: host_idle): the
-	 * event it last looked at, plus one; 0 otherwise (emu_spin.c, emu_cpu_alone). */
-	uint32_t idle_event;
+	uint32_t idle_event;  /* its driver idles since event idle_event - 1; 0: not (emu_spin.c) */
 	uint64_t wake_ns;     /* when the last futex wake of this rank was issued */
 	/* Progress threads of `sleepers` only napping (idle poll after bulk work): a doorbell
 	 * need not wake them (io_uring SQPOLL's NEED_WAKEUP, inverted). Set before sleepers. */
@@ -304,8 +302,7 @@ struct emu_device {
 	uint32_t ncores;              /* CPUs this process may run on ... */
 	cpu_set_t cpus;               /* ... which, at start */
 	uint64_t wake_cost_ns;        /* measured futex wake-up latency (moving average) */
-	uint64_t host_ops;            /* ops completed by passes host threads ran */
-	uint64_t host_passes;
+	uint64_t host_ops, host_passes; /* passes host threads ran, and the ops they completed */
 	uint64_t host_waits;          /* drives until a completion (host_wait's) */
 	uint64_t host_sleeps;         /* ... sleeps between their rounds */
 	uint64_t handoff_yields;      /* ... and yields instead (host_idle's hand-off) */

@@ -61,6 +61,14 @@ int emu_cores_to_spare(const struct emu_device *dev)
  * straight back. Both ranks of a vCPU waiting for the other vCPU's posts used to yield
  * to each other like that, two switches of ~0.8 us for nothing each time, while the
  * blocks they waited for came in (docs/performance.md, seventeenth session). */
+/* Is o's host thread idling between rounds of a wait with nothing new since it looked? */
+static int idles_unmoved(const struct emu_rank *o)
+{
+	uint32_t idle = off_read_once(&o->idle_event);
+
+	return idle && off_load_acquire(&o->event) == idle - 1;
+}
+
 int emu_cpu_alone(const struct emu_device *dev, uint64_t now)
 {
 	uint32_t me = dev->attr.rank, cpu = emu_cpu_now(), hosts_awake = 0;
@@ -68,15 +76,14 @@ int emu_cpu_alone(const struct emu_device *dev, uint64_t now)
 
 	for (uint32_t i = 0; i < dev->attr.size; i++) {
 		const struct emu_rank *o = &dev->ranks[i];
-		uint32_t at = off_read_once(&o->host_cpu), idle;
+		uint32_t at = off_read_once(&o->host_cpu);
 
 		if (at == EMU_CPU_ASLEEP)
 			continue;
 		hosts_awake++;
 		if (at != cpu || i == me)
 			continue;
-		idle = off_read_once(&o->idle_event);
-		if (!beside_idle || !idle || off_load_acquire(&o->event) != idle - 1)
+		if (!beside_idle || !idles_unmoved(o))
 			return 0;
 	}
 	return job_awake(dev) <= (int64_t)hosts_awake;
@@ -94,7 +101,9 @@ int emu_cpu_alone(const struct emu_device *dev, uint64_t now)
  * host thread of the job last ran on its CPU and is awake (it waits for this core), and
  * is in a drive (a wait that yielded to us) or is the only one there: with four ranks to
  * a vCPU (n=8), yielding for ranks busy in their own code between ops gave runs of
- * 117-140 us per op against 92-103. Once per post, and only for a thread of the job.
+ * 117-140 us per op against 92-103. Once per post, and only for a thread of the job, and
+ * not for one idling with nothing new since it looked (our post wrote it nothing: a
+ * barrier's first round signals one peer): it would hand the core straight back.
  */
 int emu_cpu_shared(const struct emu_device *dev)
 {
@@ -102,12 +111,15 @@ int emu_cpu_shared(const struct emu_device *dev)
 
 	if (cpu >= EMU_CPU_UNKNOWN)
 		return 0;
-	for (uint32_t i = 0; i < dev->attr.size; i++)
-		if (i != me && off_read_once(&dev->ranks[i].host_cpu) == cpu &&
-		    off_read_once(&dev->ranks[i].state) == EMU_RANK_ALIVE) {
+	for (uint32_t i = 0; i < dev->attr.size; i++) {
+		const struct emu_rank *o = &dev->ranks[i];
+
+		if (i != me && off_read_once(&o->host_cpu) == cpu &&
+		    off_read_once(&o->state) == EMU_RANK_ALIVE && !idles_unmoved(o)) {
 			others++;
-			waiting += off_read_once(&dev->ranks[i].driving) != 0;
+			waiting += off_read_once(&o->driving) != 0;
 		}
+	}
 	return waiting || others == 1;
 }
 
