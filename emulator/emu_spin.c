@@ -102,8 +102,8 @@ int emu_cpu_alone(const struct emu_device *dev, uint64_t now)
  * is in a drive (a wait that yielded to us) or is the only one there: with four ranks to
  * a vCPU (n=8), yielding for ranks busy in their own code between ops gave runs of
  * 117-140 us per op against 92-103. Once per post, and only for a thread of the job, and
- * not for one idling with nothing new since it looked (our post wrote it nothing: a
- * barrier's first round signals one peer): it would hand the core straight back.
+ * not for one idling with nothing new since it looked (our post wrote it nothing: an op
+ * of a team it is not in, a send held back for its credit): it would hand the core back.
  */
 int emu_cpu_shared(const struct emu_device *dev)
 {
