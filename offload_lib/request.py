@@ -164,7 +164,7 @@ class Request(_fast.RequestCore):
 
 
 _fast.bind(*(int(ffi.cast("uintptr_t", ffi.addressof(lib, name)))
-             for name in ("host_post", "host_wait", "host_test")), Request)
+             for name in ("host_post", "host_wait", "host_test", "host_done")), Request)
 
 
 class PersistentRequest(_fast.PersistentCore):

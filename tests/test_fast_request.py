@@ -100,7 +100,7 @@ def test_c_request_arguments_outcomes_and_lifetime():
 
 # Two ranks; rank 1 posts late, so rank 0's request is pending meanwhile.
 PENDING = r'''
-import gc
+import errno, gc
 ctx = ol.init()
 team = ctx.world
 src, dst = np.arange(64, dtype=np.float32) + rank, np.zeros(64, np.float32)
@@ -109,6 +109,13 @@ team.barrier().wait(timeout=20)
 if rank == 0:
     dst[:] = -1
     req = team.alltoall(src, dst)        # C-made; rank 1 is not there yet
+    assert req.test() is False and "pending" in repr(req)
+    # host_done, wait()'s first look (made with the GIL held): pending says 0 and leaves
+    # the request as it was; a tag it never had, -ENOENT.
+    from offload_lib._native import ffi, lib
+    comp = ffi.new("struct host_completion *")
+    assert lib.host_done(ctx._handle(), req._tag, comp) == 0
+    assert lib.host_done(ctx._handle(), req._tag ^ 0x40000000, comp) == -errno.ENOENT
     assert req.test() is False and "pending" in repr(req)
     try:
         req.wait(timeout=0.2)

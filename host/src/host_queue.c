@@ -201,6 +201,18 @@ int host_test(struct host_ctx *ctx, uint32_t tag, struct host_completion *out)
 	return rc;
 }
 
+int host_done(struct host_ctx *ctx, uint32_t tag, struct host_completion *out)
+{
+	uint32_t small;
+	int rc;
+
+	if (enter(ctx))
+		return -ESHUTDOWN;
+	rc = take(ctx, tag, out, &small);
+	leave(ctx);
+	return rc;
+}
+
 static int wait_in(struct host_ctx *ctx, uint32_t tag, int64_t timeout_ns, int64_t poll_ns,
 		   struct host_completion *out)
 {
