@@ -302,7 +302,7 @@ struct emu_device {
 	uint32_t ncores;              /* CPUs this process may run on ... */
 	cpu_set_t cpus;               /* ... which, at start */
 	uint64_t wake_cost_ns;        /* measured futex wake-up latency (moving average) */
-	uint64_t host_ops, host_passes; /* passes host threads ran, and the ops they completed */
+	uint64_t host_ops, host_passes; /* ops completed by passes host threads ran; the passes */
 	uint64_t host_waits;          /* drives until a completion (host_wait's) */
 	uint64_t host_sleeps;         /* ... sleeps between their rounds */
 	uint64_t handoff_yields;      /* ... and yields instead (host_idle's hand-off) */

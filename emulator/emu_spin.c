@@ -49,6 +49,14 @@ int emu_cores_to_spare(const struct emu_device *dev)
 	return job_awake(dev) <= (int64_t)dev->ncores;
 }
 
+/* Is o's host thread idling between rounds of a wait with nothing new since it looked? */
+static int idles_unmoved(const struct emu_rank *o)
+{
+	uint32_t idle = off_read_once(&o->idle_event);
+
+	return idle && off_load_acquire(&o->event) == idle - 1;
+}
+
 /* Is this CPU ours alone among the job's threads: no other rank's host thread that last
  * ran on it is awake with anything to do, and no progress thread is awake anywhere (they
  * publish no CPU)? Then a spinner keeps nobody of the job off a core, even where the
@@ -61,14 +69,6 @@ int emu_cores_to_spare(const struct emu_device *dev)
  * straight back. Both ranks of a vCPU waiting for the other vCPU's posts used to yield
  * to each other like that, two switches of ~0.8 us for nothing each time, while the
  * blocks they waited for came in (docs/performance.md, seventeenth session). */
-/* Is o's host thread idling between rounds of a wait with nothing new since it looked? */
-static int idles_unmoved(const struct emu_rank *o)
-{
-	uint32_t idle = off_read_once(&o->idle_event);
-
-	return idle && off_load_acquire(&o->event) == idle - 1;
-}
-
 int emu_cpu_alone(const struct emu_device *dev, uint64_t now)
 {
 	uint32_t me = dev->attr.rank, cpu = emu_cpu_now(), hosts_awake = 0;

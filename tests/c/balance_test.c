@@ -9,12 +9,12 @@
  * never where the ranks fit the cores, never for ranks that left the job or sleep outside
  * a drive, never while a rank of the job is in another session. Also: a spinner stops
  * for a woken sleeper that has not run yet only where the ranks outnumber the cores
- * (emu_woken_waiting); a small post yields to another rank
- * waiting for our CPU (emu_cpu_shared); a waiter spins where nobody of the job on its CPU
- * has anything to do (emu_cpu_alone), unless a spin of its was preempted lately. emu_spin.c is linked alone: ringing the bell
- * does nothing here, and this file stands in for the kernel (the CPU we run on,
- * sched_getaffinity and sched_setaffinity: the executable's definitions take the calls),
- * so that nothing depends on where the kernel puts the test.
+ * (emu_woken_waiting); a small post yields to another rank waiting for our CPU
+ * (emu_cpu_shared); a waiter spins where nobody of the job on its CPU has anything to do
+ * (emu_cpu_alone), unless a spin of its was preempted lately. emu_spin.c is linked alone:
+ * ringing the bell does nothing here, and this file stands in for the kernel (the CPU we
+ * run on, sched_getaffinity and sched_setaffinity: the executable's definitions take the
+ * calls), so that nothing depends on where the kernel puts the test.
  * Prints "ok: balance" and exits 0, else names each failed check.
  */
 #define _GNU_SOURCE
