@@ -101,9 +101,7 @@ int emu_cpu_alone(const struct emu_device *dev, uint64_t now)
  * host thread of the job last ran on its CPU and is awake (it waits for this core), and
  * is in a drive (a wait that yielded to us) or is the only one there: with four ranks to
  * a vCPU (n=8), yielding for ranks busy in their own code between ops gave runs of
- * 117-140 us per op against 92-103. Once per post, and only for a thread of the job, and
- * not for one idling with nothing new since it looked (our post wrote it nothing: an op
- * of a team it is not in, a send held back for its credit): it would hand the core back.
+ * 117-140 us per op against 92-103. Once per post, and only for a thread of the job.
  */
 int emu_cpu_shared(const struct emu_device *dev)
 {
@@ -111,15 +109,12 @@ int emu_cpu_shared(const struct emu_device *dev)
 
 	if (cpu >= EMU_CPU_UNKNOWN)
 		return 0;
-	for (uint32_t i = 0; i < dev->attr.size; i++) {
-		const struct emu_rank *o = &dev->ranks[i];
-
-		if (i != me && off_read_once(&o->host_cpu) == cpu &&
-		    off_read_once(&o->state) == EMU_RANK_ALIVE && !idles_unmoved(o)) {
+	for (uint32_t i = 0; i < dev->attr.size; i++)
+		if (i != me && off_read_once(&dev->ranks[i].host_cpu) == cpu &&
+		    off_read_once(&dev->ranks[i].state) == EMU_RANK_ALIVE) {
 			others++;
-			waiting += off_read_once(&o->driving) != 0;
+			waiting += off_read_once(&dev->ranks[i].driving) != 0;
 		}
-	}
 	return waiting || others == 1;
 }
 
