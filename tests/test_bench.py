@@ -10,6 +10,7 @@ import pytest
 
 from offload_lib import bench, cli
 from offload_lib.bench import moe as bench_moe
+from offload_lib.bench import runner
 
 SMALL = ["--sizes", "1K,64K", "--iters", "3", "--warmup", "1"]
 
@@ -161,6 +162,17 @@ def test_summarize_is_median_of_per_iteration_max():
     # iteration maxima: 2, 5, 4 -> median 4
     assert bench.summarize([[1.0, 5.0, 3.0], [2.0, 1.0, 4.0]]) == 4.0
     assert bench.summarize([[7.0]]) == 7.0
+
+
+@pytest.mark.timeout(120)
+def test_compared_libraries_take_turns_every_iteration():
+    log: list[str] = []
+    runs = [(lambda: log.append("ours"), lambda: log.append("ours barrier")),
+            (lambda: log.append("mpi"), lambda: log.append("mpi barrier"))]
+    (ours_wall, ours_cpu), (mpi_wall, mpi_cpu) = runner._taking_turns(runs, 1, 3)
+    assert log == ["ours barrier", "ours", "mpi barrier", "mpi"] * 4
+    assert len(ours_wall) == len(ours_cpu) == len(mpi_wall) == len(mpi_cpu) == 3
+    assert min(ours_wall + mpi_wall) >= 0
 
 
 @pytest.mark.timeout(120)

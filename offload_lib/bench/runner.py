@@ -171,16 +171,27 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
 def _timed(run: Callable[[], None], barrier: Callable[[], None], warmup: int,
            iters: int) -> tuple[list[float], list[float]]:
     """Wall and calling-thread CPU seconds of ``run`` per timed iteration, each after a barrier."""
-    wall, cpu = [], []
+    return _taking_turns([(run, barrier)], warmup, iters)[0]
+
+
+def _taking_turns(runs: Sequence[tuple[Callable[[], None], Callable[[], None]]], warmup: int,
+                  iters: int) -> list[tuple[list[float], list[float]]]:
+    """_timed for several (run, barrier) pairs at once, one op of each in turn every
+    iteration, so that all see the same machine. This VM's memory bandwidth moves with its
+    neighbours within milliseconds: timed one after the other, 300 ops each, the ratio of
+    two libraries' 1 MiB all-to-all times at n=4 spread 1.06-1.76 over twelve blocks, taking
+    turns 1.20-1.34 (docs/performance.md, eighteenth session)."""
+    times: list[tuple[list[float], list[float]]] = [([], []) for _ in runs]
     for it in range(warmup + iters):
-        barrier()
-        c0, t0 = time.thread_time(), time.perf_counter()
-        run()
-        t1, c1 = time.perf_counter(), time.thread_time()
-        if it >= warmup:
-            wall.append(t1 - t0)
-            cpu.append(c1 - c0)
-    return wall, cpu
+        for (run, barrier), (wall, cpu) in zip(runs, times):
+            barrier()
+            c0, t0 = time.thread_time(), time.perf_counter()
+            run()
+            t1, c1 = time.perf_counter(), time.thread_time()
+            if it >= warmup:
+                wall.append(t1 - t0)
+                cpu.append(c1 - c0)
+    return times
 
 
 def _timed_with_loss(run: Callable[[], None], barrier: Callable[[], None],
@@ -239,8 +250,11 @@ def _measure_sizes(coll: Collective, ctx: Any, team: Any, comm: Any,
             nbytes = getattr(case, "bytes_per_rank", None)
             if nbytes is not None:
                 entry["bytes"] = nbytes
-            # Offload then MPI for each size, so both see the same machine state.
+            # Offload and MPI take turns per iteration (with --loss: MPI after), so that
+            # both see the same machine state.
             case.verify("offload")
+            if comm is not None:
+                case.verify("mpi")
             injected = _injected(ctx)
             if args.loss:
                 entry["offload_s"], entry["offload_cpu_s"], entry["clean_s"] = \
@@ -248,6 +262,12 @@ def _measure_sizes(coll: Collective, ctx: Any, team: Any, comm: Any,
                                      lambda p: ctx.set_mcast_faults(loss=p),
                                      args.loss, args.warmup, args.iters)
                 runs = 2 * (args.warmup + args.iters)
+            elif comm is not None:
+                ours, mpis = _taking_turns([(case.offload, barrier), (case.mpi, comm.Barrier)],
+                                           args.warmup, args.iters)
+                entry["offload_s"], entry["offload_cpu_s"] = ours
+                entry["mpi_s"], entry["mpi_cpu_s"] = mpis
+                runs = args.warmup + args.iters
             else:
                 entry["offload_s"], entry["offload_cpu_s"] = _timed(
                     case.offload, barrier, args.warmup, args.iters)
@@ -255,10 +275,10 @@ def _measure_sizes(coll: Collective, ctx: Any, team: Any, comm: Any,
             # bytes this rank put into the fabric per op (multicast: once per chunk)
             entry["injected"] = (_injected(ctx) - injected) / runs
             case.check("offload")
-            if comm is not None:
-                case.verify("mpi")
+            if comm is not None and args.loss:
                 entry["mpi_s"], entry["mpi_cpu_s"] = _timed(
                     case.mpi, comm.Barrier, args.warmup, args.iters)
+            if comm is not None:
                 case.check("mpi")
             results.append(entry)
         finally:
