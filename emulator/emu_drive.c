@@ -142,14 +142,24 @@ out:
 	off_write_once(&r->idle_event, 0);
 }
 
-/* Bulk work (long copies) is the progress threads' where the ranks outnumber the cores:
- * the host sleeps, and its core copies. Where every rank has a core of its own, the
- * rank's thread that posts or waits copies itself, as an MPI rank does: a progress
+/*
+ * Bulk work (long copies) is the waiting thread's, as an MPI rank copies in its blocking
+ * call; where every rank has a core of its own, the posting thread's too: a progress
  * thread would need a wake-up to start and the host one to finish, on cores that have
- * nothing else to do (n=2, 1 MiB per peer: 0.5-0.65x Open MPI's busbw, against 0.85-0.9x). */
+ * nothing else to do (n=2, 1 MiB per peer: 0.5-0.65x Open MPI's busbw, against 0.85-0.9x).
+ * Where the ranks outnumber the cores, a post hands the op to the progress threads and
+ * returns, and test() never copies (a caller that overlaps gets the offload); a waiter
+ * takes over what is left, from the progress threads' next pass on. A waiter that slept
+ * instead was woken once the last copy was done, and then ran only when the scheduler
+ * gave it a core: with the other ranks computing between ops, up to a slice later (1.7 ms
+ * after its op had completed, in a trace; 1 MiB per peer at n=4 on 2 vCPUs with 1 ms of
+ * compute before each op: 0.75-0.89x Open MPI's busbw, against 0.92-1.08x now,
+ * docs/performance.md, eighteenth session).
+ */
 static int may_drive(const struct emu_device *dev, uint32_t flags)
 {
-	int host_copies = dev->attr.size <= dev->ncores && !(flags & HOST_DRIVE_NO_BULK);
+	int host_copies = !(flags & HOST_DRIVE_NO_BULK) &&
+			  (dev->attr.size <= dev->ncores || (flags & HOST_DRIVE_BULK_WAIT));
 
 	/* The op is bulk even before a pass took its command (the load says idle then). */
 	if (flags & (HOST_DRIVE_BULK_CMD | HOST_DRIVE_BULK_WAIT))
@@ -160,7 +170,7 @@ static int may_drive(const struct emu_device *dev, uint32_t flags)
 /*
  * Cooperative progress (host_device_ops.drive): run this rank's firmware on the calling
  * host thread until *word != seen, or (word NULL) until a round finds nothing to do.
- * Bulk ops stay with the progress threads (offload: the host sleeps meanwhile).
+ * Bulk ops a post or a test() finds stay with the progress threads (may_drive).
  */
 int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t timeout_ns,
 	      uint32_t flags)
@@ -174,15 +184,7 @@ int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t tim
 
 	if (!dev->nthreads_started)
 		return -EBUSY;
-	if (!may_drive(dev, flags)) {
-		/* A bulk op's waiter sleeps next: a command its progress thread has not taken
-		 * (asleep in its idle poll, which a doorbell leaves be) is handed over now, not
-		 * a nap later. The ring is read racily: a pass taking it meanwhile is fine. */
-		if ((flags & HOST_DRIVE_BULK_WAIT) && cmd_waiting(dev))
-			emu_kick_rank(dev, dev->attr.rank);
-		return -EBUSY;
-	}
-	if (!off_trylock(&dev->drive_lock))
+	if (!may_drive(dev, flags) || !off_trylock(&dev->drive_lock))
 		return -EBUSY;
 	/* Closing: emu_wake_waiters() (host_ctx_shutdown) or emu_threads_stop() waits for us. */
 	if (off_load_acquire(&dev->stop) || off_load_acquire(&dev->closing)) {
@@ -206,7 +208,7 @@ int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t tim
 			off_write_once(&dev->handoff_rearms, off_read_once(&dev->handoff_rearms) + 1);
 		}
 		quiet = !work && all;
-		if (!may_drive(dev, flags & ~(HOST_DRIVE_BULK_CMD | HOST_DRIVE_BULK_WAIT))) {
+		if (!may_drive(dev, flags & ~HOST_DRIVE_BULK_CMD)) {
 			bulk = 1;  /* bulk work stays with the progress threads */
 			break;
 		}
@@ -231,7 +233,10 @@ int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t tim
 			rc = -ETIMEDOUT;
 			break;
 		}
-		if (quiet)
+		/* A bulk waiter finding a progress thread inside a pass (a copy of up to a
+		 * chunk) sleeps until it ends it (the thread kicks us) instead of spinning on
+		 * its lock, on a core the copy may need. */
+		if (quiet || (!all && (flags & HOST_DRIVE_BULK_WAIT)))
 			host_idle(dev, snap, word, seen, deadline, &yielded);
 	}
 	/* Small ops left in flight (the load the last pass published): back soon, as a rule
