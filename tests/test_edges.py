@@ -154,6 +154,8 @@ CLOSE_FROM_ANOTHER_THREAD = r'''
 import threading
 import gc
 
+if os.environ.get("TWO_CPUS"):  # the ranks outnumber the cores: a bulk waiter drives too
+    os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
 ctx = ol.init()
 w = ctx.world
 w.barrier().wait(timeout=20)
@@ -232,14 +234,16 @@ print("ok")
 
 
 @pytest.mark.timeout(90)
-@pytest.mark.parametrize("progress, elems", [("cooperative", 4096), ("cooperative", 64),
-                                             ("threads", 4096)],
-                         ids=["cooperative", "cooperative-eager", "threads"])
-def test_close_from_another_thread_while_others_wait_and_post(tmp_path, progress, elems):
+@pytest.mark.parametrize("progress, elems, n", [("cooperative", 4096, 2), ("cooperative", 64, 2),
+                                                ("threads", 4096, 2),
+                                                ("cooperative", 1 << 18, 4)],
+                         ids=["cooperative", "cooperative-eager", "threads",
+                              "cooperative-bulk-4-ranks-on-2-cpus"])
+def test_close_from_another_thread_while_others_wait_and_post(tmp_path, progress, elems, n):
     for attempt in range(3):
-        out = run_ranks(2, CLOSE_FROM_ANOTHER_THREAD, timeout=60,
+        out = run_ranks(n, CLOSE_FROM_ANOTHER_THREAD, timeout=60,
                         env={"FLAG_DIR": str(tmp_path), "OFFLOAD_PROGRESS": progress,
-                             "ELEMS": str(elems)})
+                             "ELEMS": str(elems), "TWO_CPUS": "1" if n > 2 else ""})
         assert "ok" in out[0], out
         for f in tmp_path.iterdir():
             f.unlink()
