@@ -152,9 +152,9 @@ out:
  * takes over what is left, from the progress threads' next pass on. A waiter that slept
  * instead was woken once the last copy was done, and then ran only when the scheduler
  * gave it a core: with the other ranks computing between ops, up to a slice later (1.7 ms
- * after its op had completed, in a trace; 1 MiB per peer at n=4 on 2 vCPUs with 1 ms of
- * compute before each op: 0.75-0.89x Open MPI's busbw, against 0.92-1.08x now,
- * docs/performance.md, eighteenth session).
+ * after its op had completed, in a trace; 1 MiB per peer from numpy arrays at n=4 on 2
+ * vCPUs, 1 ms of memory-bound compute before each op: 0.71-0.76x Open MPI's busbw, against
+ * 0.96-1.25x now, docs/performance.md, eighteenth session).
  */
 static int may_drive(const struct emu_device *dev, uint32_t flags)
 {
@@ -233,10 +233,11 @@ int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t tim
 			rc = -ETIMEDOUT;
 			break;
 		}
-		/* A bulk waiter finding a progress thread inside a pass (a copy of up to a
-		 * chunk) sleeps until it ends it (the thread kicks us) instead of spinning on
-		 * its lock, on a core the copy may need. */
-		if (quiet || (!all && (flags & HOST_DRIVE_BULK_WAIT)))
+		/* Where the ranks outnumber the cores, a bulk waiter finding a progress thread
+		 * inside a pass (a copy of up to a chunk) sleeps until it ends it (the thread
+		 * kicks us) instead of spinning on its lock, on a core the copy may need. */
+		if (quiet || (!all && (flags & HOST_DRIVE_BULK_WAIT) &&
+			      dev->attr.size > dev->ncores))
 			host_idle(dev, snap, word, seen, deadline, &yielded);
 	}
 	/* Small ops left in flight (the load the last pass published): back soon, as a rule

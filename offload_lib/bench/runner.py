@@ -178,7 +178,7 @@ def _taking_turns(runs: Sequence[tuple[Callable[[], None], Callable[[], None]]],
                   iters: int) -> list[tuple[list[float], list[float]]]:
     """_timed for several (run, barrier) pairs at once, one op of each in turn every
     iteration, so that all see the same machine. This VM's memory bandwidth moves with its
-    neighbours within milliseconds: timed one after the other, 300 ops each, the ratio of
+    neighbours within milliseconds: timed one after the other, 30 ops each, the ratio of
     two libraries' 1 MiB all-to-all times at n=4 spread 1.06-1.76 over twelve blocks, taking
     turns 1.20-1.34 (docs/performance.md, eighteenth session)."""
     times: list[tuple[list[float], list[float]]] = [([], []) for _ in runs]
