@@ -240,7 +240,7 @@ print("ok")
                          ids=["cooperative", "cooperative-eager", "threads",
                               "cooperative-bulk-4-ranks-on-2-cpus"])
 def test_close_from_another_thread_while_others_wait_and_post(tmp_path, progress, elems, n):
-    for attempt in range(3):
+    for attempt in range(3 if n == 2 else 1):  # 4 ranks cost three times the time
         out = run_ranks(n, CLOSE_FROM_ANOTHER_THREAD, timeout=60,
                         env={"FLAG_DIR": str(tmp_path), "OFFLOAD_PROGRESS": progress,
                              "ELEMS": str(elems), "TWO_CPUS": "1" if n > 2 else ""})
