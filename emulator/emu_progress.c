@@ -312,11 +312,14 @@ static void *progress_thread(void *arg)
 		int work = emu_run_pass(dev, hal, 0);
 
 		off_unlock(&hal->busy);
-		/* A host thread took over (a bulk op's waiter): it sleeps until this pass is
-		 * over. Pairs with its fence between setting driving and taking our lock. */
-		off_fence();
-		if (off_read_once(&self->driving))
-			emu_kick_rank(dev, dev->attr.rank);
+		/* Where the ranks outnumber the cores, a bulk op's waiter that took over sleeps
+		 * until this pass is over (emu_drive.c). Pairs with its fence between setting
+		 * driving and taking our lock. */
+		if (dev->attr.size > dev->ncores) {
+			off_fence();
+			if (off_read_once(&self->driving))
+				emu_kick_rank(dev, dev->attr.rank);
+		}
 		/* Pinned through the idle poll after bulk work (a bulk loop's next op). */
 		if (hal->bulk_ns)
 			pin_for_bulk(dev, hal, in_idle_poll(dev, hal, emu_now_ns()));

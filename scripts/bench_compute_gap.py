@@ -21,6 +21,8 @@ import numpy as np
 from mpi4py import MPI
 
 import offload_lib as ol
+from offload_lib.bench import summarize
+from offload_lib.bench.runner import _taking_turns
 from offload_lib.config import parse_size
 
 
@@ -58,27 +60,22 @@ def main() -> int:
                 else:
                     small.sum()
 
-        def timed(run, barrier) -> float:
+        def ours_barrier() -> None:
             work()
-            barrier()
-            t0 = time.perf_counter()
-            run()
-            return time.perf_counter() - t0
+            team.barrier().wait()
 
-        ours, theirs = [], []
-        for it in range(args.warmup + args.iters):
-            a = timed(lambda: team.alltoall(src, dst).wait(), lambda: team.barrier().wait())
-            b = timed(lambda: comm.Alltoall(mpi_src, mpi_dst), comm.Barrier)
-            if it >= args.warmup:
-                ours.append(a)
-                theirs.append(b)
+        def mpi_barrier() -> None:
+            work()
+            comm.Barrier()
+
+        (ours, _), (theirs, _) = _taking_turns(
+            [(lambda: team.alltoall(src, dst).wait(), ours_barrier),
+             (lambda: comm.Alltoall(mpi_src, mpi_dst), mpi_barrier)], args.warmup, args.iters)
         expect = np.repeat(np.arange(n, dtype=np.float32), count)
         assert np.array_equal(dst, expect) and np.array_equal(mpi_dst, expect)
-        slowest = [np.empty(args.iters) for _ in range(2)]
-        comm.Allreduce(np.array(ours), slowest[0], op=MPI.MAX)
-        comm.Allreduce(np.array(theirs), slowest[1], op=MPI.MAX)
-        o, m = (float(np.median(s)) * 1e6 for s in slowest)
+        per_rank = comm.gather((ours, theirs))
         if comm.rank == 0:
+            o, m = (summarize([r[k] for r in per_rank]) * 1e6 for k in (0, 1))
             print(f"n={n} {args.buffers} {args.size} per peer, {args.gap_ms} ms of {args.work} "
                   f"before each op: ours {o:.0f} us, Open MPI {m:.0f} us, busbw ratio {m / o:.2f}",
                   flush=True)
