@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from offload_lib import bench, cli
+from offload_lib.bench import machine as bench_machine
 from offload_lib.bench import moe as bench_moe
 from offload_lib.bench import runner
 
@@ -48,6 +49,7 @@ def test_parse_args_defaults_and_options():
     assert a.sizes == [1024, 4096, 65536, 262144, 1 << 20, 4 << 20]
     assert (a.buffers, a.dtype, a.compare, a.persistent) == ("numpy", np.float32, None, False)
     assert (a.json, a.config, a.timeout, a.worker) == (None, None, 600.0, False)
+    assert (a.background_load, a.fixed_layout) == (False, False)
 
     a = bench.parse_args(["alltoall", "-n", "3", "--sizes", "2K", "--iters", "7", "--warmup", "0",
                           "--buffers", "shared", "--dtype", "int16", "--compare", "mpi",
@@ -422,6 +424,54 @@ def test_end_to_end_shared_persistent_json(tmp_path, capsys):
     assert doc["meta"]["buffers"] == "shared" and doc["meta"]["persistent"] is True
     assert [r["count"] for r in doc["rows"]] == [4096]
     assert len(doc["raw"]) == 3 and len(doc["raw"][0]["results"][0]["offload_s"]) == 2
+
+
+def _layout_fixable() -> str | None:
+    try:
+        with bench_machine.fixed_layout(True):
+            pass
+    except bench_machine.LayoutError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.timeout(120)
+def test_fixed_layout_reaches_the_ranks_only(tmp_path, capsys):
+    """--fixed-layout: the ranks ran with ASLR off and the table says so; this process keeps
+    its own personality. Without it (where the kernel randomizes) the ranks' layouts were
+    randomized and the table says nothing."""
+    reason = _layout_fixable()
+    if reason:
+        pytest.skip(reason)
+    with open("/proc/self/personality", encoding="ascii") as f:
+        before = f.read()
+    runs = {}
+    for flag in (["--fixed-layout"], []):
+        path = tmp_path / f"layout{len(flag)}.json"
+        assert bench.main(["alltoall", "-n", "2", "--sizes", "1K", "--iters", "2", "--warmup",
+                           "0", "--json", str(path), *flag]) == 0
+        runs[bool(flag)] = (capsys.readouterr().out, json.loads(path.read_text())["meta"])
+    with open("/proc/self/personality", encoding="ascii") as f:
+        assert f.read() == before
+    out, meta = runs[True]
+    assert meta["layout_randomized"] is False and "# address layout: fixed" in out
+    with open("/proc/sys/kernel/randomize_va_space", encoding="ascii") as f:
+        randomizing = f.read().strip() != "0"
+    out, meta = runs[False]
+    assert meta["layout_randomized"] is randomizing
+    assert ("address layout" in out) is not randomizing
+
+
+def test_fixed_layout_refused_returns_2(monkeypatch, capsys):
+    """A kernel (or a container's seccomp profile) that refuses the personality: a clear
+    error before any rank starts."""
+    def refuse(persona: int) -> int:
+        raise bench_machine.LayoutError("personality() failed: Operation not permitted")
+
+    monkeypatch.setattr(bench_machine, "_personality", refuse)
+    assert bench.main(["alltoall", "-n", "2", "--sizes", "1K", "--fixed-layout"]) == 2
+    err = capsys.readouterr().err
+    assert "--fixed-layout: personality() failed" in err
 
 
 @pytest.mark.timeout(120)

@@ -2,7 +2,6 @@
 in every dtype, the offloaded op and its MPI twin, and the check of every result."""
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any

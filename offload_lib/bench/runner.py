@@ -3,7 +3,6 @@ it), and the parent (start the ranks with the launcher or mpirun, collect, print
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime
 import json
 import math
@@ -16,7 +15,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,6 +34,8 @@ from offload_lib.bench.cases import (
     WrongResult,
     _injected,
 )
+from offload_lib.bench.machine import (LayoutError, background_load, fixed_layout,
+                                      layout_randomized)
 from offload_lib.bench.table import aggregate, format_table
 
 # ---------------------------------------------------------------------------------------------
@@ -141,6 +142,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--background-load", action="store_true",
                    help="run one 'nice -n 19' busy loop per core for the whole benchmark (a "
                         "machine where something else is always runnable); stopped at the end")
+    p.add_argument("--fixed-layout", action="store_true",
+                   help="start the ranks with address-space layout randomization off, so "
+                        "that a comparison repeats from run to run (small ops' times move "
+                        "with the layout by up to 50%% here)")
     moe = p.add_argument_group("moe", "options of the moe benchmark (it takes no --sizes)")
     for flag, default, what in MOE_OPTIONS:
         moe.add_argument(flag, type=_int_at_least(1), default=None, metavar="N",
@@ -226,6 +231,7 @@ def _worker_meta(ctx: Any, comm: Any) -> dict[str, Any]:
         "launcher": ctx.launcher,
         "numpy": np.__version__,
         "python": platform.python_version(),
+        "layout_randomized": layout_randomized(),
     }
     if comm is not None:
         import mpi4py
@@ -485,31 +491,6 @@ def _check_size_args(coll: Collective, args: argparse.Namespace) -> str | None:
     return None
 
 
-# One per core, at the lowest priority: the load a data loader or a logger puts on a
-# machine, which must not slow a collective down (the ranks do not yield to it). In a session
-# of their own, as someone else's process: with autogroup, nice counts only within a session,
-# and the ranks (ours under the launcher, both libraries' under mpirun) must not share one
-# with the loops in one run and not in another.
-_BUSY_LOOP = "import os\nos.nice(19)\nwhile True:\n    pass\n"
-
-
-@contextlib.contextmanager
-def _background_load(on: bool) -> Iterator[None]:
-    procs: list[subprocess.Popen[bytes]] = []
-    try:
-        if on:
-            for _ in range(len(os.sched_getaffinity(0))):
-                procs.append(subprocess.Popen([sys.executable, "-c", _BUSY_LOOP],
-                                              stdin=subprocess.DEVNULL,
-                                              start_new_session=True))
-        yield
-    finally:
-        for proc in procs:
-            proc.kill()
-        for proc in procs:
-            proc.wait()
-
-
 def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
     coll = COLLECTIVES.get(args.collective)
     if coll is None:
@@ -538,8 +519,13 @@ def _run(args: argparse.Namespace, argv: Sequence[str]) -> int:
 
     started = datetime.datetime.now().astimezone()
     with tempfile.TemporaryDirectory(prefix="dpa-offload-bench-") as result_dir, \
-            _background_load(args.background_load):
-        rc = _run_ranks(args, result_dir)
+            background_load(args.background_load):
+        try:
+            with fixed_layout(args.fixed_layout):
+                rc = _run_ranks(args, result_dir)
+        except LayoutError as e:
+            print(f"{PROG}: --fixed-layout: {e}", file=sys.stderr)
+            return 2
         if rc != 0:
             why = {124: f"timed out after {args.timeout:g} s",
                    EXIT_WRONG_RESULT: "a rank found a WRONG RESULT"}.get(rc, f"exit code {rc}")

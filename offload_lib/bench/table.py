@@ -3,7 +3,6 @@ the nccl-tests-style table."""
 from __future__ import annotations
 
 import math
-import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -102,7 +101,9 @@ def header_lines(meta: dict[str, Any]) -> list[str]:
         f"chunk_size: {cfg.get('chunk_size', '?')}  progress: {cfg.get('progress', '?')}  "
         f"eager_max: {cfg.get('eager_max', '?')}",
     ] + (["# background load: one 'nice -n 19' busy loop per core, all the run long"]
-         if meta.get("background_load") else [])
+         if meta.get("background_load") else []) + \
+        (["# address layout: fixed (the ranks ran with ASLR off)"]
+         if meta.get("layout_randomized") is False else [])
 
 
 def format_table(meta: dict[str, Any], rows: Sequence[dict[str, Any]]) -> str:
