@@ -114,11 +114,12 @@ void emu_ring(struct emu_device *dev, uint32_t bits, const uint32_t *ranks, uint
 enum wake_kind { WAKE_EVENT, WAKE_KICK, WAKE_DOORBELL };
 
 /* 1: it woke a sleeper (or left that to the end of the pass). */
-static int wake(struct emu_device *dev, uint32_t rank, enum wake_kind kind, struct dpa_hal *pass)
+static int wake(struct emu_device *dev, uint32_t rank, enum wake_kind kind, struct dpa_hal *pass,
+		uint32_t events)
 {
 	int force = kind != WAKE_EVENT;
 	struct emu_rank *r = &dev->ranks[rank];
-	uint32_t ev = off_fetch_add(&r->event, 1) + 1, armed = 1, bits;
+	uint32_t ev = off_fetch_add(&r->event, events) + events, armed = 1, bits;
 
 	/* Pairs with a sleeper's fence between announcing itself and re-reading event. */
 	off_fence();
@@ -161,6 +162,9 @@ static int wake(struct emu_device *dev, uint32_t rank, enum wake_kind kind, stru
 void emu_flush_wakes(struct dpa_hal *pass)
 {
 	pass->now_ns = 0;  /* a long copy follows: the clock is read again after it */
+	for (uint32_t i = 0; i < pass->ndue; i++)
+		wake(pass->dev, pass->due_ranks[i], WAKE_EVENT, pass, pass->due_events[i]);
+	pass->ndue = 0;
 	if (!pass->wake_bits)
 		return;
 	emu_ring(pass->dev, pass->wake_bits, pass->wake_ranks, pass->nwake);
@@ -168,25 +172,47 @@ void emu_flush_wakes(struct dpa_hal *pass)
 	pass->nwake = 0;
 }
 
+/*
+ * A pass's events are announced at its end (emu_flush_wakes), all at once: each announcement
+ * is an atomic on the target's event line, and a locked instruction waits for every store
+ * before it, the block copies into peers' slots included. Announced write by write, a pass
+ * of an eager all-to-all at n=4 waited for each block's lines in turn, three times.
+ */
 void emu_wake_rank(struct emu_device *dev, uint32_t rank, struct dpa_hal *pass)
 {
-	wake(dev, rank, WAKE_EVENT, pass);
+	uint32_t i;
+
+	if (!pass) {
+		wake(dev, rank, WAKE_EVENT, NULL, 1);
+		return;
+	}
+	for (i = 0; i < pass->ndue && pass->due_ranks[i] != rank; i++)
+		;
+	if (i < pass->ndue) {
+		pass->due_events[i]++;
+	} else if (i < EMU_WAKE_LIST) {
+		pass->due_ranks[i] = rank;
+		pass->due_events[i] = 1;
+		pass->ndue++;
+	} else {
+		wake(dev, rank, WAKE_EVENT, pass, 1);
+	}
 }
 
 void emu_kick_rank(struct emu_device *dev, uint32_t rank)
 {
-	wake(dev, rank, WAKE_KICK, NULL);
+	wake(dev, rank, WAKE_KICK, NULL, 1);
 }
 
 void emu_nudge_rank(struct emu_device *dev, uint32_t rank, struct dpa_hal *pass)
 {
-	wake(dev, rank, WAKE_KICK, pass);
+	wake(dev, rank, WAKE_KICK, pass, 1);
 }
 
 void emu_doorbell_rank(struct emu_device *dev, uint32_t rank)
 {
 	off_fetch_add(&dev->doorbells, 1);
-	if (wake(dev, rank, WAKE_DOORBELL, NULL))
+	if (wake(dev, rank, WAKE_DOORBELL, NULL, 1))
 		off_fetch_add(&dev->doorbell_wakes, 1);
 }
 

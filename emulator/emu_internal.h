@@ -237,6 +237,10 @@ struct dpa_hal {
 	/* ... and to which ranks (the first EMU_WAKE_LIST: they only time their wake-up) */
 	uint32_t wake_ranks[EMU_WAKE_LIST];
 	uint32_t nwake;
+	/* Events this pass owes peers it wrote to, announced at its end (emu_wake_rank). */
+	uint32_t due_ranks[EMU_WAKE_LIST];
+	uint32_t due_events[EMU_WAKE_LIST];
+	uint32_t ndue;
 	uint8_t *rail;        /* [world size] per peer: the rail this thread posts on */
 	int pinned;           /* its progress thread runs on one CPU for bulk work ... */
 	cpu_set_t cpus;       /* ... and goes back to these after it (emu_progress.c) */
@@ -419,19 +423,9 @@ static inline int emu_cq_full(const struct dpa_hal *hal)
 	return hal->cq_tail - hal->cq_head >= EMU_CQ_DEPTH;
 }
 
-static inline int emu_push_cqe(struct dpa_hal *hal, uint64_t wr_id, int32_t status,
-			       uint64_t bytes, uint32_t rail)
-{
-	struct dpa_hal_cqe *c = &hal->cq[hal->cq_tail & (EMU_CQ_DEPTH - 1)];
-
-	c->wr_id = wr_id;
-	c->status = status;
-	c->bytes = (uint32_t)bytes;
-	c->rail = rail;
-	c->resv = 0;
-	hal->cq_tail++;
-	return 0;
-}
+/* Queue a completion on hal's CQ (emu_hal.c). */
+int emu_push_cqe(struct dpa_hal *hal, uint64_t wr_id, int32_t status, uint64_t bytes,
+		 uint32_t rail);
 
 /* emu_mcast.c */
 uint32_t emu_mcast_slots(uint32_t mtu);

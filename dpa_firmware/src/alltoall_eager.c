@@ -127,7 +127,7 @@ static void judged(struct dpa_op *op, struct dpa_hal *hal, int agrees)
 {
 	if (!agrees)
 		__atomic_store_n(&op->alg.hdr_fail, 1, __ATOMIC_SEQ_CST);
-	if (__atomic_sub_fetch(&op->alg.hdr_pending, 1, __ATOMIC_SEQ_CST) == 0 &&
+	if (off_count_down(&op->alg.hdr_pending, dpa_hal_num_threads(hal) == 1) == 0 &&
 	    dpa_hal_num_threads(hal) > 1)
 		dpa_hal_notify(hal);
 }

@@ -447,7 +447,9 @@ static int progress_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal
 {
 	int work = 0;
 
-	__atomic_fetch_add(&op->users, 1, __ATOMIC_SEQ_CST);
+	/* Sibling threads only: one thread frees the ops it runs itself. */
+	if (nthreads > 1)
+		__atomic_fetch_add(&op->users, 1, __ATOMIC_SEQ_CST);
 	if (__atomic_load_n(&op->state, __ATOMIC_SEQ_CST) == DPA_OP_ACTIVE) {
 		uint32_t first = me, end = op->nitems;
 		int horizon;
@@ -487,7 +489,7 @@ static int progress_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal
 				/* Wait for nothing but our own writes still in flight. */
 				if (it->inflight == 0) {
 					it->flags |= DPA_ITEM_FINISHED;
-					off_fetch_sub(&op->remaining, 1);
+					off_count_down(&op->remaining, nthreads == 1);
 					work++;
 				}
 				continue;
@@ -501,7 +503,7 @@ static int progress_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal
 			else
 				work += op->algo->progress(eng, op, i, hal);
 			if (it->flags & DPA_ITEM_FINISHED)
-				off_fetch_sub(&op->remaining, 1);
+				off_count_down(&op->remaining, nthreads == 1);
 		}
 		/*
 		 * Whoever sees the last item finished writes the completion; a completion
@@ -514,7 +516,8 @@ static int progress_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal
 			off_unlock(&op->completing);
 		}
 	}
-	__atomic_fetch_sub(&op->users, 1, __ATOMIC_SEQ_CST);
+	if (nthreads > 1)
+		__atomic_fetch_sub(&op->users, 1, __ATOMIC_SEQ_CST);
 	return work;
 }
 

@@ -80,6 +80,15 @@ void emu_map_release(struct emu_map *map)
 	(void)map;
 }
 
+int emu_push_cqe(struct dpa_hal *hal, uint64_t wr_id, int32_t status, uint64_t bytes,
+		 uint32_t rail)
+{
+	hal->cq[hal->cq_tail++ & (EMU_CQ_DEPTH - 1)] = (struct dpa_hal_cqe){
+		.wr_id = wr_id, .status = status, .bytes = (uint32_t)bytes, .rail = rail,
+	};
+	return 0;
+}
+
 static int failures;
 
 static void check(int ok, const char *what)
