@@ -161,10 +161,10 @@ static int wake(struct emu_device *dev, uint32_t rank, enum wake_kind kind, stru
 
 void emu_flush_wakes(struct dpa_hal *pass)
 {
-	pass->now_ns = 0;  /* a long copy follows: the clock is read again after it */
 	for (uint32_t i = 0; i < pass->ndue; i++)
 		wake(pass->dev, pass->due_ranks[i], WAKE_EVENT, pass, pass->due_events[i]);
 	pass->ndue = 0;
+	pass->now_ns = 0;  /* a long copy follows: the clock is read again after it */
 	if (!pass->wake_bits)
 		return;
 	emu_ring(pass->dev, pass->wake_bits, pass->wake_ranks, pass->nwake);

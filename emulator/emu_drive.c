@@ -177,8 +177,9 @@ int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t tim
 {
 	struct emu_device *dev = to_emu(hd);
 	struct emu_rank *r = &dev->ranks[dev->attr.rank];
-	/* A post or a test() runs no clock: it never sleeps. */
-	uint64_t deadline = word ? emu_now_ns() + (uint64_t)(timeout_ns > 0 ? timeout_ns : 0) : 0;
+	/* A post or a test() runs no clock: it never sleeps. A wait reads it once a round
+	 * did not end it (most small waits end in their first). */
+	uint64_t deadline = 0;
 	int rc = -EBUSY, quiet = 0, rounds = 0, bulk = 0, all, yielded = 0;
 	uint32_t snap = 0;
 
@@ -229,7 +230,11 @@ int emu_drive(struct host_device *hd, uint32_t *word, uint32_t seen, int64_t tim
 				break;
 			continue;
 		}
-		if (emu_now_ns() >= deadline) {
+		uint64_t now = emu_now_ns();
+
+		if (!deadline) {
+			deadline = now + (uint64_t)(timeout_ns > 0 ? timeout_ns : 0);
+		} else if (now >= deadline) {
 			rc = -ETIMEDOUT;
 			break;
 		}

@@ -63,4 +63,29 @@ static inline uint32_t off_count_down(uint32_t *p, int sole)
 	return v;
 }
 
+/* *p += v, *p |= v, *p &= v on words shared the same way (off_count_down). */
+static inline void off_add_shared(uint32_t *p, uint32_t v, int sole)
+{
+	if (sole)
+		off_store_release(p, off_read_once(p) + v);
+	else
+		__atomic_fetch_add(p, v, __ATOMIC_SEQ_CST);
+}
+
+static inline void off_or_shared(uint64_t *p, uint64_t v, int sole)
+{
+	if (sole)
+		off_store_release(p, off_read_once(p) | v);
+	else
+		__atomic_fetch_or(p, v, __ATOMIC_SEQ_CST);
+}
+
+static inline void off_and_shared(uint64_t *p, uint64_t v, int sole)
+{
+	if (sole)
+		off_store_release(p, off_read_once(p) & v);
+	else
+		__atomic_fetch_and(p, v, __ATOMIC_SEQ_CST);
+}
+
 #endif /* OFFLOAD_ATOMIC_H */

@@ -20,19 +20,25 @@
 #define DPA_DEAD_GRACE_NS 200000000ll  /* see check_abort() */
 #define DPA_PEER_OP_SETTLE_NS 1000000ull /* see try_complete_op() */
 
-/* The op's bit in eng->active_ops (see there). */
-static void op_mask_set(struct dpa_engine *eng, const struct dpa_op *op)
+/* The op's bit in eng->active_ops (see there). sole: hal's thread is the engine's only
+ * one (no sibling writes the words it counts in: see off_count_down). */
+static void op_mask_set(struct dpa_engine *eng, const struct dpa_op *op, int sole)
 {
 	uint32_t o = (uint32_t)(op - eng->ops);
 
-	__atomic_fetch_or(&eng->active_ops[o / 64], 1ull << (o % 64), __ATOMIC_SEQ_CST);
+	off_or_shared(&eng->active_ops[o / 64], 1ull << (o % 64), sole);
 }
 
-static void op_mask_clear(struct dpa_engine *eng, const struct dpa_op *op)
+static void op_mask_clear(struct dpa_engine *eng, const struct dpa_op *op, int sole)
 {
 	uint32_t o = (uint32_t)(op - eng->ops);
 
-	__atomic_fetch_and(&eng->active_ops[o / 64], ~(1ull << (o % 64)), __ATOMIC_SEQ_CST);
+	off_and_shared(&eng->active_ops[o / 64], ~(1ull << (o % 64)), sole);
+}
+
+static int sole_thread(struct dpa_hal *hal)
+{
+	return dpa_hal_num_threads(hal) == 1;
 }
 
 static const struct dpa_algo *const dpa_algos[OFFLOAD_OP_MAX] = {
@@ -118,14 +124,14 @@ static int try_complete_op(struct dpa_engine *eng, struct dpa_op *op, struct dpa
 	if (cqe.status == OFFLOAD_ERR_PEER || cqe.status == OFFLOAD_ERR_LINK_DOWN ||
 	    cqe.status == OFFLOAD_ERR_PEER_CLOSED)
 		dpa_team_poison(&eng->teams[op->team_id], cqe.status, cqe.detail);
-	op_mask_clear(eng, op);  /* before FREE: intake sets it again for the next op */
+	op_mask_clear(eng, op, sole_thread(hal));  /* before FREE: intake sets it again */
 	__atomic_store_n(&op->state, DPA_OP_FREE, __ATOMIC_SEQ_CST);
 	/* A command may be waiting for this slot while the thread holding intake parks. */
 	if (commands_waiting(hal))
 		dpa_hal_notify(hal);
 	if (op->bulk)
-		off_fetch_sub(&eng->inflight_bulk, 1);
-	off_fetch_sub(&eng->inflight, 1);
+		off_count_down(&eng->inflight_bulk, sole_thread(hal));
+	off_count_down(&eng->inflight, sole_thread(hal));
 	return 1;
 }
 
@@ -262,11 +268,11 @@ static int intake_one(struct dpa_engine *eng, struct dpa_hal *hal, const struct 
 	op->bulk = (op->algo->bytes_sent ? op->algo->bytes_sent(op, team->size) :
 		    cmd->count * team->size) > DPA_ENGINE_SMALL_BYTES;
 	if (op->bulk)
-		off_fetch_add(&eng->inflight_bulk, 1);
-	off_fetch_add(&eng->inflight, 1);
+		off_add_shared(&eng->inflight_bulk, 1, sole_thread(hal));
+	off_add_shared(&eng->inflight, 1, sole_thread(hal));
 	/* Publish: threads that see ACTIVE see every field above; passes look at it from
 	 * the mask's bit on. */
-	op_mask_set(eng, op);
+	op_mask_set(eng, op, sole_thread(hal));
 	__atomic_store_n(&op->state, DPA_OP_ACTIVE, __ATOMIC_SEQ_CST);
 	return 1;
 }
@@ -556,7 +562,9 @@ int dpa_progress(void *state, struct dpa_hal *hal)
 
 	work += resend(eng, hal);
 	stats->progress_calls++;
-	if (off_trylock(&eng->intake_lock)) {
+	if (sole_thread(hal)) {
+		work += intake(eng, hal);
+	} else if (off_trylock(&eng->intake_lock)) {
 		work += intake(eng, hal);
 		off_unlock(&eng->intake_lock);
 	}
