@@ -38,6 +38,23 @@ for rnd in range(3):
                         np.arange(8 * rank, 8 * rank + 8, dtype=np.float32) + k + 100 * s,
                         f"pair {k} round {rnd}")
 assert len(team._alltoalls._entries) <= 8
+
+# The command posted last is tried first (TeamCore's memo, kept.c), also once the cache
+# evicted it: still exact, for the arrays it was encoded for.
+a = np.arange(8 * n, dtype=np.int32) + 7 * rank
+b = np.zeros(8 * n, np.int32)
+for i in range(2):  # the second call posts the kept command and leaves it in the memo
+    team.alltoall(a, b).wait(timeout=20)
+others = [(np.zeros(8 * n, np.int32), np.zeros(8 * n, np.int32)) for _ in range(9)]
+for s_, d_ in others:  # the full way (their first call): keep() evicts a's entry
+    team.alltoall(s_, d_).wait(timeout=20)
+assert (id(a), id(b)) not in team._alltoalls._entries
+a += 1000
+b[:] = -1
+team.alltoall(a, b).wait(timeout=20)
+for s in range(n):
+    want = np.arange(8 * rank, 8 * rank + 8, dtype=np.int32) + 7 * s + 1000
+    check_equal(b[8 * s:8 * (s + 1)], want, f"evicted, from {s}")
 ctx.close()
 '''
 

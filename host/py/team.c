@@ -24,6 +24,7 @@ struct team_core {
 	PyObject *orphans;     /* its requests dropped pending (Context._orphans): reaped first */
 	PyObject *barrier_obj; /* the barrier's encoded host_op (cffi): barrier_op points into it */
 	PyObject *alltoalls;   /* the all-to-all's kept commands (PreparedCache._entries) */
+	PyObject *last_alltoall; /* the kept command posted last (fast_kept_post's memo) */
 	struct host_ctx *handle;
 	const struct host_op *barrier_op;
 	long long poll_ns, post_timeout_ns;
@@ -66,9 +67,9 @@ static PyObject *team_alltoall(PyObject *o, PyObject *const *args, Py_ssize_t na
 	struct team_core *self = (struct team_core *)o;
 
 	if (nargs == 2 && !kwnames && fast_way(self)) {
-		PyObject *req = fast_kept_post(self->alltoalls, Py_None, self->ctx, self->handle,
-					       self->poll_ns, self->post_timeout_ns, args[0],
-					       args[1]);
+		PyObject *req = fast_kept_post(self->alltoalls, &self->last_alltoall, Py_None,
+					       self->ctx, self->handle, self->poll_ns,
+					       self->post_timeout_ns, args[0], args[1]);
 
 		if (req != Py_None)
 			return req;  /* the Request, or NULL: its error */
@@ -105,19 +106,21 @@ static int team_init(PyObject *o, PyObject *args, PyObject *kwds)
 		return -1;
 	}
 	/* Every field set before the old references go: their finalizers may run. */
-	PyObject *old[4] = {self->ctx, self->orphans, self->barrier_obj, self->alltoalls};
+	PyObject *old[5] = {self->ctx, self->orphans, self->barrier_obj, self->alltoalls,
+			    self->last_alltoall};
 
 	self->ctx = Py_NewRef(ctx);
 	self->orphans = Py_NewRef(orphans);
 	self->barrier_obj = Py_NewRef(op_obj);
 	self->alltoalls = Py_NewRef(alltoalls);
+	self->last_alltoall = NULL;
 	self->handle = handle;
 	self->barrier_op = op;
 	self->poll_ns = poll_ns;
 	self->post_timeout_ns = timeout_ns;
 	self->closed = 0;
 	self->staged = 0;
-	for (int i = 0; i < 4; i++)
+	for (int i = 0; i < 5; i++)
 		Py_XDECREF(old[i]);
 	return 0;
 }
@@ -130,6 +133,7 @@ static int team_traverse(PyObject *o, visitproc visit, void *arg)
 	Py_VISIT(self->orphans);
 	Py_VISIT(self->barrier_obj);
 	Py_VISIT(self->alltoalls);
+	Py_VISIT(self->last_alltoall);
 	Py_VISIT(Py_TYPE(o));  /* a heap type's instances hold it */
 	return 0;
 }
@@ -143,6 +147,7 @@ static int team_clear(PyObject *o)
 	Py_CLEAR(self->orphans);
 	Py_CLEAR(self->barrier_obj);
 	Py_CLEAR(self->alltoalls);
+	Py_CLEAR(self->last_alltoall);
 	return 0;
 }
 
