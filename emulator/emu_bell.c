@@ -199,6 +199,14 @@ void emu_wake_rank(struct emu_device *dev, uint32_t rank, struct dpa_hal *pass)
 	}
 }
 
+/* emu_wake_rank announced at once (the futex still rung at the pass's end): after a long
+ * copy, whose stores drained meanwhile, for a target that should not wait for the rest of
+ * the pass (the wire's placed pieces: the sender's next ones wait on their completions). */
+void emu_wake_rank_now(struct emu_device *dev, uint32_t rank, struct dpa_hal *pass)
+{
+	wake(dev, rank, WAKE_EVENT, pass, 1);
+}
+
 void emu_kick_rank(struct emu_device *dev, uint32_t rank)
 {
 	wake(dev, rank, WAKE_KICK, NULL, 1);

@@ -486,6 +486,7 @@ int emu_mr_is_private(const struct emu_device *dev, uint32_t rank, uint32_t key)
 /* A peer's write reached rank: wake whoever runs its firmware (unless idle, or its
  * driver sleeps through more); with a pass's hal, at the pass's end. */
 void emu_wake_rank(struct emu_device *dev, uint32_t rank, struct dpa_hal *pass);
+void emu_wake_rank_now(struct emu_device *dev, uint32_t rank, struct dpa_hal *pass);
 /* Ring now for what the pass wrote so far (before a long copy: no peer waits it out). */
 void emu_flush_wakes(struct dpa_hal *pass);
 #define EMU_FLUSH_BEFORE (64u * 1024u)  /* copies at least this long flush first */

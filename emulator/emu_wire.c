@@ -428,7 +428,7 @@ int emu_wire_place(struct emu_device *dev, struct dpa_hal *pass)
 		/* Its completions wait on these: an event for its firmware, like a peer's
 		 * signal (a forced kick woke its progress thread for nothing: 2-3x at 1 MiB). */
 		if (moved)
-			emu_wake_rank(dev, from, pass);
+			emu_wake_rank_now(dev, from, pass);
 	}
 	off_unlock(&dev->wire_lock);
 	return placed;

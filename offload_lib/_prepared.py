@@ -71,6 +71,3 @@ class PreparedCache:
             for k in dead or [next(iter(entries))]:
                 del entries[k]
         entries[(id(src), id(dst))] = kept
-
-    def clear(self) -> None:
-        self._entries.clear()

@@ -282,7 +282,7 @@ static int intake(struct dpa_engine *eng, struct dpa_hal *hal)
 	struct offload_ring_hdr *ring = dpa_hal_window_ptr(hal, DPA_HAL_WIN_RING, 0, sizeof(*ring));
 	struct offload_cmd *sq = dpa_hal_window_ptr(hal, DPA_HAL_WIN_RING, sizeof(*ring),
 			(uint64_t)eng->params.sq_entries * sizeof(*sq));
-	uint32_t head = ring->sq_head;                 /* ours: written only under intake_lock */
+	uint32_t head = ring->sq_head;                 /* ours: written only by intake's holder */
 	uint32_t tail = off_load_acquire(&ring->sq_tail); /* pairs with the host's release */
 	int taken = 0;
 

@@ -53,8 +53,8 @@ PyObject *fast_post_op(PyObject *ctx, struct host_ctx *handle, const struct host
 		       PyObject *itemsize);
 PyObject *fast_post_kept(PyObject *module, PyObject *const *args, Py_ssize_t nargs);
 /* The command kept in entries for (src, dst) and variant, posted (a Request), or None
- * when there is none or the arrays changed (kept.c). *memo: the last one posted (a strong
- * reference the caller owns; memo NULL: none). handle NULL: read from ctx. */
+ * when there is none or the arrays changed (kept.c). *memo: the last one found in entries
+ * (a strong reference the caller owns; memo NULL: none). handle NULL: read from ctx. */
 PyObject *fast_kept_post(PyObject *entries, PyObject **memo, PyObject *variant, PyObject *ctx,
 			 struct host_ctx *handle, long long poll_ns, long long timeout_ns,
 			 PyObject *src, PyObject *dst);

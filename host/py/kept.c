@@ -159,9 +159,9 @@ static int entry_matches(PyObject *entry, PyObject *variant, PyObject *src, PyOb
 
 /* The command kept in entries (a dict by (id(src), id(dst))) for these arrays and this
  * variant, posted if they are still what it was encoded for (a Request); None sends the
- * caller the full way. *memo (NULL: none) holds the last one posted and is tried first: a
- * loop on the same arrays builds no key and looks nothing up (the key's tuple and ints,
- * their hash and the lookup were ~3% of a rank's CPU, 1 KiB all-to-all at n=4). Any
+ * caller the full way. *memo (NULL: none) holds the last one found there and is tried
+ * first: a loop on the same arrays builds no key and looks nothing up (the key's tuple and
+ * ints, their hash and the lookup were ~3% of a rank's CPU, 1 KiB all-to-all at n=4). Any
  * command that still matches its arrays may be posted, in the dict or evicted from it:
  * registrations are looked up at the post. The caller has checked the context (open,
  * nothing staged or orphaned); handle: its host_ctx, or NULL to read it from ctx. */

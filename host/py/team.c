@@ -24,7 +24,7 @@ struct team_core {
 	PyObject *orphans;     /* its requests dropped pending (Context._orphans): reaped first */
 	PyObject *barrier_obj; /* the barrier's encoded host_op (cffi): barrier_op points into it */
 	PyObject *alltoalls;   /* the all-to-all's kept commands (PreparedCache._entries) */
-	PyObject *last_alltoall; /* the kept command posted last (fast_kept_post's memo) */
+	PyObject *last_alltoall; /* the kept command found last (fast_kept_post's memo) */
 	struct host_ctx *handle;
 	const struct host_op *barrier_op;
 	long long poll_ns, post_timeout_ns;

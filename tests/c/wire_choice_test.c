@@ -45,6 +45,11 @@ void emu_wake_rank(struct emu_device *dev, uint32_t rank, struct dpa_hal *pass)
 	(void)dev, (void)rank, (void)pass;
 }
 
+void emu_wake_rank_now(struct emu_device *dev, uint32_t rank, struct dpa_hal *pass)
+{
+	(void)dev, (void)rank, (void)pass;
+}
+
 int32_t emu_write_remote(struct emu_device *dev, uint32_t peer, const void *src, uint64_t raddr,
 			 uint32_t rkey, uint64_t len)
 {
