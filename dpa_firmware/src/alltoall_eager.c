@@ -125,10 +125,11 @@ static int credit_ok(struct dpa_engine *eng, const struct dpa_op *op, struct dpa
  * copies may run, unless one disagreed. Items on sibling threads may wait for it. */
 static void judged(struct dpa_op *op, struct dpa_hal *hal, int agrees)
 {
+	int sole = dpa_hal_num_threads(hal) == 1;
+
 	if (!agrees)
 		__atomic_store_n(&op->alg.hdr_fail, 1, __ATOMIC_SEQ_CST);
-	if (off_count_down(&op->alg.hdr_pending, dpa_hal_num_threads(hal) == 1) == 0 &&
-	    dpa_hal_num_threads(hal) > 1)
+	if (off_count_down(&op->alg.hdr_pending, sole) == 0 && !sole)
 		dpa_hal_notify(hal);
 }
 

@@ -242,8 +242,9 @@ int dpa_sig_step(struct dpa_engine *eng, struct dpa_op *op, struct dpa_hal *hal,
 	}
 	it->flags |= DPA_ITEM_SIG_IN;
 	/* The last judgement opens the gate (or fails it) for items on sibling threads. */
-	if (off_count_down(&op->sig_pending, dpa_hal_num_threads(hal) == 1) == 0 &&
-	    dpa_hal_num_threads(hal) > 1)
+	int sole = dpa_hal_num_threads(hal) == 1;
+
+	if (off_count_down(&op->sig_pending, sole) == 0 && !sole)
 		dpa_hal_notify(hal);
 	return work + 1;
 }

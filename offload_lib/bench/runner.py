@@ -205,21 +205,13 @@ def _timed_with_loss(run: Callable[[], None], barrier: Callable[[], None],
     """Like _timed, with each iteration timed twice, loss-free then with ``loss``, in the
     same processes (this VM's run-to-run noise is larger than the effect): the lossy wall
     and CPU seconds, and the loss-free wall seconds."""
-    wall, cpu, clean = [], [], []
-    for it in range(warmup + iters):
-        for p in (0.0, loss):
+    def at(p: float) -> Callable[[], None]:
+        def rate_then_barrier() -> None:
             set_loss(p)
             barrier()  # every NIC has the new rate before any chunk of this op moves
-            c0, t0 = time.thread_time(), time.perf_counter()
-            run()
-            t1, c1 = time.perf_counter(), time.thread_time()
-            if it < warmup:
-                continue
-            if p:
-                wall.append(t1 - t0)
-                cpu.append(c1 - c0)
-            else:
-                clean.append(t1 - t0)
+        return rate_then_barrier
+
+    (clean, _), (wall, cpu) = _taking_turns([(run, at(0.0)), (run, at(loss))], warmup, iters)
     set_loss(loss)
     return wall, cpu, clean
 
